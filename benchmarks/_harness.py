@@ -1,0 +1,47 @@
+"""Timing and reporting shared by the benchmarks: medians of repeated runs, ratios to baselines."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Result:
+    benchmark: str  # what is measured
+    baseline: str  # what pystrom is compared with, measured in the same run
+    pystrom_s: float
+    baseline_s: float
+    nbytes: int  # bytes moved or produced, for GB/s
+
+    @property
+    def speedup(self) -> float:
+        """baseline time / pystrom time: above 1 means pystrom is faster."""
+        return self.baseline_s / self.pystrom_s if self.pystrom_s > 0 else float("inf")
+
+
+def measure(fn: Callable[[], Any], sync: Callable[[], None], repeat: int) -> float:
+    """Median wall time of ``fn`` over ``repeat`` runs after one warm-up, synchronising each."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        sync()
+        times.append(time.perf_counter() - start)
+        del out
+    return statistics.median(times)
+
+
+def print_table(device: str, results: list[Result]) -> None:
+    head = f"{'benchmark':<40} {'baseline':<34} {'pystrom s':>10} {'baseline s':>11} {'GB/s':>7} {'speedup':>8}"
+    print(f"\ndevice: {device}\n{head}\n{'-' * len(head)}")
+    for r in results:
+        rate = r.nbytes / r.pystrom_s / 1e9 if r.nbytes and r.pystrom_s > 0 else float("nan")
+        print(
+            f"{r.benchmark:<40} {r.baseline:<34} {r.pystrom_s:10.4f} {r.baseline_s:11.4f} {rate:7.2f} {r.speedup:7.2f}x"
+        )

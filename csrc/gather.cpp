@@ -1,0 +1,25 @@
+#include "gather.hpp"
+
+#include <cstring>
+
+namespace pystrom {
+
+bool gather_varbinary(const int32_t* src_offsets, std::size_t n, const uint8_t* src_data, std::size_t src_size,
+                      const int64_t* rows, std::size_t count, const int32_t* dst_offsets, uint8_t* dst_data,
+                      std::size_t dst_size) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const int64_t row = rows[i];
+    if (row < 0 || static_cast<uint64_t>(row) >= n) return false;
+    const int64_t start = src_offsets[row];
+    const int64_t len = static_cast<int64_t>(src_offsets[row + 1]) - start;
+    const int64_t dst = dst_offsets[i];
+    if (start < 0 || len < 0 || static_cast<uint64_t>(start + len) > src_size || dst < 0 ||
+        static_cast<uint64_t>(dst + len) > dst_size) {
+      return false;
+    }
+    std::memcpy(dst_data + dst, src_data + start, static_cast<std::size_t>(len));
+  }
+  return true;
+}
+
+}  // namespace pystrom

@@ -1,0 +1,93 @@
+// pystrom._core: declarations and conversions only. Each binding checks its buffers, releases the GIL
+// and calls plain C++ (bits.cpp). Defaults and documentation live in the Python modules that wrap these.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "bits.hpp"
+#include "gather.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+struct Bytes {
+  uint8_t* ptr;
+  std::size_t size;
+};
+
+Bytes request(const py::buffer& obj, bool writable, const char* what) {
+  py::buffer_info info = obj.request(writable);
+  if (writable && info.readonly) throw std::invalid_argument(std::string(what) + " is read-only");
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+    if (info.shape[i] > 1 && info.strides[i] != expected) {
+      throw std::invalid_argument(std::string(what) + " must be a C-contiguous buffer");
+    }
+    expected *= info.shape[i];
+  }
+  return {static_cast<uint8_t*>(info.ptr), static_cast<std::size_t>(info.size * info.itemsize)};
+}
+
+void check_range(const Bytes& b, uint64_t bit_offset, uint64_t count, const char* what) {
+  const uint64_t nbits = static_cast<uint64_t>(b.size) * 8;
+  if (bit_offset > nbits || count > nbits - bit_offset) {
+    throw std::out_of_range(std::string(what) + ": bits [" + std::to_string(bit_offset) + ", " +
+                            std::to_string(bit_offset + count) + ") exceed a buffer of " +
+                            std::to_string(b.size) + " bytes");
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pystrom native core (see the Python wrappers for documentation)";
+
+  m.def("copy_bits", [](py::buffer src, uint64_t src_offset, py::buffer dst, uint64_t dst_offset, uint64_t count) {
+    Bytes s = request(src, false, "src");
+    Bytes d = request(dst, true, "dst");
+    check_range(s, src_offset, count, "src");
+    check_range(d, dst_offset, count, "dst");
+    py::gil_scoped_release nogil;
+    pystrom::copy_bits(s.ptr, s.size, src_offset, d.ptr, d.size, dst_offset, count);
+  });
+
+  m.def("unpack_bits", [](py::buffer src, uint64_t src_offset, py::buffer dst, uint64_t count) {
+    Bytes s = request(src, false, "src");
+    Bytes d = request(dst, true, "dst");
+    check_range(s, src_offset, count, "src");
+    if (count > d.size) throw std::out_of_range("dst: fewer bytes than bits to unpack");
+    py::gil_scoped_release nogil;
+    pystrom::unpack_bits(s.ptr, s.size, src_offset, d.ptr, count);
+  });
+
+  m.def("count_bits", [](py::buffer src, uint64_t src_offset, uint64_t count) {
+    Bytes s = request(src, false, "src");
+    check_range(s, src_offset, count, "src");
+    py::gil_scoped_release nogil;
+    return pystrom::count_bits(s.ptr, s.size, src_offset, count);
+  });
+
+  m.def("gather_varbinary", [](py::buffer src_offsets, py::buffer src_data, py::buffer rows, py::buffer dst_offsets,
+                               py::buffer dst_data) {
+    Bytes so = request(src_offsets, false, "src_offsets");
+    Bytes sd = request(src_data, false, "src_data");
+    Bytes r = request(rows, false, "rows");
+    Bytes dofs = request(dst_offsets, false, "dst_offsets");
+    Bytes dd = request(dst_data, true, "dst_data");
+    const std::size_t count = r.size / sizeof(int64_t);
+    if (so.size < sizeof(int32_t) || dofs.size / sizeof(int32_t) < count) {
+      throw std::invalid_argument("gather_varbinary: offsets shorter than the rows gathered");
+    }
+    bool ok;
+    {
+      py::gil_scoped_release nogil;
+      ok = pystrom::gather_varbinary(reinterpret_cast<const int32_t*>(so.ptr), so.size / sizeof(int32_t) - 1, sd.ptr,
+                                     sd.size, reinterpret_cast<const int64_t*>(r.ptr), count,
+                                     reinterpret_cast<const int32_t*>(dofs.ptr), dd.ptr, dd.size);
+    }
+    if (!ok) throw std::out_of_range("gather_varbinary: a row index or string offset lies out of range");
+  });
+}

@@ -1,0 +1,82 @@
+"""Text and notebook views of a Table: shape, device, bytes, schema and the first rows."""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+from ._settings import defaults
+
+if TYPE_CHECKING:
+    from .table import Table
+
+_MAX_CELL = 24
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        text = "null"
+    elif isinstance(value, float):
+        text = f"{value:.6g}"
+    else:
+        text = str(value)
+    return text if len(text) <= _MAX_CELL else text[: _MAX_CELL - 1] + "…"
+
+
+def _head(table: Table) -> tuple[list[str], list[list[str]]]:
+    rows = min(defaults.repr_rows, table.num_rows)
+    if rows == 0 or table.num_columns == 0:
+        return table.column_names, []
+    head = table.slice(0, rows).to_arrow()
+    columns = [[_cell(v) for v in head.column(i).to_pylist()] for i in range(head.num_columns)]
+    return table.column_names, [list(r) for r in zip(*columns)]
+
+
+def _header(table: Table) -> str:
+    return (
+        f"pystrom.Table: {table.num_rows:,} rows x {table.num_columns} columns on {table.device}, "
+        f"{_human_bytes(table.nbytes)}"
+    )
+
+
+def table_repr(table: Table) -> str:
+    if table.closed:
+        return "<pystrom.Table: closed>"
+    lines = [_header(table)]
+    for col in table.columns:
+        nulls = f"  ({col.null_count:,} null{'s' if col.null_count > 1 else ''})" if col.null_count else ""
+        lines.append(f"  {col.name}: {col.type}{nulls}")
+    names, rows = _head(table)
+    if rows:
+        widths = [max(len(n), *(len(r[i]) for r in rows)) for i, n in enumerate(names)]
+        lines.append("----")
+        lines.append("  ".join(n.rjust(w) for n, w in zip(names, widths)))
+        lines.extend("  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
+        if table.num_rows > len(rows):
+            lines.append(f"... {table.num_rows - len(rows):,} more rows")
+    return "\n".join(lines)
+
+
+def table_html(table: Table) -> str:
+    if table.closed:
+        return "<p><b>pystrom.Table</b>: closed</p>"
+    esc = html.escape
+    names, rows = _head(table)
+    head = "".join(
+        f"<th>{esc(c.name)}<br><small>{esc(str(c.type))}"
+        f"{' · ' + format(c.null_count, ',') + ' nulls' if c.null_count else ''}</small></th>"
+        for c in table.columns
+    )
+    body = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r) + "</tr>" for r in rows)
+    more = f"<p><small>… {table.num_rows - len(rows):,} more rows</small></p>" if table.num_rows > len(rows) else ""
+    return (
+        f"<p><b>{esc(_header(table))}</b></p><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
+    )

@@ -1,0 +1,229 @@
+"""Table operations that compute on the table's device: gathering rows and building 2-D arrays.
+
+Written once against ``xp`` (NumPy or CuPy); the only device-specific pieces are the bitmap and
+string-gather kernels, each with a C++ twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _bitmap, _core
+from ._backend import Backend, Block, backend_of_array
+from ._layout import ColumnPlan, ColumnSpec, plan_table
+from ._types import Layout
+from .errors import NullValuesError, SchemaMismatchError, UnsupportedTypeError
+
+if TYPE_CHECKING:
+    from .column import Column
+    from .table import Table
+
+__all__ = ["gather", "as_mask", "to_array"]
+
+
+# -- row gathering (filter, compaction) -----------------------------------------------------------
+
+
+def _gather_varbinary(backend: Backend, col: Column, rows: Any, dst_offsets: Any, dst_data: Any) -> None:
+    src_offsets, src_data = col.offsets, col.data
+    if backend.kind == "cpu":
+        _core.gather_varbinary(src_offsets, src_data, rows, dst_offsets, dst_data)
+    else:
+        from .kernels import launch
+
+        launch(
+            "strings",
+            "gather_varbinary",
+            backend.ordinal,
+            int(rows.shape[0]),
+            (src_offsets, src_data, rows, np.int64(rows.shape[0]), dst_offsets, dst_data),
+        )
+
+
+def gather(table: Table, rows: Any) -> Table:
+    """A new table (new allocation, same device) holding ``rows`` (int64 indices into the view) of every column."""
+    from .table import Table
+
+    block = table._live()
+    backend = block.backend
+    xp = backend.xp
+    m = int(rows.shape[0])
+    specs, prepared = [], []
+    for col in table.columns:
+        ctype = col.column_type
+        valid = None
+        null_count = 0
+        if col.null_count:
+            valid = col.is_valid()[rows]
+            null_count = m - int(xp.count_nonzero(valid))
+        lengths = data_size = None
+        if ctype.layout == Layout.VARBINARY:
+            offsets = col.offsets
+            lengths = (offsets[1:] - offsets[:-1])[rows]
+            data_size = int(lengths.sum()) if m else 0
+        specs.append(ColumnSpec(col.name, ctype, m, null_count, data_size or 0))
+        prepared.append((valid if null_count else None, lengths))
+    plan = plan_table(specs)
+    new_block = backend.allocate(plan.nbytes)
+    for col, cplan, (valid, lengths) in zip(table.columns, plan.columns, prepared):
+        _write_gathered(new_block, cplan, col, rows, valid, lengths)
+    return Table._wrap(new_block, plan, table.schema, m)
+
+
+def _write_gathered(block: Block, plan: ColumnPlan, col: Column, rows: Any, valid: Any, lengths: Any) -> None:
+    backend = block.backend
+    xp = backend.xp
+    m = plan.length
+    ctype = plan.type
+    if ctype.layout == Layout.VARBINARY:
+        offsets = block.array(plan.values.offset, np.int32, (m + 1,))
+        offsets[0] = 0
+        if m:
+            xp.cumsum(lengths, out=offsets[1:])
+            data = block.array(plan.data.offset, np.uint8, (plan.data.size,))
+            _gather_varbinary(backend, col, rows, offsets, data)
+    elif m:
+        shape = (m, ctype.width) if ctype.layout == Layout.BYTES else (m,)
+        out = block.array(plan.values.offset, ctype.storage, shape)
+        xp.take(col.values, rows, axis=0, out=out)
+    if plan.validity is not None:
+        bits = _bitmap.pack(backend, valid)
+        block.write_device(plan.validity.offset, bits)
+
+
+def as_mask(table: Table, mask: Any) -> Any:
+    """Normalise a filter mask into a bool array on the table's device, checking its length.
+
+    Accepted: a bool array of any backend (copied to the table's device if elsewhere), a list, a
+    pyarrow BooleanArray (NULL counts as False), a bool Column of this table or its name.
+    """
+    import pyarrow as pa
+
+    from ._backend import resolve_device
+    from .column import Column
+
+    backend = table._live().backend
+    if isinstance(mask, str):
+        mask = table.column(mask)
+    if isinstance(mask, Column):
+        if mask.column_type.layout != Layout.BOOL:
+            raise UnsupportedTypeError(f"filter column {mask.name!r} has type {mask.type}, not bool")
+        if mask.device != backend.device:
+            raise SchemaMismatchError(f"filter column {mask.name!r} is on {mask.device}, the table on {backend.device}")
+        return mask.values & mask.is_valid() if mask.null_count else mask.values
+    if isinstance(mask, (pa.Array, pa.ChunkedArray)):
+        mask = mask.fill_null(False).to_numpy(zero_copy_only=False)
+    owner = backend_of_array(mask)
+    if owner is None:
+        if backend.kind == "cuda" and hasattr(mask, "__cuda_array_interface__"):
+            mask, owner = backend.xp.asarray(mask), backend
+        else:
+            mask, owner = np.asarray(mask), resolve_device("cpu")
+    if mask.ndim != 1 or mask.dtype != np.bool_:
+        raise UnsupportedTypeError(f"filter mask must be a 1-D bool array; got dtype {mask.dtype}, shape {mask.shape}")
+    if mask.shape[0] != table.num_rows:
+        raise SchemaMismatchError(f"filter mask has {mask.shape[0]:,} entries, the table {table.num_rows:,} rows")
+    if owner is not backend:
+        mask = backend.from_host(owner.to_host(mask))
+    return mask
+
+
+# -- 2-D arrays -----------------------------------------------------------------------------------
+
+_NULL_MODES = ("raise", "nan", "drop")
+
+
+def _decimal_to_float(xp: Any, col: Column, dtype: np.dtype) -> Any:
+    """decimal128 -> float: negate negatives in 128-bit integer arithmetic first, so that no float
+    subtraction cancels (-3.5 is hi=-1, lo=2**64-350: adding those as floats would give 0)."""
+    words = col.values.view(xp.uint64).reshape(len(col), 2)
+    lo, hi = words[:, 0], words[:, 1]
+    negative = (hi >> xp.uint64(63)).astype(bool)
+    lo_abs = xp.where(negative, ~lo + xp.uint64(1), lo)
+    hi_abs = xp.where(negative, ~hi + (lo == 0).astype(xp.uint64), hi)
+    magnitude = hi_abs.astype(xp.float64) * 18446744073709551616.0 + lo_abs.astype(xp.float64)
+    value = xp.where(negative, -magnitude, magnitude) / 10.0**col.type.scale
+    return value.astype(dtype, copy=False)
+
+
+def _equally_spaced_view(backend: Backend, cols: Sequence[Column]) -> Any | None:
+    """Columns of one dtype at a constant stride in memory form a zero-copy (n, k) view; else None."""
+    first = cols[0].values
+    if len(cols) == 1:
+        return first.reshape(-1, 1)
+    ptrs = [backend.array_ptr(c.values) for c in cols]
+    stride = ptrs[1] - ptrs[0]
+    itemsize = first.dtype.itemsize
+    n = first.shape[0]
+    if stride <= 0 or stride % itemsize or stride < n * itemsize:
+        return None
+    if any(b - a != stride for a, b in zip(ptrs, ptrs[1:])):
+        return None
+    shape, strides = (n, len(cols)), (itemsize, stride)
+    if backend.kind == "cpu":
+        return np.lib.stride_tricks.as_strided(first, shape=shape, strides=strides)
+    return backend.xp.ndarray(shape, dtype=first.dtype, memptr=first.data, strides=strides)
+
+
+def to_array(table: Table, columns: Sequence[str] | None, dtype: Any, nulls: str) -> Any:
+    if nulls not in _NULL_MODES:
+        raise ValueError(f"nulls={nulls!r} is not one of {_NULL_MODES}")
+    backend = table._live().backend
+    xp = backend.xp
+    names = list(table.column_names if columns is None else ([columns] if isinstance(columns, str) else columns))
+    if not names:
+        raise ValueError("to_array needs at least one column")
+    cols = [table.column(n) for n in names]
+    for c in cols:
+        layout = c.column_type.layout
+        if layout == Layout.VARBINARY or (layout == Layout.BYTES and not _is_decimal(c)):
+            raise UnsupportedTypeError(
+                f"column {c.name!r} has type {c.type}, which cannot be part of a 2-D numeric array"
+            )
+        if layout == Layout.BYTES and (dtype is None or np.dtype(dtype).kind != "f"):
+            raise UnsupportedTypeError(
+                f"column {c.name!r} has type {c.type}: pass dtype='float64' to convert decimals into a 2-D array"
+            )
+    if dtype is None:
+        kinds = {str(c.type) for c in cols}
+        if len(kinds) > 1:
+            listing = ", ".join(f"{c.name}: {c.type}" for c in cols)
+            raise SchemaMismatchError(f"columns have different types ({listing}); pass dtype= to convert them to one")
+        out_dtype = cols[0].dtype
+    else:
+        out_dtype = np.dtype(dtype)
+    with_nulls = [c for c in cols if c.null_count]
+    if with_nulls and nulls == "raise":
+        listing = ", ".join(f"{c.name!r} ({c.null_count:,})" for c in with_nulls)
+        raise NullValuesError(f"columns with NULLs: {listing}; pass nulls='nan' (float results) or nulls='drop'")
+    if with_nulls and nulls == "nan" and out_dtype.kind != "f":
+        raise NullValuesError(f"nulls='nan' needs a floating-point dtype, not {out_dtype}; pass dtype='float64'")
+    if not with_nulls and all(c.dtype == out_dtype and c.column_type.layout != Layout.BYTES for c in cols):
+        view = _equally_spaced_view(backend, cols)
+        if view is not None:
+            return view
+    n = table.num_rows
+    with backend.activate():
+        out = xp.empty((n, len(cols)), dtype=out_dtype, order="F")
+        for j, c in enumerate(cols):
+            if c.column_type.layout == Layout.BYTES:
+                out[:, j] = _decimal_to_float(xp, c, out_dtype)
+            else:
+                out[:, j] = c.values
+            if c.null_count and nulls == "nan":
+                out[~c.is_valid(), j] = xp.nan
+        if with_nulls and nulls == "drop":
+            keep = xp.ones(n, dtype=bool)
+            for c in with_nulls:
+                keep &= c.is_valid()
+            out = xp.asfortranarray(out[keep])
+    return out
+
+
+def _is_decimal(col: Column) -> bool:
+    import pyarrow.types as pt
+
+    return pt.is_decimal128(col.column_type.storage_arrow)

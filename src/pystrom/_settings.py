@@ -1,0 +1,113 @@
+"""All of pystrom's tunables in one place, filled from ``PYSTROM_*`` environment variables.
+
+>>> import pystrom
+>>> pystrom.defaults.repr_rows
+10
+>>> with pystrom.defaults.set(repr_rows=3):      # restored when the block ends
+...     pystrom.defaults.repr_rows
+3
+
+``set`` also works as a plain call (the change then stays until set back).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["defaults", "Settings"]
+
+
+@dataclass(frozen=True)
+class _Option:
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    check: Callable[[Any], bool]
+    doc: str
+
+
+def _device_or_none(text: str) -> str | None:
+    return text or None
+
+
+_OPTIONS: dict[str, _Option] = {
+    "device": _Option(
+        "PYSTROM_DEVICE",
+        _device_or_none,
+        None,
+        lambda v: v is None or isinstance(v, str),
+        "Device used when a call passes device=None: 'cpu', 'cuda' or 'cuda:N'; None picks a GPU if one is visible.",
+    ),
+    "repr_rows": _Option(
+        "PYSTROM_REPR_ROWS",
+        int,
+        10,
+        lambda v: isinstance(v, int) and v >= 0,
+        "Rows shown by repr() and the notebook view of a Table.",
+    ),
+}
+
+
+class _Restore:
+    """Returned by ``Settings.set``: a context manager that puts the previous values back."""
+
+    def __init__(self, settings: Settings, previous: dict[str, Any]):
+        self._settings = settings
+        self._previous = previous
+
+    def __enter__(self) -> Settings:
+        return self._settings
+
+    def __exit__(self, *exc: object) -> None:
+        self._settings._values.update(self._previous)
+
+
+class Settings:
+    """pystrom's tunables. Read them as attributes; change them with :meth:`set`."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+        for name, opt in _OPTIONS.items():
+            raw = os.environ.get(opt.env)
+            if raw is None:
+                self._values[name] = opt.default
+                continue
+            try:
+                value = opt.parse(raw)
+            except ValueError:
+                value = None
+            if not opt.check(value):
+                raise ValueError(f"environment variable {opt.env}={raw!r} is not valid: {opt.doc}")
+            self._values[name] = value
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(f"pystrom.defaults has no setting {name!r}; known: {sorted(_OPTIONS)}") from None
+
+    def set(self, **changes: Any) -> _Restore:
+        """Change settings; use as ``with defaults.set(...):`` to restore them afterwards."""
+        for name, value in changes.items():
+            opt = _OPTIONS.get(name)
+            if opt is None:
+                raise ValueError(f"pystrom.defaults has no setting {name!r}; known: {sorted(_OPTIONS)}")
+            if not opt.check(value):
+                raise ValueError(f"invalid value {value!r} for setting {name!r}: {opt.doc}")
+        previous = {name: self._values[name] for name in changes}
+        self._values.update(changes)
+        return _Restore(self, previous)
+
+    def describe(self) -> dict[str, tuple[Any, str, str]]:
+        """Each setting's current value, environment variable and meaning."""
+        return {name: (self._values[name], opt.env, opt.doc) for name, opt in _OPTIONS.items()}
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return f"pystrom.defaults({body})"
+
+
+defaults = Settings()

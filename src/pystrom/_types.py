@@ -1,0 +1,123 @@
+"""The column types pystrom holds, and how each is laid out in memory.
+
+Every Arrow type a Table accepts maps to one :class:`ColumnType`: its *logical* Arrow type (what
+``table.schema`` and ``to_arrow()`` report) and its *physical* layout (what sits in device memory).
+
+=====================  ========================  =======================================
+Arrow type             values buffer             array view (``table[name]``)
+=====================  ========================  =======================================
+bool                   1 byte per value (0/1)    ``bool``, shape (n,)
+int8..64, uint8..64    native                    same dtype, shape (n,)
+float16/32/64          native                    same dtype, shape (n,)
+date32, time32         int32                     ``int32`` (days / time units)
+date64, time64,        int64                     ``int64`` (ms / time units / the
+timestamp, duration                              timestamp's unit since the epoch, UTC)
+decimal128(p<=38, s)   16 bytes, little endian   ``uint8``, shape (n, 16)
+fixed_size_binary(w)   w bytes                   ``uint8``, shape (n, w); uuid is (n, 16)
+utf8, binary           int32 offsets + bytes     none: use ``column(name).offsets/data``
+=====================  ========================  =======================================
+
+Booleans take one byte each, unlike Arrow's bit-packed buffers: CuPy and DLPack consumers read
+``bool`` arrays as bytes, and one byte per value makes a boolean column a zero-copy array like
+any other. Exporting to Arrow (``to_arrow``, the Arrow C device interface) packs the bits.
+
+Dictionary arrays are decoded on the way in; ``large_string``/``large_binary`` and the view
+types are narrowed to 32-bit offsets (a column whose bytes exceed 2 GiB is refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import UnsupportedTypeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["ColumnType", "column_type", "Layout"]
+
+
+class Layout:
+    """Physical layouts. Strings and binary share VARBINARY."""
+
+    FIXED = "fixed"  # one values buffer, `width` bytes per value, a NumPy/CuPy dtype
+    BOOL = "bool"  # like FIXED with width 1, but Arrow stores it as bits
+    BYTES = "bytes"  # fixed-size raw bytes: decimal128, fixed_size_binary (values view is (n, width) uint8)
+    VARBINARY = "varbinary"  # int32 offsets (n + 1) + data bytes
+
+
+@dataclass(frozen=True)
+class ColumnType:
+    """How one Arrow type is held: its logical type, physical layout and per-value width."""
+
+    arrow: pa.DataType  # logical type, possibly an extension type (uuid)
+    layout: str
+    width: int  # bytes per value in the values buffer (offsets: 4)
+    storage: np.dtype  # dtype of the values buffer; uint8 for BYTES; int32 offsets for VARBINARY
+
+    @property
+    def name(self) -> str:
+        return str(self.arrow)
+
+    @property
+    def is_array_like(self) -> bool:
+        """Whether the values form a plain 1-D numeric array (what to_array and table[name] need)."""
+        return self.layout in (Layout.FIXED, Layout.BOOL)
+
+    @property
+    def storage_arrow(self) -> pa.DataType:
+        """The Arrow type of the stored buffers (an extension type's storage type)."""
+        import pyarrow as pa
+
+        return self.arrow.storage_type if isinstance(self.arrow, pa.BaseExtensionType) else self.arrow
+
+
+SUPPORTED_TYPES_TEXT = (
+    "bool, int8/16/32/64, uint8/16/32/64, float16/32/64, date32/64, time32/64, timestamp (any unit, "
+    "with or without time zone), duration, decimal128 (precision <= 38), string, binary, "
+    "fixed_size_binary (uuid)"
+)
+
+
+def _fixed(arrow: pa.DataType, dtype: str | np.dtype) -> ColumnType:
+    dt = np.dtype(dtype)
+    return ColumnType(arrow, Layout.FIXED, dt.itemsize, dt)
+
+
+def column_type(arrow: pa.DataType, column: str) -> ColumnType:
+    """Map a (storage-normalised) Arrow type to its ColumnType, or raise naming the column.
+
+    ``arrow`` must already be normalised by :func:`pystrom.interop.arrow_in.normalize_type`:
+    no dictionaries, no large or view variants.
+    """
+    import pyarrow as pa
+    import pyarrow.types as pt
+
+    storage = arrow.storage_type if isinstance(arrow, pa.BaseExtensionType) else arrow
+    if pt.is_boolean(storage):
+        return ColumnType(arrow, Layout.BOOL, 1, np.dtype(bool))
+    if pt.is_integer(storage) or pt.is_floating(storage):
+        return _fixed(arrow, np.dtype(storage.to_pandas_dtype()))
+    if pt.is_date32(storage) or pt.is_time32(storage):
+        return _fixed(arrow, "int32")
+    if pt.is_date64(storage) or pt.is_time64(storage) or pt.is_timestamp(storage) or pt.is_duration(storage):
+        return _fixed(arrow, "int64")
+    if pt.is_decimal128(storage):
+        return ColumnType(arrow, Layout.BYTES, 16, np.dtype(np.uint8))
+    if pt.is_fixed_size_binary(storage):
+        return ColumnType(arrow, Layout.BYTES, storage.byte_width, np.dtype(np.uint8))
+    if pt.is_string(storage) or pt.is_binary(storage):
+        return ColumnType(arrow, Layout.VARBINARY, 4, np.dtype(np.int32))
+    hint = ""
+    if pt.is_decimal(storage):
+        hint = " (cast it to decimal128 with precision <= 38, or to float64)"
+    elif pt.is_nested(storage):
+        hint = " (nested types are not supported: flatten it into columns first)"
+    elif pt.is_null(storage):
+        hint = " (a column of only NULLs has no value type: cast it to the type it should have)"
+    raise UnsupportedTypeError(
+        f"column {column!r} has type {arrow}, which pystrom cannot hold{hint}; supported: {SUPPORTED_TYPES_TEXT}"
+    )

@@ -1,0 +1,151 @@
+"""The ``pystrom`` command: ``pystrom demo``, ``pystrom info``.
+
+User mistakes end as one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import Error
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints the usage too)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+# -- demo -------------------------------------------------------------------------------------------
+
+
+def _seed_data(rows: int, seed: int = 0) -> Any:
+    """The seed project's `logreg` table: t = 1 + 2 x1 - 3 x2 + x3 + 0.5 x4 > 0 over normal features."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, rows))
+    t = 1 + 2 * x[0] - 3 * x[1] + x[2] + 0.5 * x[3] > 0
+    return pa.table({"t": t, "x1": x[0], "x2": x[1], "x3": x[2], "x4": x[3]})
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = fn()
+    sync()
+    return result, time.perf_counter() - start
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import Table
+    from ._backend import _no_gpu_reason, cuda_device_count, resolve_device
+
+    backend = resolve_device(args.device)
+    if backend.kind == "cuda":
+        print(f"device: {backend.device} ({backend.name})")
+    else:
+        why = "asked for" if args.device else f"no GPU: {_no_gpu_reason()}"
+        print(f"device: cpu ({why}); the same code runs on a GPU with device='cuda'")
+    if cuda_device_count() == 0 and backend.kind == "cuda":  # pragma: no cover - resolve_device refuses first
+        return 2
+
+    source = _seed_data(args.rows)
+    rows, nbytes = source.num_rows, source.nbytes
+    steps: list[tuple[str, float, int]] = []
+
+    table, secs = _timed(lambda: Table.from_arrow(source, device=backend), backend.synchronize)
+    steps.append(("Arrow (host) -> Table", secs, nbytes))
+    features, secs = _timed(lambda: table.to_array(["x1", "x2", "x3", "x4"]), backend.synchronize)
+    zero_copy = backend.array_ptr(features) == backend.array_ptr(table["x1"])
+    steps.append((f"to_array x1..x4 ({'zero copy' if zero_copy else 'copied'})", secs, 0))
+    positives, secs = _timed(lambda: table.filter("t"), backend.synchronize)
+    steps.append(("filter t = true", secs, table.nbytes))
+    back, secs = _timed(table.to_arrow, lambda: None)
+    steps.append(("Table -> Arrow (host)", secs, nbytes))
+    if not back.equals(source):
+        print("error: the round trip changed the data", file=sys.stderr)
+        return 1
+
+    print(f"\n{table!r}\n")
+    print(f"{'step':<32} {'seconds':>9} {'GB/s':>8}")
+    for name, secs, moved in steps:
+        rate = f"{moved / secs / 1e9:8.2f}" if moved and secs > 0 else f"{'-':>8}"
+        print(f"{name:<32} {secs:9.4f} {rate}")
+    print(
+        f"\n{rows:,} rows, {nbytes / 1e6:,.1f} MB; rows with t = true: {positives.num_rows:,}; "
+        f"features array {tuple(features.shape)} {features.dtype} on {table.device}"
+    )
+    return 0
+
+
+# -- info -------------------------------------------------------------------------------------------
+
+
+def _info(args: argparse.Namespace) -> int:
+    import importlib.metadata as md
+    import platform
+
+    from . import __version__, defaults
+    from ._backend import _no_gpu_reason, cuda_device_count, resolve_device
+
+    def version(dist: str) -> str:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    print(f"pystrom {__version__} on Python {platform.python_version()} ({platform.machine()})")
+    for dist in ("numpy", "pyarrow", "cupy-cuda13x", "cupy-cuda12x", "kvikio-cu13", "kvikio-cu12"):
+        print(f"  {dist:<14} {version(dist)}")
+    count = cuda_device_count()
+    if count:
+        for i in range(count):
+            print(f"  cuda:{i}         {resolve_device(f'cuda:{i}').name}")
+    else:
+        print(f"  GPU            none ({_no_gpu_reason()})")
+    print(f"  default device {resolve_device(None).device}")
+    for name, (value, env, _) in defaults.describe().items():
+        print(f"  {name:<14} {value!r} (${env})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pystrom", description="PostgreSQL and Arrow data straight into GPU memory.")
+    sub = parser.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
+    demo = sub.add_parser("demo", help="build the seed's logreg table on the GPU (or CPU) and show the data path")
+    demo.add_argument("--rows", type=_positive_int, default=1_000_000, help="rows to generate (default 1,000,000)")
+    demo.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present)")
+    demo.set_defaults(run=_demo)
+    info = sub.add_parser("info", help="versions, GPUs and settings")
+    info.set_defaults(run=_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args))
+    except Error as exc:
+        print(f"pystrom {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"pystrom {args.command}: interrupted", file=sys.stderr)
+        return 130

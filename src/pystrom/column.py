@@ -1,0 +1,217 @@
+"""Column: one column of a Table, its Arrow-layout buffers seen as NumPy/CuPy arrays without copies."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _bitmap
+from ._backend import Block
+from ._layout import ColumnPlan
+from ._types import ColumnType, Layout
+from .errors import ClosedError, NullValuesError, UnsupportedTypeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["Column"]
+
+
+class Column:
+    """One column of a :class:`Table`.
+
+    Its buffers live in the table's single allocation and are laid out as an Arrow array:
+
+    - ``values``: the values (see :mod:`pystrom._types` for each type's layout; booleans one byte each),
+    - ``validity``: the LSB-ordered validity bitmap, or None when the column stores no NULLs,
+    - ``offsets`` and ``data``: int32 offsets and bytes for string and binary columns.
+
+    A column obtained from a slice keeps Arrow's convention: its rows start at element ``offset`` of
+    the underlying buffers. Everything here is a view: nothing is copied unless a method says so.
+    Columns are obtained with ``table.column(name)``.
+    """
+
+    __slots__ = ("_block", "_plan", "_offset", "_length", "_null_count")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise TypeError("Column objects come from Table.column(name); they are not built directly")
+
+    @classmethod
+    def _view(cls, block: Block, plan: ColumnPlan, offset: int, length: int, null_count: int | None) -> Column:
+        self = object.__new__(cls)
+        self._block = block
+        self._plan = plan
+        self._offset = offset
+        self._length = length
+        self._null_count = null_count
+        return self
+
+    # -- description ------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._plan.name
+
+    @property
+    def type(self) -> pa.DataType:
+        """The column's Arrow type (logical: timestamps stay timestamps, uuid stays uuid)."""
+        return self._plan.type.arrow
+
+    @property
+    def column_type(self) -> ColumnType:
+        return self._plan.type
+
+    @property
+    def dtype(self) -> np.dtype:
+        """dtype of :attr:`values` (uint8 for decimal and fixed-size binary, int32 offsets for strings)."""
+        return self._plan.type.storage
+
+    @property
+    def device(self) -> str:
+        return self._live_block().backend.device
+
+    @property
+    def offset(self) -> int:
+        """Arrow offset: the element of the underlying buffers where this column's rows begin."""
+        return self._offset
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def null_count(self) -> int:
+        if self._null_count is None:
+            self._null_count = self._length - _bitmap.count_set(
+                self._live_block().backend, self._base_validity(), self._offset, self._length
+            )
+        return self._null_count
+
+    def _live_block(self) -> Block:
+        block = self._block
+        if block is None:
+            raise ClosedError(f"column {self.name!r} belongs to a closed table")
+        return block
+
+    # -- buffers ----------------------------------------------------------------------------------
+
+    def _base_validity(self) -> Any:
+        span = self._plan.validity
+        return self._live_block().array(span.offset, np.uint8, (span.size,))
+
+    @property
+    def values(self) -> Any:
+        """The values as a zero-copy array of the column's device; NULL slots hold unspecified values.
+
+        Shape (n,) for numeric, boolean and temporal types, (n, width) uint8 for decimal128 and
+        fixed-size binary. String and binary columns have no values array: use :attr:`offsets` and :attr:`data`.
+        """
+        ctype = self._plan.type
+        if ctype.layout == Layout.VARBINARY:
+            raise UnsupportedTypeError(
+                f"column {self.name!r} has type {ctype.name}, whose values are variable-length: "
+                "use column.offsets and column.data, or column.to_arrow()"
+            )
+        block = self._live_block()
+        start = self._plan.values.offset + self._offset * ctype.width
+        shape = (self._length, ctype.width) if ctype.layout == Layout.BYTES else (self._length,)
+        return block.array(start, ctype.storage, shape)
+
+    @property
+    def validity(self) -> Any | None:
+        """The validity bitmap (uint8, LSB order) from the byte holding this column's first row, or None.
+
+        Row i is valid when bit ``validity_offset + i`` is set. None means the column stores no
+        bitmap (no NULLs in the whole underlying column).
+        """
+        span = self._plan.validity
+        if span is None:
+            return None
+        first, last = self._offset // 8, (self._offset + self._length + 7) // 8
+        return self._live_block().array(span.offset + first, np.uint8, (last - first,))
+
+    @property
+    def validity_offset(self) -> int:
+        """Bit position of row 0 inside :attr:`validity`'s first byte."""
+        return self._offset % 8
+
+    @property
+    def offsets(self) -> Any:
+        """int32 offsets (n + 1) into :attr:`data` for string and binary columns (not rebased after slicing)."""
+        self._require_varbinary("offsets")
+        return self._live_block().array(self._plan.values.offset + self._offset * 4, np.int32, (self._length + 1,))
+
+    @property
+    def data(self) -> Any:
+        """The bytes of a string or binary column (the whole underlying buffer; index it with offsets)."""
+        self._require_varbinary("data")
+        span = self._plan.data
+        return self._live_block().array(span.offset, np.uint8, (span.size,))
+
+    def _require_varbinary(self, what: str) -> None:
+        if self._plan.type.layout != Layout.VARBINARY:
+            raise UnsupportedTypeError(
+                f"column {self.name!r} has type {self._plan.type.name}, which has no {what} buffer"
+            )
+
+    def is_valid(self) -> Any:
+        """A bool array on the column's device: True where the row is not NULL."""
+        backend = self._live_block().backend
+        if self._plan.validity is None:
+            return backend.xp.ones(self._length, dtype=bool)
+        return _bitmap.unpack(backend, self._base_validity(), self._offset, self._length)
+
+    # -- conversion -------------------------------------------------------------------------------
+
+    def to_arrow(self) -> pa.Array:
+        """A host pyarrow Array (zero-copy on the CPU backend except for booleans, a copy from a GPU)."""
+        from .interop.arrow_export import column_to_arrow
+
+        return column_to_arrow(self)
+
+    def to_numpy(self) -> np.ndarray:
+        """Host NumPy array with pyarrow's conventions (NULLs become NaN/None, strings objects)."""
+        return self.to_arrow().to_numpy(zero_copy_only=False)
+
+    def _dense_values(self, protocol: str) -> Any:
+        if self.null_count:
+            raise NullValuesError(
+                f"column {self.name!r} has {self.null_count} NULL(s), which {protocol} cannot carry; use "
+                "column.values (NULL slots unspecified) with column.is_valid(), or table.to_array(nulls='nan'|'drop')"
+            )
+        return self.values
+
+    # -- array protocols (no NULLs allowed: an exported array has no way to say which slots are missing) --
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if self._live_block().backend.kind != "cuda":
+            raise AttributeError(f"column {self.name!r} is on the CPU: it has no __cuda_array_interface__")
+        return self._dense_values("__cuda_array_interface__").__cuda_array_interface__
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        arr = self._dense_values("DLPack")
+        return arr.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        backend = self._live_block().backend
+        return (1, 0) if backend.kind == "cpu" else (2, backend.ordinal)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if self._live_block().backend.kind != "cpu":
+            raise TypeError(
+                f"column {self.name!r} is on {self.device}: implicit conversion to a NumPy array is not "
+                "allowed (as in CuPy); use column.to_numpy()"
+            )
+        arr = self._dense_values("a NumPy array")
+        if copy:
+            arr = arr.copy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        if self._block is None:
+            return f"<pystrom.Column {self.name!r}: closed>"
+        return (
+            f"<pystrom.Column {self.name!r}: {self._plan.type.name}, {self._length:,} rows, "
+            f"{self.null_count:,} nulls, on {self.device}>"
+        )

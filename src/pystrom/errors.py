@@ -1,0 +1,62 @@
+"""pystrom's exceptions: one root, one class per kind of failure.
+
+Every class also derives from the builtin a caller would naturally catch (``KeyError`` for a
+missing column, ``TypeError`` for an unsupported type, ...), so ``except ValueError`` keeps working
+for code that does not know pystrom. Messages always name the column, type, device or handle at fault.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Error",
+    "ColumnNotFoundError",
+    "UnsupportedTypeError",
+    "SchemaMismatchError",
+    "CapacityError",
+    "NullValuesError",
+    "DeviceError",
+    "ClosedError",
+    "OutOfMemoryError",
+]
+
+
+class Error(Exception):
+    """Root of all pystrom errors."""
+
+    def __reduce__(self):  # picklable across processes (the store daemon sends errors back)
+        return (type(self), self.args)
+
+
+class ColumnNotFoundError(Error, KeyError):
+    """A column name that the table does not have."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedTypeError(Error, TypeError):
+    """A data type pystrom cannot hold, or an operation a column's type does not allow."""
+
+
+class SchemaMismatchError(Error, ValueError):
+    """Columns that do not fit together: different lengths, mixed types where one is needed."""
+
+
+class CapacityError(Error, ValueError):
+    """Data that exceeds a limit of the layout, such as 2 GiB of string bytes in one column."""
+
+
+class NullValuesError(Error, ValueError):
+    """A column holds NULLs where the operation needs every value present."""
+
+
+class DeviceError(Error, ValueError):
+    """A device string that makes no sense, or a device that is not there."""
+
+
+class ClosedError(Error, ValueError):
+    """The table was closed with ``close()`` and can no longer be used."""
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """The device (or host) could not provide an allocation."""

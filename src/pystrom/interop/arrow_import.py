@@ -1,0 +1,122 @@
+"""Arrow data coming in: accepted inputs, type normalisation, and validation of foreign buffers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.types as pt
+
+from .._types import Layout, column_type
+from ..errors import CapacityError, SchemaMismatchError, UnsupportedTypeError
+from .build import HostColumn
+
+__all__ = ["as_arrow_table", "host_column"]
+
+_INT32_MAX = 2**31 - 1
+
+# Types whose values pystrom keeps with 32-bit offsets (Arrow's plain string/binary layout).
+_NARROWED = {
+    "large_string": pa.string(),
+    "string_view": pa.string(),
+    "large_binary": pa.binary(),
+    "binary_view": pa.binary(),
+}
+
+
+def as_arrow_table(obj: Any) -> pa.Table:
+    """Accept pyarrow tables, batches, readers, pandas DataFrames and Arrow PyCapsule producers."""
+    if isinstance(obj, pa.Table):
+        return obj
+    if isinstance(obj, pa.RecordBatch):
+        return pa.Table.from_batches([obj])
+    if isinstance(obj, pa.RecordBatchReader):
+        return obj.read_all()
+    if isinstance(obj, (list, tuple)) and obj and all(isinstance(b, pa.RecordBatch) for b in obj):
+        try:
+            return pa.Table.from_batches(list(obj))
+        except pa.ArrowInvalid as exc:
+            raise SchemaMismatchError(f"record batches with different schemas cannot form one table: {exc}") from None
+    module = type(obj).__module__
+    if module.startswith("pandas") and type(obj).__name__ == "DataFrame":
+        return pa.Table.from_pandas(obj, preserve_index=False)
+    if hasattr(obj, "__arrow_c_stream__") or hasattr(obj, "__arrow_c_array__"):
+        return pa.table(obj)
+    if hasattr(obj, "__arrow_c_device_array__"):
+        return pa.Table.from_batches([pa.record_batch(obj)])
+    raise UnsupportedTypeError(
+        "Table.from_arrow expects a pyarrow Table, RecordBatch, RecordBatchReader, a pandas DataFrame or an "
+        f"object with the Arrow PyCapsule interface; got {type(obj).__module__}.{type(obj).__qualname__}"
+    )
+
+
+def _narrow(name: str, chunk: pa.Array, target: pa.DataType) -> pa.Array:
+    try:
+        return chunk.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):
+        raise CapacityError(
+            f"column {name!r} ({chunk.type}) holds more bytes than 32-bit offsets address (2 GiB)"
+        ) from None
+
+
+def _normalize(name: str, arrow_type: pa.DataType, chunks: list[pa.Array]) -> tuple[pa.DataType, list[pa.Array]]:
+    """Decode dictionaries, narrow large/view strings; return the logical type and storage chunks."""
+    if pt.is_dictionary(arrow_type):
+        value_type = arrow_type.value_type
+        chunks = [c.dictionary_decode() for c in chunks]
+        return _normalize(name, value_type, chunks)
+    if isinstance(arrow_type, pa.BaseExtensionType):
+        storage_type, storage = _normalize(name, arrow_type.storage_type, [c.storage for c in chunks])
+        if storage_type != arrow_type.storage_type:
+            raise UnsupportedTypeError(
+                f"column {name!r} has extension type {arrow_type} over {arrow_type.storage_type}, "
+                "which pystrom cannot hold without changing it"
+            )
+        return arrow_type, storage
+    target = _NARROWED.get(str(arrow_type))
+    if target is not None:
+        return target, [_narrow(name, c, target) for c in chunks]
+    return arrow_type, chunks
+
+
+def _check_offsets(name: str, chunk: pa.Array) -> int:
+    """Validate a string chunk's offsets (foreign producers may hand us anything); return its data bytes."""
+    n = len(chunk)
+    bufs = chunk.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=chunk.offset * 4) if n else None
+    if offsets is None:
+        return 0
+    data_size = bufs[2].size if bufs[2] is not None else 0
+    if offsets[0] < 0 or offsets[-1] > data_size or (n > 0 and np.any(offsets[1:] < offsets[:-1])):
+        raise SchemaMismatchError(
+            f"column {name!r}: invalid string offsets in the Arrow input (corrupt or hostile data)"
+        )
+    return int(offsets[-1] - offsets[0])
+
+
+def host_column(name: str, field: pa.Field, chunked: pa.ChunkedArray) -> HostColumn:
+    """One Arrow column prepared for copying into a table's allocation."""
+    logical, chunks = _normalize(name, field.type, list(chunked.chunks))
+    ctype = column_type(logical, name)
+    length = sum(len(c) for c in chunks)
+    null_count = sum(c.null_count for c in chunks)
+    data_size = 0
+    if ctype.layout == Layout.VARBINARY:
+        data_size = sum(_check_offsets(name, c) for c in chunks)
+        if data_size > _INT32_MAX:
+            raise CapacityError(
+                f"column {name!r} holds {data_size:,} bytes of {logical} data; one column holds at most 2 GiB"
+            )
+    out_field = pa.field(name, logical, nullable=field.nullable, metadata=field.metadata)
+    return HostColumn(out_field, ctype, chunks, length, null_count, data_size)
+
+
+def columns_of(table: pa.Table) -> list[HostColumn]:
+    names = table.column_names
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise SchemaMismatchError(f"column name {n!r} appears more than once; pystrom needs unique names")
+        seen.add(n)
+    return [host_column(n, table.schema.field(i), table.column(i)) for i, n in enumerate(names)]

@@ -1,0 +1,150 @@
+"""Assemble a Table: plan the layout, allocate once, copy every column into place.
+
+Sources are host Arrow chunks (from pyarrow, NumPy, lists) or device arrays (CuPy and anything with
+``__cuda_array_interface__``). On the CPU backend host bytes are written straight into the table's
+memory; on a GPU, buffers that need no change (values, string bytes) are copied from pyarrow's memory
+to the device as they are, and the few that need work (booleans unpacked to bytes, validity bitmaps
+re-aligned across chunks, string offsets rebased) are prepared on the host first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _core
+from .._backend import Backend, Block
+from .._layout import ColumnPlan, ColumnSpec, plan_table
+from .._types import ColumnType, Layout
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..table import Table
+
+__all__ = ["HostColumn", "DeviceColumn", "build_table"]
+
+
+@dataclass
+class HostColumn:
+    field: pa.Field  # output field (logical type, nullability, metadata)
+    type: ColumnType
+    chunks: list  # storage-level pyarrow arrays
+    length: int
+    null_count: int
+    data_size: int
+
+    def spec(self) -> ColumnSpec:
+        return ColumnSpec(self.field.name, self.type, self.length, self.null_count, self.data_size)
+
+
+@dataclass
+class DeviceColumn:
+    field: pa.Field
+    type: ColumnType
+    array: Any  # 1-D contiguous CuPy array, no NULLs
+
+    def spec(self) -> ColumnSpec:
+        return ColumnSpec(self.field.name, self.type, int(self.array.shape[0]), 0, 0)
+
+
+class _Writer:
+    """Host-side writes into a block: in place on the CPU, staged and copied on a GPU."""
+
+    def __init__(self, block: Block):
+        self.block = block
+        self.in_place = block.backend.kind == "cpu"
+
+    @contextlib.contextmanager
+    def region(self, offset: int, size: int) -> Iterator[np.ndarray]:
+        if self.in_place:
+            yield self.block.read_host(offset, size)  # a writable view of the block on the CPU
+        else:
+            staged = np.empty(size, dtype=np.uint8)
+            yield staged
+            self.block.write_host(offset, staged)
+
+    def copy(self, offset: int, src: np.ndarray) -> None:
+        if src.size:
+            self.block.write_host(offset, src)
+
+
+def _bytes(buf: pa.Buffer, start: int, size: int) -> np.ndarray:
+    return np.frombuffer(buf, dtype=np.uint8, count=size, offset=start)
+
+
+def _fill_host(w: _Writer, plan: ColumnPlan, col: HostColumn) -> None:
+    layout, width = col.type.layout, col.type.width
+    chunks = [c for c in col.chunks if len(c)]
+    if layout in (Layout.FIXED, Layout.BYTES):
+        pos = 0
+        for c in chunks:
+            n = len(c)
+            w.copy(plan.values.offset + pos * width, _bytes(c.buffers()[1], c.offset * width, n * width))
+            pos += n
+    elif layout == Layout.BOOL:
+        with w.region(plan.values.offset, plan.values.size) as dst:
+            pos = 0
+            for c in chunks:
+                n = len(c)
+                _core.unpack_bits(c.buffers()[1], c.offset, dst[pos : pos + n], n)
+                pos += n
+    else:  # VARBINARY: rebase each chunk's offsets onto one data buffer
+        with w.region(plan.values.offset, plan.values.size) as dst:
+            offsets = dst.view(np.int32)
+            offsets[0] = 0
+            pos = data_pos = 0
+            for c in chunks:
+                n = len(c)
+                bufs = c.buffers()
+                src = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=c.offset * 4)
+                nbytes = int(src[-1] - src[0])
+                offsets[pos : pos + n + 1] = src - src[0] + data_pos
+                if nbytes:
+                    w.copy(plan.data.offset + data_pos, _bytes(bufs[2], int(src[0]), nbytes))
+                pos += n
+                data_pos += nbytes
+    if plan.validity is not None:
+        with w.region(plan.validity.offset, plan.validity.size) as dst:
+            dst[:] = 0xFF  # chunks without a bitmap are all valid
+            pos = 0
+            for c in chunks:
+                n = len(c)
+                bitmap = c.buffers()[0]
+                if bitmap is not None and c.null_count:
+                    _core.copy_bits(bitmap, c.offset, dst, pos, n)
+                pos += n
+
+
+def _fill_device(block: Block, plan: ColumnPlan, col: DeviceColumn) -> None:
+    if plan.length == 0:
+        return
+    if block.backend.kind == "cpu":
+        import cupy
+
+        block.write_host(plan.values.offset, cupy.asnumpy(col.array))
+    else:
+        block.write_device(plan.values.offset, col.array)
+
+
+def build_table(backend: Backend, columns: Sequence[HostColumn | DeviceColumn], metadata: Any = None) -> Table:
+    """Allocate one block for ``columns`` on ``backend``, fill it and wrap it as a Table."""
+    import pyarrow as pa
+
+    from ..table import Table
+
+    plan = plan_table([c.spec() for c in columns])
+    block = backend.allocate(plan.nbytes)
+    writer = _Writer(block)
+    for col_plan, col in zip(plan.columns, columns):
+        if isinstance(col, HostColumn):
+            _fill_host(writer, col_plan, col)
+        else:
+            _fill_device(block, col_plan, col)
+    schema = pa.schema([c.field for c in columns], metadata=metadata)
+    num_rows = plan.columns[0].length if plan.columns else 0
+    return Table._wrap(block, plan, schema, num_rows)

@@ -1,0 +1,355 @@
+"""Table: named columns in one allocation on one device (a GPU, or the CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _ops
+from ._backend import Backend, Block, resolve_device
+from ._layout import TablePlan
+from .column import Column
+from .errors import ClosedError, ColumnNotFoundError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+__all__ = ["Table"]
+
+
+class Table:
+    """Named columns laid out as Arrow arrays inside **one** allocation, on a GPU or on the CPU.
+
+    One allocation means one handle shares the whole table with another process, a column is a
+    zero-copy CuPy (or NumPy) array, and adjacent columns of one dtype form a zero-copy 2-D array.
+    Build tables with :meth:`from_arrow` or :meth:`from_arrays` (or the loaders); views made by
+    :meth:`select` and :meth:`slice` share the allocation and keep it alive.
+
+    The memory is released by :meth:`close` (or leaving a ``with`` block) once no view or exported
+    array still uses it, or when the table is garbage collected. A closed table raises
+    :class:`~pystrom.errors.ClosedError`; arrays taken from it earlier stay valid.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise TypeError("build a Table with Table.from_arrow(...), Table.from_arrays(...) or a pystrom loader")
+
+    @classmethod
+    def _from_columns(cls, block: Block, schema: pa.Schema, columns: Sequence[Column], num_rows: int) -> Table:
+        self = object.__new__(cls)
+        self._block = block
+        self._schema = schema
+        self._columns = tuple(columns)
+        self._index = {c.name: i for i, c in enumerate(self._columns)}
+        self._num_rows = num_rows
+        return self
+
+    @classmethod
+    def _wrap(cls, block: Block, plan: TablePlan, schema: pa.Schema, num_rows: int) -> Table:
+        columns = [Column._view(block, cp, 0, cp.length, cp.null_count) for cp in plan.columns]
+        return cls._from_columns(block, schema, columns, num_rows)
+
+    # -- construction -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_arrow(cls, data: Any, device: str | int | None = None) -> Table:
+        """Copy Arrow data into a new Table on ``device``.
+
+        Parameters
+        ----------
+        data
+            A pyarrow Table, RecordBatch, RecordBatchReader or list of batches, a pandas DataFrame, or
+            any object with the Arrow PyCapsule interface. Chunked and sliced columns are accepted;
+            dictionary columns are decoded.
+        device
+            ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or None (``pystrom.defaults.device``, else a GPU if
+            one is visible, else the CPU).
+        """
+        from .interop.arrow_import import as_arrow_table, columns_of
+        from .interop.build import build_table
+
+        backend = resolve_device(device)
+        table = as_arrow_table(data)
+        return build_table(backend, columns_of(table), table.schema.metadata)
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Any], device: str | int | None = None) -> Table:
+        """A new Table from named arrays: NumPy (masked arrays give NULLs), CuPy or anything with
+        ``__cuda_array_interface__``, pyarrow arrays, pandas Series, or Python lists (None is NULL).
+
+        All columns must have the same length. GPU inputs are copied device to device.
+        """
+        from .interop.arrays import columns_from_arrays
+        from .interop.build import build_table
+
+        backend = resolve_device(device)
+        return build_table(backend, columns_from_arrays(arrays, backend))
+
+    # -- description ------------------------------------------------------------------------------
+
+    def _live(self) -> Block:
+        if self._block is None:
+            raise ClosedError("the table is closed")
+        return self._block
+
+    @property
+    def _backend(self) -> Backend:
+        return self._live().backend
+
+    @property
+    def num_rows(self) -> int:
+        self._live()
+        return self._num_rows
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    @property
+    def num_columns(self) -> int:
+        return len(self._columns)
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self._columns]
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema (logical types; booleans are ``bool`` even though stored as bytes)."""
+        return self._schema
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+        return self._backend.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers this table's rows use (a view counts the parts it references)."""
+        self._live()
+        total = 0
+        for c in self._columns:
+            plan = c._plan
+            n = len(c)
+            total += (n + 1) * 4 + plan.data.size if plan.data is not None else n * plan.type.width
+            if plan.validity is not None:
+                total += (c.offset % 8 + n + 7) // 8
+        return total
+
+    @property
+    def closed(self) -> bool:
+        return self._block is None
+
+    @property
+    def columns(self) -> list[Column]:
+        self._live()
+        return list(self._columns)
+
+    def column(self, key: str | int) -> Column:
+        """The :class:`Column` named ``key`` (or at position ``key``)."""
+        self._live()
+        if isinstance(key, int) and not isinstance(key, bool):
+            if not -len(self._columns) <= key < len(self._columns):
+                raise ColumnNotFoundError(f"column index {key} is out of range for {len(self._columns)} column(s)")
+            return self._columns[key]
+        if not isinstance(key, str):
+            raise ColumnNotFoundError(f"columns are named by strings; got {key!r}")
+        try:
+            return self._columns[self._index[key]]
+        except KeyError:
+            raise ColumnNotFoundError(
+                f"no column named {key!r}; the table has: {', '.join(map(repr, self.column_names)) or 'no columns'}"
+            ) from None
+
+    def __getitem__(self, key: str | Sequence[str]) -> Any:
+        """``table["x"]``: the column's values as a zero-copy CuPy (GPU) or NumPy (CPU) array.
+
+        The column must be fixed-width (not string/binary) and hold no NULLs in the rows of this table;
+        for raw values with NULL slots use ``table.column("x").values``. ``table[["a", "b"]]`` is
+        :meth:`select`.
+        """
+        if isinstance(key, (list, tuple)):
+            return self.select(key)
+        if not isinstance(key, str):
+            raise ColumnNotFoundError(f"index a table by column name (a string) or a list of names; got {key!r}")
+        col = self.column(key)
+        return col._dense_values(f"table[{key!r}]")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    # -- views ------------------------------------------------------------------------------------
+
+    def select(self, columns: Iterable[str | int]) -> Table:
+        """A view with only ``columns``, in that order (zero copy)."""
+        if isinstance(columns, (str, int)):
+            columns = [columns]
+        chosen = [self.column(c) for c in columns]
+        names = [c.name for c in chosen]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SchemaMismatchError(f"select names column(s) more than once: {', '.join(map(repr, dupes))}")
+        fresh = [Column._view(c._block, c._plan, c.offset, len(c), c._null_count) for c in chosen]
+        schema = _pa().schema([self._schema.field(n) for n in names], metadata=self._schema.metadata)
+        return Table._from_columns(self._block, schema, fresh, self._num_rows)
+
+    def slice(self, offset: int = 0, length: int | None = None) -> Table:
+        """A view of rows ``[offset, offset + length)`` (zero copy), clipped to the table like pyarrow's."""
+        self._live()
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"slice offset must be a non-negative int; got {offset!r}")
+        if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 0):
+            raise ValueError(f"slice length must be a non-negative int or None; got {length!r}")
+        start = min(offset, self._num_rows)
+        stop = self._num_rows if length is None else min(self._num_rows, start + length)
+        n = stop - start
+        fresh = []
+        for c in self._columns:
+            known = c._null_count if (c._null_count == 0 or (start == 0 and n == len(c))) else None
+            fresh.append(Column._view(c._block, c._plan, c.offset + start, n, known))
+        return Table._from_columns(self._block, self._schema, fresh, n)
+
+    def filter(self, mask: Any) -> Table:
+        """A new table (new allocation, same device) with the rows where ``mask`` is True.
+
+        ``mask``: a bool array (CuPy, NumPy, list), a pyarrow BooleanArray (NULL drops the row), or
+        the name of a bool column of this table.
+        """
+        mask = _ops.as_mask(self, mask)
+        with self._backend.activate():
+            return _ops.gather(self, self._backend.xp.flatnonzero(mask))
+
+    # -- arrays -----------------------------------------------------------------------------------
+
+    def to_array(self, columns: Sequence[str] | None = None, dtype: Any = None, nulls: str = "raise") -> Any:
+        """A 2-D array (rows x columns) of fixed-width columns, on the table's device.
+
+        Zero copy when the columns have the dtype asked for, hold no NULLs and sit at a constant
+        stride in memory (adjacent columns of one dtype always do: a Fortran-ordered view whose
+        column stride is the 64-byte aligned column size). Otherwise one gather into a new
+        Fortran-ordered array.
+
+        Parameters
+        ----------
+        columns
+            Names (default: all columns).
+        dtype
+            Result dtype; required when the columns' types differ (and to convert decimals).
+        nulls
+            ``"raise"`` (default): a column with NULLs is an error; ``"nan"``: NULLs become NaN
+            (floating dtypes only); ``"drop"``: rows with a NULL in any chosen column are left out.
+        """
+        return _ops.to_array(self, columns, dtype, nulls)
+
+    # -- conversion -------------------------------------------------------------------------------
+
+    def to_arrow(self) -> pa.Table:
+        """A host pyarrow Table with the same schema (zero copy on the CPU backend, except booleans)."""
+        self._live()
+        arrays = [c.to_arrow() for c in self._columns]
+        return _pa().Table.from_arrays(arrays, schema=self._schema)
+
+    def to_pandas(self, **kwargs: Any) -> pd.DataFrame:
+        """``to_arrow().to_pandas(**kwargs)``."""
+        return self.to_arrow().to_pandas(**kwargs)
+
+    def to(self, device: str | int | None) -> Table:
+        """This table on ``device``: itself if already there, else a copy (one allocation copied whole)."""
+        target = resolve_device(device)
+        block = self._live()
+        if target is block.backend:
+            return self
+        source = self if self._is_whole() else _ops.gather(self, block.backend.xp.arange(self._num_rows))
+        src_block = source._live()
+        new_block = target.allocate(src_block.nbytes)
+        if target.kind == "cuda" and src_block.backend.kind == "cuda":
+            new_block.write_device(0, src_block.array(0, "uint8", (src_block.nbytes,)))
+        else:
+            new_block.write_host(0, src_block.read_host(0, src_block.nbytes))
+        columns = [Column._view(new_block, c._plan, 0, len(c), c._null_count) for c in source._columns]
+        return Table._from_columns(new_block, source._schema, columns, source._num_rows)
+
+    def _is_whole(self) -> bool:
+        return all(c.offset == 0 and len(c) == c._plan.length for c in self._columns)
+
+    def equals(self, other: Table) -> bool:
+        """Same schema and same values (compared on the host)."""
+        if not isinstance(other, Table):
+            return False
+        return self.to_arrow().equals(other.to_arrow())
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release this table's hold on its memory (idempotent). Views and exported arrays keep theirs."""
+        for c in self._columns:
+            c._block = None
+        self._block = None
+
+    def __enter__(self) -> Table:
+        self._live()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- Arrow PyCapsule protocol -----------------------------------------------------------------
+
+    def __arrow_c_schema__(self) -> Any:
+        return self._schema.__arrow_c_schema__()
+
+    def __arrow_c_device_array__(self, requested_schema: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+        """Export as an Arrow C device array (struct of columns), zero copy except for booleans."""
+        _check_capsule_kwargs(kwargs)
+        from .interop.arrow_c import export_array
+
+        return export_array(self, device=True)
+
+    def __arrow_c_device_stream__(self, requested_schema: Any = None, **kwargs: Any) -> Any:
+        _check_capsule_kwargs(kwargs)
+        from .interop.arrow_c import export_stream
+
+        return export_stream(self, device=True)
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> tuple[Any, Any]:
+        """Arrow C data interface export; CPU tables only (a GPU table: use to_arrow() or the device variant)."""
+        self._require_cpu("__arrow_c_array__")
+        from .interop.arrow_c import export_array
+
+        return export_array(self, device=False)
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        self._require_cpu("__arrow_c_stream__")
+        from .interop.arrow_c import export_stream
+
+        return export_stream(self, device=False)
+
+    def _require_cpu(self, what: str) -> None:
+        if self._backend.kind != "cpu":
+            raise TypeError(
+                f"{what} hands over host memory, but this table is on {self.device}: use table.to_arrow() for a "
+                "host copy, or the Arrow C device interface (__arrow_c_device_array__)"
+            )
+
+    # -- display ----------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        from ._display import table_repr
+
+        return table_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ._display import table_html
+
+        return table_html(self)
+
+
+def _pa() -> Any:
+    import pyarrow
+
+    return pyarrow
+
+
+def _check_capsule_kwargs(kwargs: dict) -> None:
+    unknown = {k: v for k, v in kwargs.items() if v is not None}
+    if unknown:
+        raise NotImplementedError(f"unsupported Arrow capsule keyword(s): {', '.join(unknown)}")

@@ -1,0 +1,39 @@
+"""Shared fixtures. Markers are registered in pyproject.toml (gpu, slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pystrom._backend import cuda_device_count
+
+HAVE_GPU = cuda_device_count() > 0
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy in this environment")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import hypothesis
+
+    hypothesis.settings.register_profile("ci", deadline=None, max_examples=60, print_blob=True)
+    hypothesis.settings.register_profile("gpu", deadline=None, max_examples=40, print_blob=True)
+    hypothesis.settings.load_profile("ci")
+
+
+# Every test that takes `device` runs on the CPU and on a GPU; the GPU run is marked `gpu` and skipped
+# (reported as skipped) where there is none.
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def xp(device: str):
+    if device == "cpu":
+        import numpy
+
+        return numpy
+    import cupy
+
+    return cupy

@@ -1,0 +1,92 @@
+"""The bitmap helpers (C++ core on the CPU, CUDA kernels on a GPU) against a NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pystrom import _bitmap, _core
+from pystrom._backend import resolve_device
+
+
+def reference_bits(buf: np.ndarray, offset: int, count: int) -> np.ndarray:
+    return np.unpackbits(buf, bitorder="little")[offset : offset + count].astype(bool)
+
+
+@st.composite
+def bit_ranges(draw):
+    size = draw(st.integers(1, 64))
+    buf = np.frombuffer(draw(st.binary(min_size=size, max_size=size)), dtype=np.uint8).copy()
+    offset = draw(st.integers(0, size * 8))
+    count = draw(st.integers(0, size * 8 - offset))
+    return buf, offset, count
+
+
+@given(src=bit_ranges(), dst_size=st.integers(1, 64), data=st.data())
+def test_copy_bits_matches_reference(src, dst_size, data):
+    buf, offset, count = src
+    dst = np.frombuffer(data.draw(st.binary(min_size=dst_size, max_size=dst_size)), dtype=np.uint8).copy()
+    if count > dst_size * 8:
+        count = dst_size * 8
+    dst_offset = data.draw(st.integers(0, dst_size * 8 - count))
+    expected = np.unpackbits(dst, bitorder="little").astype(bool)
+    expected[dst_offset : dst_offset + count] = reference_bits(buf, offset, count)
+    _core.copy_bits(buf, offset, dst, dst_offset, count)
+    np.testing.assert_array_equal(np.unpackbits(dst, bitorder="little").astype(bool), expected)
+
+
+@given(src=bit_ranges())
+def test_unpack_and_count_match_reference(src):
+    buf, offset, count = src
+    out = np.empty(count, dtype=np.uint8)
+    _core.unpack_bits(buf, offset, out, count)
+    np.testing.assert_array_equal(out.astype(bool), reference_bits(buf, offset, count))
+    assert _core.count_bits(buf, offset, count) == int(reference_bits(buf, offset, count).sum())
+
+
+def test_core_checks_ranges():
+    buf = np.zeros(2, dtype=np.uint8)
+    with pytest.raises(IndexError, match="exceed a buffer of 2 bytes"):
+        _core.count_bits(buf, 10, 7)
+    with pytest.raises(IndexError):
+        _core.copy_bits(buf, 0, np.zeros(1, dtype=np.uint8), 0, 9)
+    with pytest.raises(BufferError, match="writable"):
+        _core.unpack_bits(buf, 0, bytes(16), 8)
+    with pytest.raises(ValueError, match="contiguous"):
+        _core.count_bits(np.zeros(8, dtype=np.uint8)[::2], 0, 8)
+
+
+def test_gather_varbinary_checks_rows_and_offsets():
+    offsets = np.array([0, 2, 5], dtype=np.int32)
+    data = np.frombuffer(b"abcde", dtype=np.uint8)
+    dst_offsets = np.array([0, 3, 5], dtype=np.int32)
+    out = np.zeros(5, dtype=np.uint8)
+    _core.gather_varbinary(offsets, data, np.array([1, 0], dtype=np.int64), dst_offsets, out)
+    assert out.tobytes() == b"cdeab"
+    with pytest.raises(IndexError, match="out of range"):
+        _core.gather_varbinary(offsets, data, np.array([2, 0], dtype=np.int64), dst_offsets, out)
+    with pytest.raises(IndexError, match="out of range"):
+        _core.gather_varbinary(
+            np.array([0, 9], dtype=np.int32), data, np.array([0], dtype=np.int64), np.array([0, 9], dtype=np.int32), out
+        )
+
+
+@given(src=bit_ranges(), shift=st.integers(0, 7))
+def test_backend_bitmap_ops_agree(src, shift):
+    from pystrom.testing import assert_same_on_all_devices, available_devices
+
+    buf, offset, count = src
+
+    def run(device):
+        backend = resolve_device(device)
+        bitmap = backend.from_host(buf)
+        bits = _bitmap.unpack(backend, bitmap, offset, count)
+        return [bits, _bitmap.pack(backend, bits, shift), _bitmap.count_set(backend, bitmap, offset, count)]
+
+    cpu = assert_same_on_all_devices(run)
+    np.testing.assert_array_equal(cpu[0], reference_bits(buf, offset, count))
+    packed = np.packbits(np.concatenate([np.zeros(shift, bool), cpu[0]]), bitorder="little")
+    np.testing.assert_array_equal(cpu[1], packed)
+    assert len(available_devices()) >= 1
