@@ -218,3 +218,22 @@ def test_gpu_table_refuses_host_capsules():
     t = Table.from_arrays({"x": [1.0]}, device="cuda")
     with pytest.raises(TypeError, match="to_arrow"):
         pa.table(t)
+
+
+def test_nanoarrow_consumes_the_device_array(device):
+    na = pytest.importorskip("nanoarrow")
+    nd = pytest.importorskip("nanoarrow.device")
+    source = _source()
+    t = Table.from_arrow(source, device=device)
+    exported = nd.c_device_array(t)
+    assert exported.device_type_id == (arrow_c.ARROW_DEVICE_CPU if device == "cpu" else arrow_c.ARROW_DEVICE_CUDA)
+    assert exported.device_id == (-1 if device == "cpu" else 0)
+    array = exported.array
+    assert array.length == source.num_rows and array.n_children == source.num_columns
+    for i, col in enumerate(t.columns):
+        child = array.child(i)
+        assert child.length == len(col) and child.null_count == col.null_count and child.offset == col.offset
+        if col.type != pa.bool_():  # booleans travel as a packed copy; everything else points into the table
+            assert t._block.ptr <= child.buffers[1] < t._block.ptr + t._block.nbytes
+    if device == "cpu":
+        assert pa.table(na.Array(t)).equals(source)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Everything one call on the GPU machine should do, in one go (device time is scarce):
+#   bash .gpu/run bash benchmarks/gpu_session.sh [--quick]
+# GPU tests, then the whole suite (every test that runs on both backends compares them), the demo on
+# the GPU, and the benchmark table. Logs land in $OUT (the device tool brings them back).
+set -uo pipefail
+out=${OUT:-/tmp/pystrom-out}
+mkdir -p "$out"
+quick=${1:-}
+python3 - <<'PY'
+import cupy, numpy, pyarrow
+print("cupy", cupy.__version__, "numpy", numpy.__version__, "pyarrow", pyarrow.__version__,
+      "gpus", cupy.cuda.runtime.getDeviceCount())
+PY
+echo "== pytest -m gpu"
+python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="-ra" 2>&1 | tee "$out/gpu-tests.log" | tail -25
+echo "== pytest (all)"
+python3 -m pytest -q -p no:cacheprovider 2>&1 | tee "$out/all-tests.log" | tail -4
+echo "== pystrom demo"
+python3 -m pystrom demo --rows 10000000 2>&1 | tee "$out/demo.log" | tail -12
+echo "== benchmarks"
+python3 benchmarks/run.py $quick 2>&1 | tee "$out/bench.log"
