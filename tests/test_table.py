@@ -247,25 +247,40 @@ def test_close_and_context_manager(device):
     assert float(arr[9]) == 9.0
 
 
-def test_memory_is_released_on_close_and_on_gc(device):
-    def holder(table):
-        block = table._block
-        return weakref.ref(block.memory if device == "cpu" else block.memptr.mem)
+def _memory_probe(device):
+    """A function telling whether a table's memory is still allocated."""
+    if device == "cpu":
+        refs = []
 
+        def track(table):
+            refs.append(weakref.ref(table._block.memory.base))  # the ndarray that owns the bytes
+
+        return track, lambda: refs[-1]() is not None
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    gc.collect()
+    baseline = pool.used_bytes()
+    return (lambda table: None), lambda: pool.used_bytes() > baseline
+
+
+def test_memory_is_released_on_close_and_on_gc(device):
+    track, allocated = _memory_probe(device)
     t = Table.from_arrays({"x": np.arange(100_000.0)}, device=device)
-    ref = holder(t)
+    track(t)
+    assert allocated()
     t.close()
     gc.collect()
-    assert ref() is None
+    assert not allocated()
     t = Table.from_arrays({"x": np.arange(100_000.0)}, device=device)
-    ref = holder(t)
+    track(t)
     view = t.slice(1, 2)
     del t
     gc.collect()
-    assert ref() is not None  # the view keeps its parent's memory alive
+    assert allocated()  # the view keeps its parent's memory alive
     del view
     gc.collect()
-    assert ref() is None
+    assert not allocated()
 
 
 def test_repr_and_html(device):

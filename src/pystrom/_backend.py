@@ -14,13 +14,14 @@ import functools
 import importlib.util
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._layout import ALIGNMENT
 from ._settings import defaults
+from ._transfer import DeviceTransfer, host_copy
 from .errors import DeviceError, OutOfMemoryError
 
 __all__ = ["Backend", "Block", "resolve_device", "cuda_device_count", "backend_of_array"]
@@ -76,6 +77,14 @@ class Block:
         """Bytes ``[offset, offset + size)`` as a host uint8 array (a view on the CPU, a copy on a GPU)."""
         raise NotImplementedError
 
+    def write_host_many(self, pieces: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Copy many host uint8 arrays to their offsets, in parallel where that pays."""
+        raise NotImplementedError
+
+    def read_host_many(self, pieces: Sequence[tuple[np.ndarray, int]]) -> None:
+        """Fill host uint8 arrays from offsets ``[(destination, offset), ...]``, in parallel where that pays."""
+        raise NotImplementedError
+
     def fill(self, offset: int, size: int, byte: int) -> None:
         raise NotImplementedError
 
@@ -105,6 +114,12 @@ class _HostBlock(Block):
 
     def read_host(self, offset: int, size: int) -> np.ndarray:
         return self.memory[offset : offset + size]
+
+    def write_host_many(self, pieces: Sequence[tuple[int, np.ndarray]]) -> None:
+        host_copy([(self.memory[off : off + src.size], src) for off, src in pieces])
+
+    def read_host_many(self, pieces: Sequence[tuple[np.ndarray, int]]) -> None:
+        host_copy([(dst, self.memory[off : off + dst.size]) for dst, off in pieces])
 
     def fill(self, offset: int, size: int, byte: int) -> None:
         self.memory[offset : offset + size] = byte
@@ -153,6 +168,12 @@ class _CudaBlock(Block):
         out = np.empty(size, dtype=np.uint8)
         self._copy(out.ctypes.data, self.ptr + offset, size)
         return out
+
+    def write_host_many(self, pieces: Sequence[tuple[int, np.ndarray]]) -> None:
+        self.backend.transfer.to_device([(self.ptr + off, src) for off, src in pieces])
+
+    def read_host_many(self, pieces: Sequence[tuple[np.ndarray, int]]) -> None:
+        self.backend.transfer.to_host([(dst, self.ptr + off) for dst, off in pieces])
 
     def fill(self, offset: int, size: int, byte: int) -> None:
         if size:
@@ -234,6 +255,10 @@ class CudaBackend(Backend):
 
     def array_ptr(self, array: Any) -> int:
         return int(array.data.ptr)
+
+    @functools.cached_property
+    def transfer(self) -> DeviceTransfer:
+        return DeviceTransfer(self)
 
     @functools.cached_property
     def name(self) -> str:

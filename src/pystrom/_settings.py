@@ -41,6 +41,20 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: v is None or isinstance(v, str),
         "Device used when a call passes device=None: 'cpu', 'cuda' or 'cuda:N'; None picks a GPU if one is visible.",
     ),
+    "copy_threads": _Option(
+        "PYSTROM_COPY_THREADS",
+        int,
+        0,
+        lambda v: isinstance(v, int) and v >= 0,
+        "Threads for bulk host<->GPU and host copies; 0 picks min(8, CPU cores).",
+    ),
+    "staging_chunk": _Option(
+        "PYSTROM_STAGING_CHUNK",
+        int,
+        8 << 20,
+        lambda v: isinstance(v, int) and v >= 4096,
+        "Bytes per pinned staging slot (each copy thread has two).",
+    ),
     "repr_rows": _Option(
         "PYSTROM_REPR_ROWS",
         int,

@@ -165,9 +165,9 @@ class Column:
 
     def to_arrow(self) -> pa.Array:
         """A host pyarrow Array (zero-copy on the CPU backend except for booleans, a copy from a GPU)."""
-        from .interop.arrow_export import column_to_arrow
+        from .interop.arrow_export import columns_to_arrow
 
-        return column_to_arrow(self)
+        return columns_to_arrow([self])[0]
 
     def to_numpy(self) -> np.ndarray:
         """Host NumPy array with pyarrow's conventions (NULLs become NaN/None, strings objects)."""

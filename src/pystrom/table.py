@@ -244,9 +244,10 @@ class Table:
 
     def to_arrow(self) -> pa.Table:
         """A host pyarrow Table with the same schema (zero copy on the CPU backend, except booleans)."""
+        from .interop.arrow_export import columns_to_arrow
+
         self._live()
-        arrays = [c.to_arrow() for c in self._columns]
-        return _pa().Table.from_arrays(arrays, schema=self._schema)
+        return _pa().Table.from_arrays(columns_to_arrow(self._columns), schema=self._schema)
 
     def to_pandas(self, **kwargs: Any) -> pd.DataFrame:
         """``to_arrow().to_pandas(**kwargs)``."""

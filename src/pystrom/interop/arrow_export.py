@@ -1,60 +1,115 @@
-"""Arrow data going out: a Column as a host pyarrow Array.
+"""Arrow data going out: Columns as host pyarrow Arrays.
 
 On the CPU backend the arrays reference the table's memory (pyarrow keeps it alive); only booleans
-are packed into bits and a validity bitmap starting mid-byte is re-aligned. From a GPU, each buffer
-is copied to the host once (booleans packed on the device first, so only the bits travel).
+are packed into bits and a validity bitmap starting mid-byte is re-aligned. From a GPU, every buffer
+of every column is fetched in one bulk transfer into one host allocation (booleans are packed on
+the device first, so only the bits travel), and the arrays are views of that allocation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from .. import _bitmap, _core
+from .._layout import align
 from .._types import Layout
 
 if TYPE_CHECKING:
+    from .._backend import Backend
     from ..column import Column
 
-__all__ = ["column_to_arrow"]
+__all__ = ["columns_to_arrow"]
 
 
-def _host_validity(col: Column) -> pa.Buffer | None:
-    bitmap = col.validity
-    if bitmap is None or col.null_count == 0:
-        return None
-    backend = col._live_block().backend
-    host = backend.to_host(bitmap)
-    shift, n = col.validity_offset, len(col)
+def _aligned_validity(bitmap: np.ndarray, shift: int, n: int) -> pa.Buffer:
+    """A bitmap whose row 0 is bit 0 (Arrow arrays built here have offset 0)."""
     if shift == 0:
-        return pa.py_buffer(host)
+        return pa.py_buffer(bitmap)
     aligned = np.zeros((n + 7) // 8, dtype=np.uint8)
-    _core.copy_bits(np.ascontiguousarray(host), shift, aligned, 0, n)
+    _core.copy_bits(np.ascontiguousarray(bitmap), shift, aligned, 0, n)
     return pa.py_buffer(aligned)
 
 
-def column_to_arrow(col: Column) -> pa.Array:
+def _finish(col: Column, buffers: list) -> pa.Array:
     ctype = col.column_type
-    backend = col._live_block().backend
-    n = len(col)
-    validity = _host_validity(col)
-    if ctype.layout == Layout.BOOL:
-        bits = _bitmap.pack(backend, col.values)
-        buffers = [validity, pa.py_buffer(backend.to_host(bits))]
-    elif ctype.layout == Layout.VARBINARY:
-        offsets = backend.to_host(col.offsets)
-        first, last = int(offsets[0]), int(offsets[-1])
-        if backend.kind == "cpu":
-            data = col.data  # zero-copy: offsets keep indexing the whole data buffer
-        else:
-            data = backend.to_host(col.data[first:last])
-            offsets = offsets - first
-        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
-    else:
-        buffers = [validity, pa.py_buffer(np.ascontiguousarray(backend.to_host(col.values)).reshape(-1))]
-    storage = pa.Array.from_buffers(ctype.storage_arrow, n, buffers, null_count=col.null_count)
+    storage = pa.Array.from_buffers(ctype.storage_arrow, len(col), buffers, null_count=col.null_count)
     if isinstance(ctype.arrow, pa.BaseExtensionType):
         return pa.ExtensionArray.from_storage(ctype.arrow, storage)
     return storage
+
+
+def _cpu_column(col: Column) -> pa.Array:
+    ctype = col.column_type
+    validity = None
+    if col.validity is not None and col.null_count:
+        validity = _aligned_validity(col.validity, col.validity_offset, len(col))
+    if ctype.layout == Layout.BOOL:
+        values = [pa.py_buffer(np.packbits(col.values, bitorder="little"))]
+    elif ctype.layout == Layout.VARBINARY:
+        values = [pa.py_buffer(col.offsets), pa.py_buffer(col.data)]  # offsets index the whole data buffer
+    else:
+        values = [pa.py_buffer(col.values.reshape(-1))]
+    return _finish(col, [validity, *values])
+
+
+def _gpu_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
+    requests: list[tuple[int, int]] = []  # (device address, bytes)
+    keep = []  # device temporaries that must outlive the transfer
+
+    def ask(address: int, size: int) -> int:
+        requests.append((address, size))
+        return len(requests) - 1
+
+    plans = []
+    for col in cols:
+        block, plan, ctype = col._live_block(), col._plan, col.column_type
+        n, off = len(col), col.offset
+        validity = None
+        if plan.validity is not None and col.null_count:
+            validity = ask(block.ptr + plan.validity.offset + off // 8, (off % 8 + n + 7) // 8)
+        first = 0
+        if ctype.layout == Layout.BOOL:
+            bits = _bitmap.pack(backend, col.values)
+            keep.append(bits)
+            values = [ask(backend.array_ptr(bits), bits.nbytes)]
+        elif ctype.layout == Layout.VARBINARY:
+            ends = backend.to_host(col.offsets[[0, n]])
+            first = int(ends[0])
+            values = [
+                ask(block.ptr + plan.values.offset + off * 4, (n + 1) * 4),
+                ask(block.ptr + plan.data.offset + first, int(ends[1]) - first),
+            ]
+        else:
+            values = [ask(block.ptr + plan.values.offset + off * ctype.width, n * ctype.width)]
+        plans.append((validity, values, first))
+
+    starts = np.cumsum([0] + [align(size) for _, size in requests])
+    host = np.empty(int(starts[-1]), dtype=np.uint8)
+    views = [host[start : start + size] for start, (_, size) in zip(starts, requests)]
+    backend.synchronize()  # the packing kernels ran on the current stream
+    backend.transfer.to_host([(view, address) for view, (address, _) in zip(views, requests)])
+    del keep
+
+    arrays = []
+    for col, (validity, values, first) in zip(cols, plans):
+        bitmap = _aligned_validity(views[validity], col.validity_offset, len(col)) if validity is not None else None
+        buffers = [views[i] for i in values]
+        if col.column_type.layout == Layout.VARBINARY and first:
+            offsets = buffers[0].view(np.int32)
+            offsets -= first
+        arrays.append(_finish(col, [bitmap, *map(pa.py_buffer, buffers)]))
+    return arrays
+
+
+def columns_to_arrow(cols: Sequence[Column]) -> list[pa.Array]:
+    """Host pyarrow Arrays for columns of one table (zero copy on the CPU, one bulk copy from a GPU)."""
+    if not cols:
+        return []
+    backend = cols[0]._live_block().backend
+    if backend.kind == "cpu":
+        return [_cpu_column(c) for c in cols]
+    return _gpu_columns(backend, cols)

@@ -53,11 +53,14 @@ class DeviceColumn:
 
 
 class _Writer:
-    """Host-side writes into a block: in place on the CPU, staged and copied on a GPU."""
+    """Host-side writes into a block. Small prepared buffers are written in place on the CPU and
+    staged on a GPU; all plain copies are collected and run together by :meth:`flush`, which
+    spreads them over threads (and pinned staging on a GPU)."""
 
     def __init__(self, block: Block):
         self.block = block
         self.in_place = block.backend.kind == "cpu"
+        self.pending: list[tuple[int, np.ndarray]] = []
 
     @contextlib.contextmanager
     def region(self, offset: int, size: int) -> Iterator[np.ndarray]:
@@ -66,11 +69,15 @@ class _Writer:
         else:
             staged = np.empty(size, dtype=np.uint8)
             yield staged
-            self.block.write_host(offset, staged)
+            self.pending.append((offset, staged))
 
     def copy(self, offset: int, src: np.ndarray) -> None:
         if src.size:
-            self.block.write_host(offset, src)
+            self.pending.append((offset, src))
+
+    def flush(self) -> None:
+        self.block.write_host_many(self.pending)
+        self.pending = []
 
 
 def _bytes(buf: pa.Buffer, start: int, size: int) -> np.ndarray:
@@ -145,6 +152,7 @@ def build_table(backend: Backend, columns: Sequence[HostColumn | DeviceColumn], 
             _fill_host(writer, col_plan, col)
         else:
             _fill_device(block, col_plan, col)
+    writer.flush()
     schema = pa.schema([c.field for c in columns], metadata=metadata)
     num_rows = plan.columns[0].length if plan.columns else 0
     return Table._wrap(block, plan, schema, num_rows)
