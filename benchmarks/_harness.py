@@ -41,7 +41,7 @@ def print_table(device: str, results: list[Result]) -> None:
     head = f"{'benchmark':<40} {'baseline':<34} {'pystrom s':>10} {'baseline s':>11} {'GB/s':>7} {'speedup':>8}"
     print(f"\ndevice: {device}\n{head}\n{'-' * len(head)}")
     for r in results:
-        rate = r.nbytes / r.pystrom_s / 1e9 if r.nbytes and r.pystrom_s > 0 else float("nan")
+        rate = f"{r.nbytes / r.pystrom_s / 1e9:7.2f}" if r.nbytes and r.pystrom_s > 0 else f"{'-':>7}"
         print(
-            f"{r.benchmark:<40} {r.baseline:<34} {r.pystrom_s:10.4f} {r.baseline_s:11.4f} {rate:7.2f} {r.speedup:7.2f}x"
+            f"{r.benchmark:<40} {r.baseline:<34} {r.pystrom_s:10.4f} {r.baseline_s:11.4f} {rate} {r.speedup:7.2f}x"
         )
