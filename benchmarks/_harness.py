@@ -42,6 +42,4 @@ def print_table(device: str, results: list[Result]) -> None:
     print(f"\ndevice: {device}\n{head}\n{'-' * len(head)}")
     for r in results:
         rate = f"{r.nbytes / r.pystrom_s / 1e9:7.2f}" if r.nbytes and r.pystrom_s > 0 else f"{'-':>7}"
-        print(
-            f"{r.benchmark:<40} {r.baseline:<34} {r.pystrom_s:10.4f} {r.baseline_s:11.4f} {rate} {r.speedup:7.2f}x"
-        )
+        print(f"{r.benchmark:<40} {r.baseline:<34} {r.pystrom_s:10.4f} {r.baseline_s:11.4f} {rate} {r.speedup:7.2f}x")
