@@ -14,15 +14,27 @@ constexpr uint64_t kWindow = 56;
 
 inline uint64_t low_mask(uint64_t n) { return n >= 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1); }
 
-// Read the bytes covering bits [pos, pos + n) into a word, never touching memory past `size`.
-inline uint64_t load_bits(const uint8_t* p, std::size_t size, uint64_t pos, uint64_t n) {
+// The bytes that hold bits [pos, pos + n) of a buffer of `size` bytes, clipped to the buffer.
+struct Window {
+  std::size_t byte;
+  unsigned shift;
+  std::size_t nbytes;
+};
+
+inline Window window(std::size_t size, uint64_t pos, uint64_t n) {
   const std::size_t byte = static_cast<std::size_t>(pos >> 3);
   const unsigned shift = static_cast<unsigned>(pos & 7);
   std::size_t nbytes = static_cast<std::size_t>((shift + n + 7) >> 3);
   if (nbytes > size - byte) nbytes = size - byte;
+  return {byte, shift, nbytes};
+}
+
+// Bits [pos, pos + n) of `p` as the low bits of a word (n <= 56), never touching memory past `size`.
+inline uint64_t load_bits(const uint8_t* p, std::size_t size, uint64_t pos, uint64_t n) {
+  const Window w = window(size, pos, n);
   uint64_t word = 0;
-  std::memcpy(&word, p + byte, nbytes);
-  return (word >> shift) & low_mask(n);
+  std::memcpy(&word, p + w.byte, w.nbytes);
+  return (word >> w.shift) & low_mask(n);
 }
 
 }  // namespace
@@ -40,15 +52,12 @@ void copy_bits(const uint8_t* src, std::size_t src_size, uint64_t src_offset,
   while (count > 0) {
     const uint64_t n = count < kWindow ? count : kWindow;
     const uint64_t bits = load_bits(src, src_size, src_offset, n);
-    const std::size_t byte = static_cast<std::size_t>(dst_offset >> 3);
-    const unsigned shift = static_cast<unsigned>(dst_offset & 7);
-    std::size_t nbytes = static_cast<std::size_t>((shift + n + 7) >> 3);
-    if (nbytes > dst_size - byte) nbytes = dst_size - byte;
+    const Window w = window(dst_size, dst_offset, n);
     uint64_t word = 0;
-    std::memcpy(&word, dst + byte, nbytes);
-    const uint64_t mask = low_mask(n) << shift;
-    word = (word & ~mask) | (bits << shift);
-    std::memcpy(dst + byte, &word, nbytes);
+    std::memcpy(&word, dst + w.byte, w.nbytes);
+    const uint64_t mask = low_mask(n) << w.shift;
+    word = (word & ~mask) | (bits << w.shift);
+    std::memcpy(dst + w.byte, &word, w.nbytes);
     src_offset += n;
     dst_offset += n;
     count -= n;

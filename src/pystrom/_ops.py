@@ -43,12 +43,19 @@ def _gather_varbinary(backend: Backend, col: Column, rows: Any, dst_offsets: Any
         )
 
 
-def gather(table: Table, rows: Any) -> Table:
-    """A new table (new allocation, same device) holding ``rows`` (int64 indices into the view) of every column."""
+def gather(table: Table, rows: Any | None) -> Table:
+    """A new table (new allocation, same device) holding ``rows`` (int64 indices into the view, on the
+    table's device) of every column; ``None`` means all rows: a compact copy of a view."""
+    backend = table._live().backend
+    with backend.activate():
+        if rows is None:
+            rows = backend.xp.arange(table.num_rows, dtype=np.int64)
+        return _gather(table, backend, rows)
+
+
+def _gather(table: Table, backend: Backend, rows: Any) -> Table:
     from .table import Table
 
-    block = table._live()
-    backend = block.backend
     xp = backend.xp
     m = int(rows.shape[0])
     specs, prepared = [], []
@@ -172,6 +179,11 @@ def to_array(table: Table, columns: Sequence[str] | None, dtype: Any, nulls: str
     if nulls not in _NULL_MODES:
         raise ValueError(f"nulls={nulls!r} is not one of {_NULL_MODES}")
     backend = table._live().backend
+    with backend.activate():
+        return _to_array(table, backend, columns, dtype, nulls)
+
+
+def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dtype: Any, nulls: str) -> Any:
     xp = backend.xp
     names = list(table.column_names if columns is None else ([columns] if isinstance(columns, str) else columns))
     if not names:
@@ -206,20 +218,19 @@ def to_array(table: Table, columns: Sequence[str] | None, dtype: Any, nulls: str
         if view is not None:
             return view
     n = table.num_rows
-    with backend.activate():
-        out = xp.empty((n, len(cols)), dtype=out_dtype, order="F")
-        for j, c in enumerate(cols):
-            if c.column_type.layout == Layout.BYTES:
-                out[:, j] = _decimal_to_float(xp, c, out_dtype)
-            else:
-                out[:, j] = c.values
-            if c.null_count and nulls == "nan":
-                out[~c.is_valid(), j] = xp.nan
-        if with_nulls and nulls == "drop":
-            keep = xp.ones(n, dtype=bool)
-            for c in with_nulls:
-                keep &= c.is_valid()
-            out = xp.asfortranarray(out[keep])
+    out = xp.empty((n, len(cols)), dtype=out_dtype, order="F")
+    for j, c in enumerate(cols):
+        if c.column_type.layout == Layout.BYTES:
+            out[:, j] = _decimal_to_float(xp, c, out_dtype)
+        else:
+            out[:, j] = c.values
+        if c.null_count and nulls == "nan":
+            out[~c.is_valid(), j] = xp.nan
+    if with_nulls and nulls == "drop":
+        keep = xp.ones(n, dtype=bool)
+        for c in with_nulls:
+            keep &= c.is_valid()
+        out = xp.asfortranarray(out[keep])
     return out
 
 

@@ -105,24 +105,28 @@ class DeviceTransfer:
             self._chunk = chunk
         return self._lanes
 
-    def _run(self, chunks: list, job: Any) -> None:
-        n = min(_threads(), len(chunks))
+    def _run(self, work: list[tuple[Any, Any, int]], direct: Any, job: Any) -> None:
+        """Copy ``(dst, src, size)`` pieces: ``direct`` one by one when small, else ``job`` per lane."""
+        self.backend.synchronize()  # work queued on the current stream may still use these bytes
+        if sum(size for _, _, size in work) < _SMALL:
+            with self.backend.activate():
+                for piece in work:
+                    direct(*piece)
+            return
         chunk = defaults.staging_chunk
+        chunks = _chunks(work, chunk)
+        n = min(_threads(), len(chunks))
         with self._lock:
             lanes = self._lanes_for(_threads(), chunk)
             list(_executor().map(job, lanes[:n], _deal(chunks, n)))
 
     def to_device(self, pieces: Sequence[tuple[int, np.ndarray]]) -> None:
         """Copy host uint8 arrays to device addresses: ``[(device_address, host_bytes), ...]``."""
-        work = [(dst, src, src.size) for dst, src in pieces if src.size]
         rt = self.backend.xp.cuda.runtime
-        self.backend.synchronize()  # work queued on the current stream may still use the destination
-        if sum(size for _, _, size in work) < _SMALL:
-            with self.backend.activate():
-                for dst, src, size in work:
-                    rt.memcpy(dst, src.ctypes.data, size, rt.memcpyHostToDevice)
-            return
         ordinal = self.backend.ordinal
+
+        def direct(dst: int, src: np.ndarray, size: int) -> None:
+            rt.memcpy(dst, src.ctypes.data, size, rt.memcpyHostToDevice)
 
         def job(lane: Any, batch: list) -> None:
             _, slots, stream, events = lane
@@ -136,19 +140,15 @@ class DeviceTransfer:
                 events[i].record(stream)
             stream.synchronize()
 
-        self._run(_chunks(work, defaults.staging_chunk), job)
+        self._run([(dst, src, src.size) for dst, src in pieces if src.size], direct, job)
 
     def to_host(self, pieces: Sequence[tuple[np.ndarray, int]]) -> None:
         """Copy device bytes into host uint8 arrays: ``[(host_destination, device_address), ...]``."""
-        work = [(dst, src, dst.size) for dst, src in pieces if dst.size]
         rt = self.backend.xp.cuda.runtime
-        self.backend.synchronize()  # kernels on the current stream may still be writing the source
-        if sum(size for _, _, size in work) < _SMALL:
-            with self.backend.activate():
-                for dst, src, size in work:
-                    rt.memcpy(dst.ctypes.data, src, size, rt.memcpyDeviceToHost)
-            return
         ordinal = self.backend.ordinal
+
+        def direct(dst: np.ndarray, src: int, size: int) -> None:
+            rt.memcpy(dst.ctypes.data, src, size, rt.memcpyDeviceToHost)
 
         def job(lane: Any, batch: list) -> None:
             _, slots, stream, events = lane
@@ -166,4 +166,4 @@ class DeviceTransfer:
                 events[k % 2].synchronize()
                 dst[start : start + size] = slots[k % 2][:size]
 
-        self._run(_chunks(work, defaults.staging_chunk), job)
+        self._run([(dst, src, dst.size) for dst, src in pieces if dst.size], direct, job)

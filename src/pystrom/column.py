@@ -158,7 +158,8 @@ class Column:
         """A bool array on the column's device: True where the row is not NULL."""
         backend = self._live_block().backend
         if self._plan.validity is None:
-            return backend.xp.ones(self._length, dtype=bool)
+            with backend.activate():
+                return backend.xp.ones(self._length, dtype=bool)
         return _bitmap.unpack(backend, self._base_validity(), self._offset, self._length)
 
     # -- conversion -------------------------------------------------------------------------------

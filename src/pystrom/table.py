@@ -214,9 +214,9 @@ class Table:
         ``mask``: a bool array (CuPy, NumPy, list), a pyarrow BooleanArray (NULL drops the row), or
         the name of a bool column of this table.
         """
-        mask = _ops.as_mask(self, mask)
-        with self._backend.activate():
-            return _ops.gather(self, self._backend.xp.flatnonzero(mask))
+        backend = self._backend
+        with backend.activate():
+            return _ops.gather(self, backend.xp.flatnonzero(_ops.as_mask(self, mask)))
 
     # -- arrays -----------------------------------------------------------------------------------
 
@@ -259,13 +259,15 @@ class Table:
         block = self._live()
         if target is block.backend:
             return self
-        source = self if self._is_whole() else _ops.gather(self, block.backend.xp.arange(self._num_rows))
+        source = self if self._is_whole() else _ops.gather(self, None)
         src_block = source._live()
         new_block = target.allocate(src_block.nbytes)
         if target.kind == "cuda" and src_block.backend.kind == "cuda":
             new_block.write_device(0, src_block.array(0, "uint8", (src_block.nbytes,)))
+        elif target.kind == "cpu":  # GPU -> host memory of the new block, through the staged bulk path
+            src_block.read_host_many([(new_block.read_host(0, new_block.nbytes), 0)])
         else:
-            new_block.write_host(0, src_block.read_host(0, src_block.nbytes))
+            new_block.write_host_many([(0, src_block.read_host(0, src_block.nbytes))])
         columns = [Column._view(new_block, c._plan, 0, len(c), c._null_count) for c in source._columns]
         return Table._from_columns(new_block, source._schema, columns, source._num_rows)
 

@@ -112,4 +112,5 @@ def columns_to_arrow(cols: Sequence[Column]) -> list[pa.Array]:
     backend = cols[0]._live_block().backend
     if backend.kind == "cpu":
         return [_cpu_column(c) for c in cols]
-    return _gpu_columns(backend, cols)
+    with backend.activate():
+        return _gpu_columns(backend, cols)
