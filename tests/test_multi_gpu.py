@@ -6,10 +6,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from datagen import TYPES, make_sliced
 from pystrom import Table
 from pystrom._backend import cuda_device_count
 from pystrom.testing import assert_tables_equal
+
+from datagen import TYPES, make_sliced
 
 pytestmark = [
     pytest.mark.gpu,
