@@ -8,6 +8,8 @@ import weakref
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import pystrom
 from pystrom import Table
@@ -223,6 +225,8 @@ def test_from_arrays_inputs(device, xp):
 def test_empty_tables(device):
     t = Table.from_arrays({}, device=device)
     assert t.num_rows == 0 and t.num_columns == 0 and t.to_arrow().num_columns == 0
+    rows_only = Table.from_arrow(pa.table({"a": [1, 2, 3]}).select([]), device=device)
+    assert rows_only.num_rows == 3 and rows_only.to_arrow().num_rows == 3
     e = Table.from_arrays({"x": np.array([], dtype=np.float64), "s": pa.array([], pa.string())}, device=device)
     assert e.num_rows == 0 and e.to_array(["x"]).shape == (0, 1)
     assert e.filter(np.array([], dtype=bool)).num_rows == 0
@@ -294,3 +298,19 @@ def test_repr_and_html(device):
         assert "... 998 more rows" in repr(t)
     assert "more rows" not in repr(t.slice(0, 3))
     assert repr(t.column("s")).startswith("<pystrom.Column 's': string")
+
+
+@given(
+    values=st.lists(st.integers(-(10**38) + 1, 10**38 - 1) | st.integers(-(2**64), 2**64), min_size=1, max_size=20),
+    scale=st.integers(0, 38),
+)
+def test_property_decimal_to_float_matches_python(values, scale):
+    from decimal import Context, Decimal
+
+    exact = [Decimal(v).scaleb(-scale, context=Context(prec=60)) for v in values]
+    arrow = pa.array(exact, pa.decimal128(38, scale))
+    expected = np.array([float(d) for d in exact])
+    got = pystrom.testing.assert_same_on_all_devices(
+        lambda device: Table.from_arrays({"d": arrow}, device=device).to_array(dtype="float64")[:, 0]
+    )
+    np.testing.assert_allclose(got, expected, rtol=1e-15)

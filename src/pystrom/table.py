@@ -70,7 +70,7 @@ class Table:
 
         backend = resolve_device(device)
         table = as_arrow_table(data)
-        return build_table(backend, columns_of(table), table.schema.metadata)
+        return build_table(backend, columns_of(table), table.schema.metadata, table.num_rows)
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Any], device: str | int | None = None) -> Table:
@@ -247,7 +247,11 @@ class Table:
         from .interop.arrow_export import columns_to_arrow
 
         self._live()
-        return _pa().Table.from_arrays(columns_to_arrow(self._columns), schema=self._schema)
+        pa = _pa()
+        if not self._columns:  # keep the row count, which from_arrays cannot carry without columns
+            batch = pa.record_batch({"_": pa.nulls(self._num_rows)}).select([])
+            return pa.Table.from_batches([batch], schema=self._schema)
+        return pa.Table.from_arrays(columns_to_arrow(self._columns), schema=self._schema)
 
     def to_pandas(self, **kwargs: Any) -> pd.DataFrame:
         """``to_arrow().to_pandas(**kwargs)``."""

@@ -138,7 +138,9 @@ def _fill_device(block: Block, plan: ColumnPlan, col: DeviceColumn) -> None:
         block.write_device(plan.values.offset, col.array)
 
 
-def build_table(backend: Backend, columns: Sequence[HostColumn | DeviceColumn], metadata: Any = None) -> Table:
+def build_table(
+    backend: Backend, columns: Sequence[HostColumn | DeviceColumn], metadata: Any = None, num_rows: int | None = None
+) -> Table:
     """Allocate one block for ``columns`` on ``backend``, fill it and wrap it as a Table."""
     import pyarrow as pa
 
@@ -154,5 +156,6 @@ def build_table(backend: Backend, columns: Sequence[HostColumn | DeviceColumn], 
             _fill_device(block, col_plan, col)
     writer.flush()
     schema = pa.schema([c.field for c in columns], metadata=metadata)
-    num_rows = plan.columns[0].length if plan.columns else 0
+    if num_rows is None:  # a table without columns still has a row count when it comes from Arrow
+        num_rows = plan.columns[0].length if plan.columns else 0
     return Table._wrap(block, plan, schema, num_rows)
