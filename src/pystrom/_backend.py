@@ -85,9 +85,6 @@ class Block:
         """Fill host uint8 arrays from offsets ``[(destination, offset), ...]``, in parallel where that pays."""
         raise NotImplementedError
 
-    def fill(self, offset: int, size: int, byte: int) -> None:
-        raise NotImplementedError
-
 
 class _HostBlock(Block):
     def __init__(self, backend: Backend, nbytes: int):
@@ -120,9 +117,6 @@ class _HostBlock(Block):
 
     def read_host_many(self, pieces: Sequence[tuple[np.ndarray, int]]) -> None:
         host_copy([(dst, self.memory[off : off + dst.size]) for dst, off in pieces])
-
-    def fill(self, offset: int, size: int, byte: int) -> None:
-        self.memory[offset : offset + size] = byte
 
 
 class _CudaBlock(Block):
@@ -174,11 +168,6 @@ class _CudaBlock(Block):
 
     def read_host_many(self, pieces: Sequence[tuple[np.ndarray, int]]) -> None:
         self.backend.transfer.to_host([(dst, self.ptr + off) for dst, off in pieces])
-
-    def fill(self, offset: int, size: int, byte: int) -> None:
-        if size:
-            with self.backend.activate():
-                (self.memptr + offset).memset_async(byte, size)
 
 
 class Backend:
@@ -275,7 +264,7 @@ def _cuda_backend(ordinal: int) -> CudaBackend:
     return CudaBackend(ordinal)
 
 
-def _no_gpu_reason() -> str:
+def no_gpu_reason() -> str:
     if importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed (pip install 'pystrom[cuda13]' or 'pystrom[cuda12]')"
     return "no CUDA GPU is visible to this process"
@@ -311,7 +300,7 @@ def resolve_device(device: str | int | Backend | None = None) -> Backend:
             return _CPU
     count = cuda_device_count()
     if count == 0:
-        raise DeviceError(f"device {device!r} was requested but {_no_gpu_reason()}; use device='cpu'")
+        raise DeviceError(f"device {device!r} was requested but {no_gpu_reason()}; use device='cpu'")
     if ordinal is None:
         return _current_cuda()
     if ordinal >= count:

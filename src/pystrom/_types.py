@@ -63,11 +63,6 @@ class ColumnType:
         return str(self.arrow)
 
     @property
-    def is_array_like(self) -> bool:
-        """Whether the values form a plain 1-D numeric array (what to_array and table[name] need)."""
-        return self.layout in (Layout.FIXED, Layout.BOOL)
-
-    @property
     def storage_arrow(self) -> pa.DataType:
         """The Arrow type of the stored buffers (an extension type's storage type)."""
         import pyarrow as pa

@@ -52,16 +52,14 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]
 
 def _demo(args: argparse.Namespace) -> int:
     from . import Table
-    from ._backend import _no_gpu_reason, cuda_device_count, resolve_device
+    from ._backend import no_gpu_reason, resolve_device
 
     backend = resolve_device(args.device)
     if backend.kind == "cuda":
         print(f"device: {backend.device} ({backend.name})")
     else:
-        why = "asked for" if args.device else f"no GPU: {_no_gpu_reason()}"
+        why = "asked for" if args.device else f"no GPU: {no_gpu_reason()}"
         print(f"device: cpu ({why}); the same code runs on a GPU with device='cuda'")
-    if cuda_device_count() == 0 and backend.kind == "cuda":  # pragma: no cover - resolve_device refuses first
-        return 2
 
     source = _seed_data(args.rows)
     rows, nbytes = source.num_rows, source.nbytes
@@ -104,7 +102,7 @@ def _info(args: argparse.Namespace) -> int:
     import platform
 
     from . import __version__, defaults
-    from ._backend import _no_gpu_reason, cuda_device_count, resolve_device
+    from ._backend import cuda_device_count, no_gpu_reason, resolve_device
 
     def version(dist: str) -> str:
         try:
@@ -120,7 +118,7 @@ def _info(args: argparse.Namespace) -> int:
         for i in range(count):
             print(f"  cuda:{i}         {resolve_device(f'cuda:{i}').name}")
     else:
-        print(f"  GPU            none ({_no_gpu_reason()})")
+        print(f"  GPU            none ({no_gpu_reason()})")
     print(f"  default device {resolve_device(None).device}")
     for name, (value, env, _) in defaults.describe().items():
         print(f"  {name:<14} {value!r} (${env})")
