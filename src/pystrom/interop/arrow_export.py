@@ -9,7 +9,7 @@ the device first, so only the bits travel), and the arrays are views of that all
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,33 +64,31 @@ def _gpu_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
         requests.append((address, size))
         return len(requests) - 1
 
+    def ask_array(array: Any) -> int:
+        return ask(backend.array_ptr(array), array.nbytes)
+
     plans = []
     for col in cols:
-        block, plan, ctype = col._live_block(), col._plan, col.column_type
-        n, off = len(col), col.offset
-        validity = None
-        if plan.validity is not None and col.null_count:
-            validity = ask(block.ptr + plan.validity.offset + off // 8, (off % 8 + n + 7) // 8)
+        layout = col.column_type.layout
+        validity = ask_array(col.validity) if col.validity is not None and col.null_count else None
         first = 0
-        if ctype.layout == Layout.BOOL:
+        if layout == Layout.BOOL:
             bits = _bitmap.pack(backend, col.values)
             keep.append(bits)
-            values = [ask(backend.array_ptr(bits), bits.nbytes)]
-        elif ctype.layout == Layout.VARBINARY:
-            ends = backend.to_host(col.offsets[[0, n]])
+            values = [ask_array(bits)]
+        elif layout == Layout.VARBINARY:
+            offsets = col.offsets
+            ends = backend.to_host(offsets[[0, len(col)]])
             first = int(ends[0])
-            values = [
-                ask(block.ptr + plan.values.offset + off * 4, (n + 1) * 4),
-                ask(block.ptr + plan.data.offset + first, int(ends[1]) - first),
-            ]
+            values = [ask_array(offsets), ask(backend.array_ptr(col.data) + first, int(ends[1]) - first)]
         else:
-            values = [ask(block.ptr + plan.values.offset + off * ctype.width, n * ctype.width)]
+            values = [ask_array(col.values)]
         plans.append((validity, values, first))
 
     starts = np.cumsum([0] + [align(size) for _, size in requests])
     host = np.empty(int(starts[-1]), dtype=np.uint8)
     views = [host[start : start + size] for start, (_, size) in zip(starts, requests)]
-    backend.synchronize()  # the packing kernels ran on the current stream
+    # to_host first waits for the current stream, where the packing kernels ran
     backend.transfer.to_host([(view, address) for view, (address, _) in zip(views, requests)])
     del keep
 
