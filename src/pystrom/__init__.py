@@ -12,8 +12,10 @@ from .errors import (
     CapacityError,
     ClosedError,
     ColumnNotFoundError,
+    DataError,
     DeviceError,
     Error,
+    NotFittedError,
     NullValuesError,
     OutOfMemoryError,
     SchemaMismatchError,
@@ -31,10 +33,22 @@ __all__ = [
     "CapacityError",
     "ClosedError",
     "ColumnNotFoundError",
+    "DataError",
     "DeviceError",
+    "NotFittedError",
     "NullValuesError",
     "OutOfMemoryError",
     "SchemaMismatchError",
     "UnsupportedTypeError",
     "__version__",
+    "ml",
 ]
+
+
+def __getattr__(name: str):
+    # pystrom.ml on first use, so `import pystrom` stays fast
+    if name == "ml":
+        import importlib
+
+        return importlib.import_module(".ml", __name__)
+    raise AttributeError(f"module 'pystrom' has no attribute {name!r}")

@@ -17,6 +17,8 @@ __all__ = [
     "DeviceError",
     "ClosedError",
     "OutOfMemoryError",
+    "DataError",
+    "NotFittedError",
 ]
 
 
@@ -60,3 +62,11 @@ class ClosedError(Error, ValueError):
 
 class OutOfMemoryError(Error, MemoryError):
     """The device (or host) could not provide an allocation."""
+
+
+class DataError(Error, ValueError):
+    """Values an operation cannot use: an empty input, a target with one class, NaN or Inf in features."""
+
+
+class NotFittedError(Error, ValueError, AttributeError):
+    """A model used before ``fit`` (like scikit-learn's, it is both a ValueError and an AttributeError)."""
