@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._backend import Backend, backend_of_array, resolve_device
-from ..errors import DataError, NullValuesError, SchemaMismatchError, UnsupportedTypeError
+from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
 
 __all__ = ["Batch", "is_scan", "prepare_array", "prepare_table", "prefetch", "encode_target", "locate_nonfinite"]
 
@@ -62,7 +62,9 @@ def _float_dtype(dtype: np.dtype, what: str) -> np.dtype:
         return dtype
     if dtype.kind in "iub" or dtype == np.float16:
         return np.dtype(np.float64)
-    raise UnsupportedTypeError(f"{what} has dtype {dtype}; logistic regression needs numeric (int, bool, float) features")
+    raise UnsupportedTypeError(
+        f"{what} has dtype {dtype}; logistic regression needs numeric (int, bool, float) features"
+    )
 
 
 def locate_nonfinite(xp: Any, X: Any, names: Sequence[str]) -> DataError:
@@ -98,7 +100,7 @@ def encode_target(xp: Any, y: Any, name: str, binary01: bool) -> tuple[Any, np.n
     others = int(xp.count_nonzero((y != lo) & (y != hi)))
     if others:
         what = "values other than 0 and 1" if binary01 else "more than two distinct values"
-        raise DataError(f"target {name} has {what} ({others:,} rows); logistic regression here is binary")
+        raise DataError(f"target {name} has {what} ({others:,} rows). Only binary classification is supported.")
     classes = np.array([lo, hi], dtype=y.dtype) if y.dtype.kind != "f" else np.array([lo, hi])
     return (y == hi).astype(np.uint8), classes
 
@@ -107,7 +109,7 @@ def _class_count_message(name: str, classes: np.ndarray) -> str:
     if len(classes) < 2:
         shown = f"only the class {classes[0]!r}" if len(classes) else "no values"
         return f"target {name} has {shown}; logistic regression needs two classes"
-    return f"target {name} has {len(classes)} classes; logistic regression here is binary (two classes)"
+    return f"target {name} has {len(classes)} classes. Only binary classification is supported."
 
 
 def _normalise_strides(xp: Any, X: Any) -> Any:

@@ -9,8 +9,10 @@ mirrored (``__init__`` stores parameters unchanged, ``get_params``/``set_params`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,7 +108,9 @@ class LogisticRegression:
     def __sklearn_tags__(self) -> Any:
         from sklearn.utils import ClassifierTags, Tags, TargetTags  # only when scikit-learn asks
 
-        tags = Tags(estimator_type="classifier", target_tags=TargetTags(required=True), classifier_tags=ClassifierTags())
+        tags = Tags(
+            estimator_type="classifier", target_tags=TargetTags(required=True), classifier_tags=ClassifierTags()
+        )
         tags.classifier_tags.multi_class = False
         return tags
 
@@ -115,7 +119,7 @@ class LogisticRegression:
     def _validate_params(self) -> None:
         if self.penalty not in (None, "l2", "none"):
             raise ValueError(f"penalty={self.penalty!r} is not supported; use 'l2' or None")
-        if self.penalty == "l2" and (not isinstance(self.C, numbers.Real) or not self.C > 0):
+        if isinstance(self.C, bool) or not isinstance(self.C, numbers.Real) or not self.C > 0:
             raise ValueError(f"C must be a positive number; got {self.C!r}")
         if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 1:
             raise ValueError(f"max_iter must be a positive int; got {self.max_iter!r}")
@@ -241,9 +245,7 @@ class LogisticRegression:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "coef_"):
-            raise NotFittedError(
-                "this LogisticRegression is not fitted yet: call fit(X, y) before using it"
-            )  # fmt: skip
+            raise _not_fitted_error()("this LogisticRegression is not fitted yet: call fit(X, y) before using it")
 
     def decision_function(self, X: Any, *, columns: Sequence[str] | None = None) -> Any:
         """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32)."""
@@ -330,6 +332,19 @@ class LogisticRegression:
             ("condition number of X^T A X", f"{self.condition_no_:.4g}"),
         ]
         return Summary(self._stat_names, self._stats, header)
+
+
+def _not_fitted_error() -> type:
+    """Our NotFittedError; when scikit-learn is loaded, one that is also scikit-learn's (its checks ask for it)."""
+    sk = sys.modules.get("sklearn.exceptions")
+    if sk is None:
+        return NotFittedError
+    return _sklearn_not_fitted(sk.NotFittedError)
+
+
+@functools.cache
+def _sklearn_not_fitted(base: type) -> type:
+    return type("NotFittedError", (NotFittedError, base), {"__module__": NotFittedError.__module__})
 
 
 def _same_label(a: Any, b: Any) -> bool:
