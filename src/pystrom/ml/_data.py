@@ -129,7 +129,7 @@ def prepare_weights(xp: Any, sample_weight: Any, n: int, where: str = "sample_we
         raise SchemaMismatchError(f"{where} has shape {tuple(sw.shape)}; expected ({n},), one weight per row")
     if not bool(xp.isfinite(sw).all()) or bool((sw < 0).any()):
         raise DataError(f"{where} must be finite and non-negative")
-    return sw
+    return xp.ascontiguousarray(sw)  # the kernel reads one weight per row, contiguous
 
 
 def prepare_array(X: Any, y: Any, sample_weight: Any, device: Any, binary01: bool = False) -> tuple[Batch, np.ndarray]:
