@@ -134,8 +134,13 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   }
 }
 
+// 128 threads a block; the bound caps registers so that 4 (K <= 4), 3 or 2 blocks stay resident per SM
+// (ptxas for sm_90: K = 4 float32 fits in 128 registers without spilling; unbounded it took 136 and only
+// one 256-thread block fitted). The host sizes the grid to the resident blocks (no tail wave).
+#define LOGIT_THREADS 128
 #define LOGIT_PASS(TNAME, T, K)                                                                              \
-  extern "C" __global__ void logit_pass_##TNAME##_k##K(                                                     \
+  extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, (K <= 4 ? 4 : (K <= 6 ? 3 : 2)))             \
+      logit_pass_##TNAME##_k##K(                                                                            \
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
       const double* __restrict__ sw, int has_sw, double cw0, double cw1, const double* __restrict__ w,     \
       double* __restrict__ partials) {                                                                      \

@@ -12,6 +12,7 @@ P = k + 1 (the intercept is the constant 1 at position k, never a materialised c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ __all__ = ["MAX_KERNEL_FEATURES", "PassTotals", "layout_size", "xp_pass", "kerne
 
 MAX_KERNEL_FEATURES = 8  # the fused kernel keeps P(P+1)/2 + P + 6 float64 sums per thread in registers
 SATURATED_MARGIN = 20.0  # fitted probability within 2e-9 of the observed class
-_THREADS = 256
+_THREADS = 128  # LOGIT_THREADS in logistic.cu
 _CHUNK_ELEMENTS = 1 << 24  # rows x features upcast to float64 at a time by the NumPy/CuPy path
 
 
@@ -133,13 +134,13 @@ def kernel_pass(X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.n
     item = X.dtype.itemsize
     rs, cs = X.strides[0] // item, X.strides[1] // item
     tname = "f32" if X.dtype == np.float32 else "f64"
-    blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * 4))
+    fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
+    blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(fn, k)))
     partials = cupy.empty((blocks, m), dtype=np.float64)
     out = cupy.empty(m, dtype=np.float64)
     wd = cupy.asarray(np.ascontiguousarray(w, dtype=np.float64))
     has_sw = sw is not None
     swd = sw if has_sw else wd  # any valid pointer; not read when has_sw is 0
-    fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
     fn(
         (blocks,),
         (_THREADS,),
@@ -148,6 +149,22 @@ def kernel_pass(X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.n
     )  # fmt: skip
     kernel("logistic", "logit_finish", ordinal)((m,), (256,), (partials, np.int32(blocks), np.int32(m), out))
     return out
+
+
+@functools.cache
+def _resident(fn_ptr: int, fallback: int) -> int:
+    try:
+        from cupy.cuda import driver
+
+        return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fn_ptr, _THREADS, 0)))
+    except Exception:  # an older CuPy without the occupancy call: the kernel's launch bound
+        return fallback
+
+
+def _resident_blocks(fn: Any, k: int) -> int:
+    """Blocks of the pass kernel that fit on one SM at once: the grid is one full wave (each block
+    loops over rows), so no block waits for another to finish."""
+    return _resident(int(fn.ptr), 4 if k <= 4 else 3 if k <= 6 else 2)
 
 
 def batch_pass(backend: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray) -> Any:
