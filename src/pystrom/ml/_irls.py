@@ -188,7 +188,8 @@ class IRLSSolver:
                 + (
                     "the current coefficients classify every row correctly"
                     if separation == "complete"
-                    else f"{t.saturated_rows:,} row(s) are fitted with probability 0 or 1 while the coefficients grow"
+                    else f"{t.saturated_rows:,} row(s) are fitted with probability 0 or 1 while the coefficients "
+                    "keep growing (quasi-complete, or complete separation not yet certified)"
                 )
                 + f" after {n_iter} iteration(s); the maximum likelihood estimate does not exist, so the coefficients "
                 "are not meaningful (they would grow without bound). Use penalty='l2' (C=...) for a finite fit, "
