@@ -32,15 +32,21 @@ struct Layout {
   static constexpr int M = NS + 1;       // + min margin
 };
 
+// LOGIT_ONE_THREAD_BLOCKS: the tests compile this file as C++ and run it on the CPU with blocks of one
+// thread (tests/test_logistic_kernel.py), where a warp reduction is the identity.
 __device__ __forceinline__ double warp_sum(double v) {
+#ifndef LOGIT_ONE_THREAD_BLOCKS
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+#endif
   return v;
 }
 
 __device__ __forceinline__ double warp_min(double v) {
+#ifndef LOGIT_ONE_THREAD_BLOCKS
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_down_sync(0xffffffffu, v, o));
+#endif
   return v;
 }
 
