@@ -116,11 +116,22 @@ def test_class_weight_matches_sklearn(device):
     from sklearn.linear_model import LogisticRegression as SkLR
 
     X, y, _ = breast_cancer()
+    sw = np.random.default_rng(7).random(len(y)) * 3
     for cw in [{0.0: 3.0, 1.0: 0.5}, "balanced"]:
-        ref = SkLR(C=2.0, tol=1e-12, max_iter=10_000, class_weight=cw).fit(X, y)
-        model = LogisticRegression(penalty="l2", C=2.0, class_weight=cw).fit(on(device, X), on(device, y))
-        np.testing.assert_allclose(model.coef_, ref.coef_, rtol=1e-5)
-        np.testing.assert_allclose(model.intercept_, ref.intercept_, rtol=1e-5)
+        for weights in (None, sw):
+            ref = SkLR(C=2.0, tol=1e-12, max_iter=10_000, class_weight=cw).fit(X, y, sample_weight=weights)
+            model = LogisticRegression(penalty="l2", C=2.0, class_weight=cw)
+            model.fit(on(device, X), on(device, y), sample_weight=None if weights is None else on(device, weights))
+            np.testing.assert_allclose(model.coef_, ref.coef_, rtol=1e-5)
+            np.testing.assert_allclose(model.intercept_, ref.intercept_, rtol=1e-5)
+    # the same through a scan with a weight column
+    names = ["a", "b", "c", "d"]
+    arrays = {n: X[:, j] for j, n in enumerate(names)} | {"y": y > 0, "w": sw}
+    table = Table.from_arrays(arrays, device=device)
+    ref = SkLR(C=2.0, tol=1e-12, max_iter=10_000, class_weight="balanced").fit(X, y, sample_weight=sw)
+    model = LogisticRegression(penalty="l2", C=2.0, class_weight="balanced")
+    model.fit([table.slice(0, 200), table.slice(200)], sample_weight="w", columns=names, target="y")
+    np.testing.assert_allclose(model.coef_, ref.coef_, rtol=1e-5)
 
 
 def test_sample_weight_equals_repeated_rows(device):

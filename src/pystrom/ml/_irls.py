@@ -184,14 +184,14 @@ class IRLSSolver:
         if separation is not None:
             converged = False
             warnings.warn(
-                f"perfect separation detected ({separation}): "
-                + (
-                    "the current coefficients classify every row correctly"
+                (
+                    "perfect separation: the current coefficients classify every row correctly"
                     if separation == "complete"
-                    else f"{t.saturated_rows:,} row(s) are fitted with probability 0 or 1 while the coefficients "
-                    "keep growing (quasi-complete, or complete separation not yet certified)"
+                    else f"perfect separation suspected: {t.saturated_rows:,} row(s) are fitted with probability 0 "
+                    "or 1 while the coefficients keep growing (quasi-complete separation, or complete separation "
+                    "not yet certified)"
                 )
-                + f" after {n_iter} iteration(s); the maximum likelihood estimate does not exist, so the coefficients "
+                + f" after {n_iter} iteration(s). The maximum likelihood estimate does not exist, so the coefficients "
                 "are not meaningful (they would grow without bound). Use penalty='l2' (C=...) for a finite fit, "
                 "or remove the feature(s) that separate the classes.",
                 PerfectSeparationWarning,

@@ -62,7 +62,7 @@ class Source:
         raise NotImplementedError
 
     def counts(self) -> tuple[float, float]:
-        """(rows of class 0, rows of class 1), for class_weight='balanced'."""
+        """(rows of class 0, rows of class 1), weighted by sample_weight (as scikit-learn's 'balanced')."""
         raise NotImplementedError
 
 
@@ -87,9 +87,13 @@ class ArraySource(Source):
             return np.asarray(self.backend.to_host(out), dtype=np.float64)
 
     def counts(self) -> tuple[float, float]:
+        b = self.batch
         with self.backend.activate():
-            pos = int(self.backend.xp.count_nonzero(self.batch.y))
-        return float(self.rows - pos), float(pos)
+            if b.sw is None:
+                pos = float(self.backend.xp.count_nonzero(b.y))
+                return float(self.rows) - pos, pos
+            pos = float((b.sw * b.y).sum())
+            return float(b.sw.sum()) - pos, pos
 
 
 class ScanSource(Source):
