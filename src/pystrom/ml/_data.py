@@ -10,7 +10,9 @@ thread and CUDA stream while batch k is computed.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +64,8 @@ def _float_dtype(dtype: np.dtype, what: str) -> np.dtype:
         return dtype
     if dtype.kind in "iub" or dtype == np.float16:
         return np.dtype(np.float64)
+    if dtype.kind == "c":
+        raise DataError(f"Complex data not supported: {what} has dtype {dtype}")
     raise UnsupportedTypeError(
         f"{what} has dtype {dtype}; logistic regression needs numeric (int, bool, float) features"
     )
@@ -100,14 +104,27 @@ def encode_target(xp: Any, y: Any, name: str, binary01: bool) -> tuple[Any, np.n
     others = int(xp.count_nonzero((y != lo) & (y != hi)))
     if others:
         what = "values other than 0 and 1" if binary01 else "more than two distinct values"
+        if y.dtype.kind == "f" and bool((y != xp.floor(y)).any()):
+            what = f"{what}, not whole numbers (Unknown label type: continuous)"
         raise DataError(f"target {name} has {what} ({others:,} rows). Only binary classification is supported.")
     classes = np.array([lo, hi], dtype=y.dtype) if y.dtype.kind != "f" else np.array([lo, hi])
     return (y == hi).astype(np.uint8), classes
 
 
+def _warn(message: str) -> None:
+    """A data-conversion warning: scikit-learn's class when scikit-learn is loaded (its checks ask for it)."""
+    sk = sys.modules.get("sklearn.exceptions")
+    warnings.warn(message, sk.DataConversionWarning if sk is not None else UserWarning, stacklevel=4)
+
+
+def not_2d_message(X: Any) -> str:
+    hint = " Reshape your data: X.reshape(-1, 1) for one feature, X.reshape(1, -1) for one row." if X.ndim == 1 else ""
+    return f"X must be 2-D (rows x features); got {X.ndim}-D shape {tuple(X.shape)}.{hint}"
+
+
 def _class_count_message(name: str, classes: np.ndarray) -> str:
     if len(classes) < 2:
-        shown = f"only the class {classes[0]!r}" if len(classes) else "no values"
+        shown = f"one class only ({classes[0]!r})" if len(classes) else "no values"
         return f"target {name} has {shown}; logistic regression needs two classes"
     return f"target {name} has {len(classes)} classes. Only binary classification is supported."
 
@@ -134,6 +151,8 @@ def prepare_weights(xp: Any, sample_weight: Any, n: int, where: str = "sample_we
 
 def prepare_array(X: Any, y: Any, sample_weight: Any, device: Any, binary01: bool = False) -> tuple[Batch, np.ndarray]:
     """A NumPy/CuPy 2-D array (or anything np.asarray takes) and its target into a Batch."""
+    if type(X).__module__.startswith("scipy.sparse"):
+        raise UnsupportedTypeError("sparse input is not supported: pass a dense array (X.toarray())")
     backend = backend_of_array(X)
     if backend is None:
         if hasattr(X, "__cuda_array_interface__"):
@@ -146,15 +165,18 @@ def prepare_array(X: Any, y: Any, sample_weight: Any, device: Any, binary01: boo
             except (ValueError, TypeError) as exc:
                 raise UnsupportedTypeError(f"X cannot be read as a 2-D numeric array: {exc}") from None
         backend = backend_of_array(X)
+    if X.dtype == object:  # numbers held as Python objects (pandas, lists of mixed types)
+        try:
+            X = X.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedTypeError(f"X has dtype object and holds non-numbers: {exc}") from None
     target = backend if device is None else resolve_device(device)
     if X.ndim != 2:
-        raise SchemaMismatchError(
-            f"X must be 2-D (rows x features); got {X.ndim}-D shape {tuple(X.shape)}"
-            + ("; for one feature use X.reshape(-1, 1)" if X.ndim == 1 else "")
-        )
+        raise SchemaMismatchError(not_2d_message(X))
     n, k = X.shape
     if n == 0 or k == 0:
-        raise DataError(f"X has shape {tuple(X.shape)}: logistic regression needs at least one row and one feature")
+        what = "sample(s)" if n == 0 else "feature(s)"
+        raise DataError(f"X has 0 {what} (shape={tuple(X.shape)}) while a minimum of 1 is required.")
     dtype = _float_dtype(X.dtype, "X")
     with target.activate():
         xp = target.xp
@@ -164,7 +186,10 @@ def prepare_array(X: Any, y: Any, sample_weight: Any, device: Any, binary01: boo
             X = X.astype(dtype)
         X = _normalise_strides(xp, X)
         if y is None:
-            raise DataError("fit needs a target y (or target='column' for a Table)")
+            raise DataError(
+                "LogisticRegression requires y to be passed, but the target y is None "
+                "(for a Table, name the target column: target='...')"
+            )
         yb = backend_of_array(y)
         if yb is not None and yb is not target:
             y = target.from_host(yb.to_host(y)) if target.kind == "cuda" else yb.to_host(y)
@@ -173,6 +198,7 @@ def prepare_array(X: Any, y: Any, sample_weight: Any, device: Any, binary01: boo
         if y.dtype.kind in "iufb" or xp is np:
             y = xp.asarray(y)
         if y.ndim == 2 and y.shape[1] == 1:
+            _warn(f"A column-vector y was passed when a 1d array was expected: shape {tuple(y.shape)} read as ({n},)")
             y = y[:, 0]
         if y.ndim != 1 or y.shape[0] != n:
             raise SchemaMismatchError(f"y has shape {tuple(y.shape)} but X has {n:,} rows; y needs one value per row")

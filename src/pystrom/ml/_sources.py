@@ -53,10 +53,10 @@ class Source:
                 "no rows to fit" + (f": all {self.skipped:,} rows hold NULLs and were skipped" if self.skipped else "")
             )
         if t.weight_sum <= 0:
-            raise DataError("every row has weight 0")
+            raise DataError("sample weights are all zero: at least one row needs a non-zero weight")
         if t.positive_weight <= 0 or t.positive_weight >= t.weight_sum:
             only = "1/True" if t.positive_weight > 0 else "0/False"
-            raise DataError(f"the target has only the class {only} (with weight); logistic regression needs two")
+            raise DataError(f"the target has one class only ({only}, counting weights); logistic regression needs two")
 
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
         raise NotImplementedError

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from .._backend import resolve_device
-from ..errors import DataError, NotFittedError, UnsupportedTypeError
-from ._data import is_scan, is_table, prepare_array, prepare_table
+from ..errors import DataError, NotFittedError, SchemaMismatchError, UnsupportedTypeError
+from ._data import is_scan, is_table, not_2d_message, prepare_array, prepare_table
 from ._irls import IRLSSolver
 from ._sources import ArraySource, ScanSource, Source
 from ._stats import Summary, compute_statistics
@@ -269,7 +269,12 @@ class LogisticRegression:
         if backend is None:
             X = np.asarray(X)
         if X.ndim != 2:
-            raise DataError(f"X must be 2-D (rows x features); got shape {tuple(X.shape)}")
+            raise SchemaMismatchError(not_2d_message(X))
+        if X.dtype == object:
+            try:
+                X = X.astype(np.float64)
+            except (TypeError, ValueError) as exc:
+                raise UnsupportedTypeError(f"X has dtype object and holds non-numbers: {exc}") from None
         if X.dtype.kind not in "iufb":
             raise UnsupportedTypeError(f"X has dtype {X.dtype}; numeric features are needed")
         return self._decision_array(X, [f"x{j}" for j in range(X.shape[1])])
@@ -280,7 +285,7 @@ class LogisticRegression:
 
         k = self.coef_.shape[1]
         if X.shape[1] != k:
-            raise DataError(f"X has {X.shape[1]} features, but this model was fitted with {k}")
+            raise DataError(f"X has {X.shape[1]} features, but LogisticRegression is expecting {k} features as input")
         backend = backend_of_array(X)
         with backend.activate():
             xp = backend.xp
