@@ -274,6 +274,48 @@ def test_one_shot_iterator_is_refused():
         LogisticRegression().fit(_EmptyScan(), target="y")
 
 
+class _BrokenScan:
+    """Yields good batches, then fails the way a scan can: a bad batch, or an error while reading."""
+
+    def __init__(self, good: list, bad):
+        self.good, self.bad = good, bad
+
+    def __iter__(self):
+        yield from self.good
+        if isinstance(self.bad, Exception):
+            raise self.bad
+        yield self.bad
+
+
+def test_scan_errors_propagate_and_leave_no_thread(device):
+    import threading
+
+    X, t = seed_data(3000, noise=0.2)
+    names = ["x1", "x2", "x3", "x4"]
+    table = _table(device, X, t.astype(float), names)
+    good = [table.slice(0, 1000), table.slice(1000, 1000)]
+    other = Table.from_arrays({"x1": np.zeros(3), "y": np.array([True, False, True])}, device=device)
+    cases = [
+        (OSError("disk went away"), OSError, "disk went away"),
+        (other, pystrom.ColumnNotFoundError, "x2"),
+        ("not a table", pystrom.UnsupportedTypeError, "yielded a str"),
+    ]
+    for bad, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            LogisticRegression(device=device).fit(_BrokenScan(good, bad), columns=names, target="y")
+    with pytest.raises(pystrom.UnsupportedTypeError, match="first item is a int"):
+        LogisticRegression().fit(_BrokenScan([], 5), target="y")
+    assert not [th for th in threading.enumerate() if th.name == "pystrom-prefetch"]
+    # a scan whose batches are views of one device table, columns of mixed types (int, bool, float32)
+    mixed = Table.from_arrays(
+        {"a": (X[:, 0] * 3).astype(np.int32), "b": X[:, 1] > 0, "c": X[:, 2], "y": t}, device=device
+    )
+    ref = LogisticRegression().fit(np.column_stack([(X[:, 0] * 3).astype(np.int32), X[:, 1] > 0, X[:, 2]]), t)
+    for data in (mixed, [mixed.slice(0, 1234), mixed.slice(1234)]):
+        model = LogisticRegression().fit(data, target="y")
+        np.testing.assert_allclose(model.coefficients_, ref.coefficients_, rtol=1e-9)
+
+
 class _EmptyScan:
     def __iter__(self):
         return iter(())

@@ -173,10 +173,16 @@ class LogisticRegression:
             first = next(iter(X), None)
             if first is None:
                 raise DataError("the scan yielded no batches: nothing to fit")
+            if not is_table(first):
+                raise UnsupportedTypeError(
+                    f"a scan must yield pystrom Tables; its first item is a {type(first).__name__}"
+                )
             device = self.device if self.device is not None else first.device
             backend = resolve_device(device)
 
             def prepare(table: Any) -> Any:
+                if not is_table(table):
+                    raise UnsupportedTypeError(f"a scan must yield pystrom Tables; it yielded a {type(table).__name__}")
                 return prepare_table(table, columns, target, weight, backend, binary01=True)[0]
 
             batch0 = prepare(first)
