@@ -6,6 +6,7 @@ CuPy is imported only when a GPU is used, so ``import pystrom`` is fast on machi
 
 from __future__ import annotations
 
+from ._concat import concat
 from ._settings import defaults
 from .column import Column
 from .errors import (
@@ -14,11 +15,14 @@ from .errors import (
     ColumnNotFoundError,
     DeviceError,
     Error,
+    FileFormatError,
     NullValuesError,
     OutOfMemoryError,
+    PerformanceWarning,
     SchemaMismatchError,
     UnsupportedTypeError,
 )
+from .io.arrow import ArrowScan, ScanStats, read_arrow, scan_arrow, write_arrow
 from .table import Table
 
 __version__ = "0.1.0"
@@ -27,11 +31,19 @@ __all__ = [
     "Table",
     "Column",
     "defaults",
+    "concat",
+    "read_arrow",
+    "scan_arrow",
+    "write_arrow",
+    "ArrowScan",
+    "ScanStats",
     "Error",
     "CapacityError",
     "ClosedError",
     "ColumnNotFoundError",
     "DeviceError",
+    "FileFormatError",
+    "PerformanceWarning",
     "NullValuesError",
     "OutOfMemoryError",
     "SchemaMismatchError",

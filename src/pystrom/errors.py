@@ -17,6 +17,8 @@ __all__ = [
     "DeviceError",
     "ClosedError",
     "OutOfMemoryError",
+    "FileFormatError",
+    "PerformanceWarning",
 ]
 
 
@@ -60,3 +62,11 @@ class ClosedError(Error, ValueError):
 
 class OutOfMemoryError(Error, MemoryError):
     """The device (or host) could not provide an allocation."""
+
+
+class FileFormatError(Error, ValueError):
+    """A file that is not what it should be: not Arrow IPC, truncated, or with inconsistent metadata."""
+
+
+class PerformanceWarning(UserWarning):
+    """The call works, but on a slower path than usual (the message says why and what to change)."""
