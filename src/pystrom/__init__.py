@@ -6,7 +6,6 @@ CuPy is imported only when a GPU is used, so ``import pystrom`` is fast on machi
 
 from __future__ import annotations
 
-from ._concat import concat
 from ._settings import defaults
 from .column import Column
 from .errors import (
@@ -22,7 +21,6 @@ from .errors import (
     SchemaMismatchError,
     UnsupportedTypeError,
 )
-from .io.arrow import ArrowScan, ScanStats, read_arrow, scan_arrow, write_arrow
 from .table import Table
 
 __version__ = "0.1.0"
@@ -50,3 +48,28 @@ __all__ = [
     "UnsupportedTypeError",
     "__version__",
 ]
+
+# Loaders pull in pyarrow (and KvikIO/CuPy when used); they are imported on first use.
+_LAZY = {
+    "concat": "._concat",
+    "read_arrow": ".io.arrow",
+    "scan_arrow": ".io.arrow",
+    "write_arrow": ".io.arrow",
+    "ArrowScan": ".io.arrow",
+    "ScanStats": ".io.arrow",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pystrom' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
