@@ -135,7 +135,8 @@ def _string_sizes(file: ArrowFile, reader: RangeReader, xp: Any, batches: Sequen
         steps = scratch[1:] - scratch[:-1]
         if len(steps):
             inner = xp.ones(len(steps), dtype=bool)
-            boundary = starts[1:-1] - 1
+            boundary = starts[1:-1] - 1  # the step from one batch's last offset to the next batch's first
+            boundary = boundary[(boundary >= 0) & (boundary < len(steps))]
             if len(boundary):
                 inner[backend.from_host(boundary)] = False
             bad = bool(((steps < 0) & inner).any())
