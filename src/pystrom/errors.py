@@ -17,6 +17,7 @@ __all__ = [
     "DeviceError",
     "ClosedError",
     "OutOfMemoryError",
+    "FileError",
 ]
 
 
@@ -60,3 +61,7 @@ class ClosedError(Error, ValueError):
 
 class OutOfMemoryError(Error, MemoryError):
     """The device (or host) could not provide an allocation."""
+
+
+class FileError(Error, OSError):
+    """A file that cannot be created, written, read or renamed; the message names the path."""
