@@ -499,7 +499,7 @@ def test_malformed_per_batch_entry_does_not_fall_back_to_footer():
     schema = pa.schema([pa.field("a", pa.int64(), metadata={"min_values": "1", "max_values": "9"})])
     assert batch_stats(schema, 0, None) == {"a": (1, 9)}
     assert batch_stats(schema, 0, {b"min_max_stats.a": b"junk"}) == {}
-    assert batch_stats(schema, 0, {b"min_max_stats.a": b"3,4"}) == {"a": (3, 4)}
+    assert batch_stats(schema, 0, {b"min_max_stats.a": b"+1,9 "}) == {"a": (1, 9)}
 
 
 @pytest.mark.parametrize(
@@ -691,3 +691,21 @@ def test_python_extension_type_round_trips_with_stats(tmp_path):
             assert batch_stats(r.schema, 0, md) == {"c": (-3.0, 21.5)}
     finally:
         pa.unregister_extension_type("pystrom.test.celsius")
+
+
+def test_formats_that_disagree_give_no_stats():
+    schema = pa.schema([pa.field("a", pa.int64(), metadata={"min_values": "1,5", "max_values": "4,9"})])
+    assert batch_stats(schema, 1, {b"min_max_stats.a": b"5,9"}) == {"a": (5, 9)}
+    assert batch_stats(schema, 1, {b"min_max_stats.a": b"5,8"}) == {}
+
+
+def test_footer_stats_can_be_left_out(tmp_path):
+    # PG-Strom reads only the footer lists when a file has them; without them it reads the per-batch keys.
+    schema = pa.schema([("a", pa.int64()), ("s", pa.string())])
+    batch = pa.record_batch([pa.array([2, 1]), pa.array(["b", "a"])], schema=schema)
+    path = tmp_path / "v2.arrow"
+    write_ipc_file(path, schema, [batch], footer_stats=False)
+    with ipc.open_file(path) as r:
+        assert all(f.metadata is None for f in r.schema)
+        md = r.get_batch_with_custom_metadata(0).custom_metadata
+        assert batch_stats(r.schema, 0, md) == {"a": (1, 2), "s": ("a", "b")}

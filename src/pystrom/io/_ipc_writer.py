@@ -259,6 +259,7 @@ def write_ipc_file(
     *,
     stats: bool = True,
     metadata: Mapping[str, str] | None = None,
+    footer_stats: bool = True,
 ) -> WriteSummary:
     """Write ``batches`` to an uncompressed Arrow IPC file with every body buffer 64-byte aligned.
 
@@ -277,6 +278,11 @@ def write_ipc_file(
         Write per-batch min/max statistics in PG-Strom's format (see ``_stats``).
     metadata : Mapping[str, str], optional
         Extra schema-level metadata, merged over ``schema.metadata``.
+    footer_stats : bool
+        With ``stats``, also write the older per-file ``min_values``/``max_values`` field metadata.
+        PG-Strom (master of 2026-08-21, d54af89) reads only these when a file has them and then ignores
+        the per-batch keys, so string ranges (which that format cannot hold) reach PG-Strom only with
+        ``footer_stats=False``.
 
     Returns
     -------
@@ -334,7 +340,7 @@ def write_ipc_file(
         footer_specs = []
         for spec, col in zip(specs, cols):
             entries = footer_entries[col.name]
-            if any(e is not None for e in entries):  # only types the footer format holds have entries
+            if footer_stats and any(e is not None for e in entries):  # only types the footer format holds have entries
                 mins, maxs = footer_lists(entries)
                 spec = (*spec[:3], [*spec[3], (FOOTER_MIN_KEY, mins), (FOOTER_MAX_KEY, maxs)])
             footer_specs.append(spec)

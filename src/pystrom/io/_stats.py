@@ -344,8 +344,8 @@ def batch_stats(
         ``{column: (min, max)}`` for the columns with trustworthy statistics: ``int`` for integer,
         temporal (raw value in the column's unit) and decimal128 (unscaled) columns, ``float`` for
         floats, ``bool`` for bool, ``str`` for strings. Per-batch entries take precedence; a column whose
-        per-batch entry is present but malformed gets nothing (not the footer's entry). Never raises on
-        malformed metadata.
+        per-batch entry is present but malformed, or disagrees with a footer entry for the same batch,
+        gets nothing. Never raises on malformed metadata.
     """
     names = [f.name for f in schema]
     duplicated = {n for n in names if names.count(n) > 1}  # ambiguous: which column would a key mean?
@@ -368,11 +368,14 @@ def batch_stats(
         kind = _kind(t)
         if kind is None:
             continue
+        footer = _footer_pair(t, kind, meta, batch_index, num_batches)
         if field.name in per_batch:
             lo_text, sep, hi_text = per_batch[field.name].partition(",")
             pair = _pair(t, kind, lo_text, hi_text, footer=False) if sep else None
+            if pair is not None and footer is not None and footer != pair:
+                pair = None  # the two formats disagree about the same batch: one of them is wrong
         else:
-            pair = _footer_pair(t, kind, meta, batch_index, num_batches)
+            pair = footer
         if pair is not None:
             out[field.name] = pair
     return out
