@@ -709,3 +709,29 @@ def test_footer_stats_can_be_left_out(tmp_path):
         assert all(f.metadata is None for f in r.schema)
         md = r.get_batch_with_custom_metadata(0).custom_metadata
         assert batch_stats(r.schema, 0, md) == {"a": (1, 2), "s": ("a", "b")}
+
+
+def test_repeated_column_names_get_no_per_batch_keys(tmp_path):
+    schema = pa.schema([("a", pa.int64()), ("a", pa.int64()), ("b", pa.int64())])
+    batch = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array([7, 8]), pa.array([3, 4])], schema=schema)
+    path = tmp_path / "dup.arrow"
+    write_ipc_file(path, schema, [batch])
+    with ipc.open_file(path) as r:
+        assert _meta(r.get_batch_with_custom_metadata(0)) == {"min_max_stats.b": "3,4"}
+        assert [f.metadata[b"min_values"] for f in r.schema] == [b"1", b"7", b"3"]  # positional: fine
+        assert r.read_all().equals(pa.Table.from_batches([batch]))
+
+
+def test_malformed_input_arrays_are_refused(tmp_path):
+    import nanoarrow as na  # pyarrow refuses to build such arrays; a foreign producer need not
+
+    schema = pa.schema([("s", pa.string())])
+    for ends in ([0, 3, 2],):  # decreasing offsets (pyarrow itself refuses first > last)
+        offsets = na.c_buffer(np.array(ends, dtype=np.int32))
+        bad = pa.array(na.c_array_from_buffers(na.string(), 2, [None, offsets, b"abcde"], validation_level="none"))
+        with pytest.raises(pystrom.SchemaMismatchError, match="'s'"):
+            write_ipc_file(tmp_path / "bad.arrow", schema, [pa.RecordBatch.from_arrays([bad], schema=schema)])
+    short = pa.Array.from_buffers(pa.int64(), 10, [None, pa.py_buffer(b"\0" * 16)])
+    with pytest.raises(pystrom.SchemaMismatchError, match="'i'"):
+        write_ipc_file(tmp_path / "bad.arrow", pa.schema([("i", pa.int64())]), [pa.record_batch([short], names=["i"])])
+    assert os.listdir(tmp_path) == []

@@ -226,6 +226,24 @@ def _check_batch(cols: list[_Column], schema: pa.Schema, batch: Any, index: int)
                 f"batch {index} column {i} is {field.name!r} of type {field.type}; the schema has "
                 f"{col.name!r} of type {schema.field(i).type}"
             )
+        arr = batch.column(i)
+        try:
+            # Cheap structural checks (buffer sizes); a malformed array would otherwise be cut short
+            # silently by the slicing below and give a corrupt file.
+            (arr.storage if isinstance(arr, pa.ExtensionArray) else arr).validate()
+        except pa.ArrowException as e:
+            raise SchemaMismatchError(f"batch {index} column {col.name!r} is not a valid Arrow array: {e}") from e
+        if col.layout in ("var32", "var64") and len(arr):
+            storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+            bufs = storage.buffers()
+            dtype = np.int32 if col.layout == "var32" else np.int64
+            ends = np.frombuffer(bufs[1], dtype=dtype, count=len(arr) + 1, offset=storage.offset * col.width)
+            first, last = int(ends[0]), int(ends[-1])
+            if not 0 <= first <= last <= (bufs[2].size if bufs[2] is not None else 0) or (ends[1:] < ends[:-1]).any():
+                raise SchemaMismatchError(
+                    f"batch {index} column {col.name!r}: its offsets ({first}..{last}) decrease or fall outside "
+                    "its data buffer"
+                )
 
 
 def _encode_batch(cols: list[_Column], batch: pa.RecordBatch, stats: dict[str, str]) -> tuple[bytes, list, int]:
@@ -306,6 +324,10 @@ def write_ipc_file(
         schema_meta[_as_bytes(k)] = _as_bytes(v)
     schema_meta_pairs = list(schema_meta.items())
     specs = [c.spec for c in cols]
+    # Per-batch keys find their column by name (PG-Strom: the first field of that name, compared as C
+    # strings), so columns whose names repeat or hold a NUL get none; the footer lists are positional.
+    names = [c.name for c in cols]
+    keyed = {n for n in names if names.count(n) == 1 and "\0" not in n}
 
     dest = os.fspath(path)
     if isinstance(dest, bytes):
@@ -321,25 +343,24 @@ def write_ipc_file(
         sink.write([MAGIC, b"\0\0"])
         sink.message(fmt.encode_schema_message(specs, schema_meta_pairs), [], 0)
         blocks: list[fmt.Block] = []
-        footer_entries: dict[str, list] = {c.name: [] for c in cols}
+        footer_entries: list[list] = [[] for _ in cols]  # by position: names may repeat
         num_rows = 0
         for index, batch in enumerate(batches):
             _check_batch(cols, schema, batch, index)
             per_batch: dict[str, str] = {}
             if stats:
-                for col, field, arr in zip(cols, schema, batch.columns):
+                for j, (col, field, arr) in enumerate(zip(cols, schema, batch.columns)):
                     st = column_stats(field.type, arr)
-                    if st is not None:
+                    if st is not None and col.name in keyed:
                         per_batch[col.name] = st.per_batch
-                    footer_entries[col.name].append(st.footer if st is not None else None)
+                    footer_entries[j].append(st.footer if st is not None else None)
             flatbuffer, body, body_length = _encode_batch(cols, batch, per_batch)
             blocks.append(sink.message(flatbuffer, body, body_length))
             num_rows += batch.num_rows
             del batch, body  # stream: nothing of a written batch is kept
         sink.write([_CONTINUATION, b"\0\0\0\0"])
         footer_specs = []
-        for spec, col in zip(specs, cols):
-            entries = footer_entries[col.name]
+        for spec, entries in zip(specs, footer_entries):
             if footer_stats and any(e is not None for e in entries):  # only types the footer format holds have entries
                 mins, maxs = footer_lists(entries)
                 spec = (*spec[:3], [*spec[3], (FOOTER_MIN_KEY, mins), (FOOTER_MAX_KEY, maxs)])
