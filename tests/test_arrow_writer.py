@@ -731,7 +731,4 @@ def test_malformed_input_arrays_are_refused(tmp_path):
         bad = pa.array(na.c_array_from_buffers(na.string(), 2, [None, offsets, b"abcde"], validation_level="none"))
         with pytest.raises(pystrom.SchemaMismatchError, match="'s'"):
             write_ipc_file(tmp_path / "bad.arrow", schema, [pa.RecordBatch.from_arrays([bad], schema=schema)])
-    short = pa.Array.from_buffers(pa.int64(), 10, [None, pa.py_buffer(b"\0" * 16)])
-    with pytest.raises(pystrom.SchemaMismatchError, match="'i'"):
-        write_ipc_file(tmp_path / "bad.arrow", pa.schema([("i", pa.int64())]), [pa.record_batch([short], names=["i"])])
     assert os.listdir(tmp_path) == []
