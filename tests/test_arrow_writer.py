@@ -732,3 +732,29 @@ def test_malformed_input_arrays_are_refused(tmp_path):
         with pytest.raises(pystrom.SchemaMismatchError, match="'s'"):
             write_ipc_file(tmp_path / "bad.arrow", schema, [pa.RecordBatch.from_arrays([bad], schema=schema)])
     assert os.listdir(tmp_path) == []
+
+
+def test_footer_lists_found_whichever_way_they_are_passed(tmp_path):
+    schema = pa.schema([("a", pa.int64())], metadata={"k": "v"})
+    path = tmp_path / "f.arrow"
+    write_ipc_file(path, schema, [pa.record_batch([pa.array([4, 2])], schema=schema)])
+    with ipc.open_file(path) as r:
+        footer = r.schema
+    bare = pa.schema([("a", pa.int64())])
+    for where in (footer, [f.metadata for f in footer]):
+        assert batch_stats(bare, 0, None, where, num_batches=1) == {"a": (2, 4)}
+    assert batch_stats(footer, 0, None, footer.metadata, num_batches=1) == {"a": (2, 4)}
+    assert batch_stats(footer, 0, None, num_batches=2) == {}  # one entry, two batches: not trusted
+
+
+def test_bad_arguments_are_pystrom_errors(tmp_path):
+    schema = pa.schema([("a", pa.int64())])
+    with pytest.raises(pystrom.UnsupportedTypeError, match="path"):
+        write_ipc_file(None, schema, [])
+    with pytest.raises(pystrom.UnsupportedTypeError, match="metadata"):
+        write_ipc_file(tmp_path / "x.arrow", schema, [], metadata=[("a", "b")])
+    with pytest.raises(pystrom.UnsupportedTypeError, match="Schema"):
+        write_ipc_file(tmp_path / "x.arrow", {"a": "int64"}, [])
+    with pytest.raises(pystrom.UnsupportedTypeError, match="ChunkedArray"):
+        write_ipc_file(tmp_path / "x.arrow", schema, pa.table({"a": [1]}))
+    assert os.listdir(tmp_path) == []

@@ -318,6 +318,14 @@ def write_ipc_file(
     """
     if not isinstance(schema, pa.Schema):
         raise UnsupportedTypeError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise UnsupportedTypeError(f"metadata must be a mapping of str to str, got {type(metadata).__name__}")
+    try:
+        dest = os.fspath(path)
+    except TypeError:
+        raise UnsupportedTypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
+    if isinstance(dest, bytes):
+        dest = os.fsdecode(dest)
     cols = _columns(schema)
     schema_meta = dict(schema.metadata or {})
     for k, v in (metadata or {}).items():
@@ -329,9 +337,6 @@ def write_ipc_file(
     names = [c.name for c in cols]
     keyed = {n for n in names if names.count(n) == 1 and "\0" not in n}
 
-    dest = os.fspath(path)
-    if isinstance(dest, bytes):
-        dest = os.fsdecode(dest)
     tmp = _temp_name(dest)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)

@@ -289,7 +289,8 @@ def _pair(t: pa.DataType, kind: str, lo_text: str, hi_text: str, footer: bool) -
 
 
 def _field_metadata(footer_schema_metadata: Any, schema: pa.Schema) -> list[Mapping | None]:
-    if footer_schema_metadata is None:
+    if footer_schema_metadata is None or isinstance(footer_schema_metadata, Mapping):
+        # None, or the schema-level metadata (which never holds the lists): the schema's own fields.
         return [f.metadata for f in schema]
     if isinstance(footer_schema_metadata, pa.Schema):
         if len(footer_schema_metadata) != len(schema):
@@ -333,7 +334,9 @@ def batch_stats(
         may be ``bytes`` or ``str``.
     footer_schema_metadata : pyarrow.Schema, sequence of Mapping, or None
         Where the footer's per-field ``min_values``/``max_values`` lists are: the footer schema, or one
-        field-metadata mapping per field in schema order; None takes them from ``schema``'s fields.
+        field-metadata mapping per field in schema order. None (or a single mapping, such as the
+        schema-level metadata, which never holds them) takes them from ``schema``'s fields, which is
+        right when ``schema`` is ``RecordBatchFileReader.schema`` (pyarrow reads it from the footer).
     num_batches : int, optional
         Record batches in the file; when given, footer lists of another length are ignored (PG-Strom
         ignores them too).
