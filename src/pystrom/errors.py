@@ -19,6 +19,7 @@ __all__ = [
     "OutOfMemoryError",
     "FileFormatError",
     "PerformanceWarning",
+    "FileError",
 ]
 
 
@@ -70,3 +71,7 @@ class FileFormatError(Error, ValueError):
 
 class PerformanceWarning(UserWarning):
     """The call works, but on a slower path than usual (the message says why and what to change)."""
+
+
+class FileError(Error, OSError):
+    """A file that cannot be created, written, read or renamed; the message names the path."""

@@ -121,6 +121,8 @@ class ArrowFile:
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             self.close()
             raise FileFormatError(f"{path!r} is not a readable Arrow IPC file: {exc}") from None
+        self.raw_schema = self.schema  # with any footer statistics, for the statistics reader
+        self.schema = _without_footer_stats(self.schema)
         self.compressed = False
 
     # -- batches ---------------------------------------------------------------------------------
@@ -208,6 +210,20 @@ def _check_sizes(path: str, index: int, name: str, ctype: ColumnType, n: int, va
             f"{path!r}: record batch {index}, column {name!r}: buffers are shorter than its {n} rows need "
             "(corrupt file)"
         )
+
+
+def _without_footer_stats(schema: pa.Schema) -> pa.Schema:
+    """The schema without PG-Strom's footer min/max lists (file metadata, not the data's)."""
+    from ._stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY
+
+    stale = {FOOTER_MIN_KEY.encode(), FOOTER_MAX_KEY.encode()}
+    fields = []
+    for f in schema:
+        if f.metadata and stale & set(f.metadata):
+            kept = {k: v for k, v in f.metadata.items() if k not in stale}
+            f = f.with_metadata(kept) if kept else f.remove_metadata()
+        fields.append(f)
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def resolve_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) -> list[str]:

@@ -212,7 +212,7 @@ class ArrowScan:
 def _batch_stats(file: ArrowFile, index: int) -> dict:
     from ._stats import batch_stats
 
-    return batch_stats(file.schema, index, file.custom_metadata(index))
+    return batch_stats(file.raw_schema, index, file.custom_metadata(index), num_batches=file.num_batches)
 
 
 def _warn_if_slow(file: ArrowFile) -> None:
@@ -331,13 +331,13 @@ def _record_batches(data: Any, batch_rows: int) -> tuple[pa.Schema, Iterator[pa.
     )
 
 
-def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = True) -> Any:
+def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = True, footer_stats: bool = False) -> Any:
     """Write an uncompressed Arrow IPC file (Feather v2) that read_arrow/scan_arrow read at full speed.
 
     Every buffer starts on a 64-byte boundary of the file, and with ``stats=True`` each record batch
-    carries min/max statistics of its columns in the keys PG-Strom's Arrow_Fdw reads
-    (``min_max_stats.<column>`` per batch, ``min_values``/``max_values`` per field), which lets scans
-    with a ``where`` skip batches without reading them.
+    carries min/max statistics of its columns in the key PG-Strom's pg2arrow writes and Arrow_Fdw
+    reads (``min_max_stats.<column>`` in the batch's custom metadata), which lets scans with a
+    ``where`` skip batches without reading them.
 
     Parameters
     ----------
@@ -349,6 +349,9 @@ def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = T
         Rows per record batch for inputs that are not already batches (the statistics' granularity).
     stats : bool
         Write min/max statistics.
+    footer_stats : bool
+        Also write PG-Strom's older per-field ``min_values``/``max_values`` lists in the footer.
+        PG-Strom then reads only those (they cannot hold strings), so they are off by default.
 
     Returns
     -------
@@ -362,4 +365,4 @@ def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = T
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file name; got {type(path).__name__}")
     schema, batches = _record_batches(data, batch_rows)
-    return write_ipc_file(os.fspath(path), schema, batches, stats=stats)
+    return write_ipc_file(os.fspath(path), schema, batches, stats=stats, footer_stats=footer_stats)
