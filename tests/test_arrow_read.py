@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pystrom
 from pystrom.testing import to_host
@@ -246,3 +248,41 @@ def test_scan_files_of_different_schemas(tmp_path, device):
         list(pystrom.scan_arrow([a, b], device=device))
     with pytest.raises(FileNotFoundError, match="zzz"):
         pystrom.scan_arrow(tmp_path / "zzz*.arrow", device=device)
+
+
+# -- write_arrow -> read_arrow ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nulls", [False, True])
+def test_write_arrow_then_read_arrow_roundtrip(tmp_path, device, nulls):
+    source = _mixed_table(nulls, n=1003)
+    table = pystrom.Table.from_arrow(source, device=device)
+    path = tmp_path / "rt.arrow"
+    summary = pystrom.write_arrow(table, path, batch_rows=97)
+    assert summary.num_rows == 1003 and summary.num_batches == 11
+    got = pystrom.read_arrow(path, device=device)
+    assert got.schema.equals(table.schema, check_metadata=True)
+    _assert_same(got, source)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=8),
+    null_share=st.sampled_from([0.0, 0.3, 1.0]),
+    columns=st.lists(st.sampled_from(["bool", "int16", "float64", "string", "timestamp_us", "decimal_9_2"]),
+                     min_size=1, max_size=4, unique=True),
+)  # fmt: skip
+def test_roundtrip_property_cpu(tmp_path_factory, lengths, null_share, columns):
+    n = sum(lengths)
+    rng = np.random.default_rng(n)
+    cols = {}
+    for i, name in enumerate(columns):
+        arr = make_array(TYPES[name], n, False, seed=i)
+        mask = rng.random(n) < null_share
+        cols[name] = pa.array(arr.to_pylist(), arr.type, mask=mask) if n else arr
+    table = pa.table(cols)
+    path = tmp_path_factory.mktemp("rt") / "p.arrow"
+    _write(path, table, lengths=lengths)
+    _assert_same(pystrom.read_arrow(path, device="cpu"), _expected(path))
+    selected = columns[::-1][:2]
+    _assert_same(pystrom.read_arrow(path, columns=selected, device="cpu"), _expected(path, selected))
