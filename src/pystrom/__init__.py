@@ -15,9 +15,12 @@ from .errors import (
     DataError,
     DeviceError,
     Error,
+    FileError,
+    FileFormatError,
     NotFittedError,
     NullValuesError,
     OutOfMemoryError,
+    PerformanceWarning,
     SchemaMismatchError,
     UnsupportedTypeError,
 )
@@ -29,12 +32,21 @@ __all__ = [
     "Table",
     "Column",
     "defaults",
+    "concat",
+    "read_arrow",
+    "scan_arrow",
+    "write_arrow",
+    "ArrowScan",
+    "ScanStats",
     "Error",
     "CapacityError",
     "ClosedError",
     "ColumnNotFoundError",
     "DataError",
     "DeviceError",
+    "FileFormatError",
+    "PerformanceWarning",
+    "FileError",
     "NotFittedError",
     "NullValuesError",
     "OutOfMemoryError",
@@ -44,11 +56,31 @@ __all__ = [
     "ml",
 ]
 
+# Loaders pull in pyarrow (and KvikIO/CuPy when used); they are imported on first use.
+_LAZY = {
+    "concat": "._concat",
+    "read_arrow": ".io.arrow",
+    "scan_arrow": ".io.arrow",
+    "write_arrow": ".io.arrow",
+    "ArrowScan": ".io.arrow",
+    "ScanStats": ".io.arrow",
+}
+
 
 def __getattr__(name: str):
-    # pystrom.ml on first use, so `import pystrom` stays fast
-    if name == "ml":
+    if name == "ml":  # the subpackage pystrom.ml, imported on first use
         import importlib
 
         return importlib.import_module(".ml", __name__)
-    raise AttributeError(f"module 'pystrom' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pystrom' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"ml"})

@@ -17,6 +17,9 @@ __all__ = [
     "DeviceError",
     "ClosedError",
     "OutOfMemoryError",
+    "FileFormatError",
+    "PerformanceWarning",
+    "FileError",
     "DataError",
     "NotFittedError",
 ]
@@ -62,6 +65,18 @@ class ClosedError(Error, ValueError):
 
 class OutOfMemoryError(Error, MemoryError):
     """The device (or host) could not provide an allocation."""
+
+
+class FileFormatError(Error, ValueError):
+    """A file that is not what it should be: not Arrow IPC, truncated, or with inconsistent metadata."""
+
+
+class PerformanceWarning(UserWarning):
+    """The call works, but on a slower path than usual (the message says why and what to change)."""
+
+
+class FileError(Error, OSError):
+    """A file that cannot be created, written, read or renamed; the message names the path."""
 
 
 class DataError(Error, ValueError):
