@@ -14,11 +14,20 @@ from .errors import (
     ColumnNotFoundError,
     DeviceError,
     Error,
+    ExporterGoneError,
+    InvalidHandleError,
+    IPCError,
     NullValuesError,
     OutOfMemoryError,
     SchemaMismatchError,
+    StoreError,
+    StorePermissionError,
+    StoreUnavailableError,
+    TableExistsError,
+    TableNotFoundError,
     UnsupportedTypeError,
 )
+from .ipc import Store, ipc_import, serve
 from .table import Table
 
 __version__ = "0.1.0"
@@ -36,5 +45,16 @@ __all__ = [
     "OutOfMemoryError",
     "SchemaMismatchError",
     "UnsupportedTypeError",
+    "Store",
+    "ipc_import",
+    "serve",
+    "ExporterGoneError",
+    "InvalidHandleError",
+    "IPCError",
+    "StoreError",
+    "StorePermissionError",
+    "StoreUnavailableError",
+    "TableExistsError",
+    "TableNotFoundError",
     "__version__",
 ]

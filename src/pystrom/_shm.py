@@ -106,4 +106,6 @@ def mapping_of(memory: np.ndarray) -> SharedMapping | None:
     base = memory
     while isinstance(base, np.ndarray):
         base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer holds the mapping through a memoryview
+        base = base.obj
     return base if isinstance(base, SharedMapping) else None
