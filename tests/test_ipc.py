@@ -182,9 +182,8 @@ def test_imported_view_stays_valid_after_the_exporter_dies(device):
         print(t.export().hex(), flush=True)
         sys.stdin.readline()
         """
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    argv = [sys.executable, "-c", PRELUDE + textwrap.dedent(code)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         h = bytes.fromhex(proc.stdout.readline().strip())
         v = pystrom.ipc_import(h)
