@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from test_ipc import PRELUDE, all_types_table, child, ok
 
 import pystrom
 from pystrom.errors import (
@@ -27,8 +28,6 @@ from pystrom.errors import (
     TableNotFoundError,
 )
 from pystrom.ipc import protocol
-
-from test_ipc import PRELUDE, all_types_table, child, ok
 
 
 class Daemon:

@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import pytest
-
 from test_ipc import PRELUDE
 from test_store import Daemon, wait_for
 
