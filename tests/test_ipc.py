@@ -176,25 +176,44 @@ def test_import_after_the_exporter_died(device):
         pystrom.ipc_import(bytes.fromhex(out.strip()))
 
 
-def test_imported_view_stays_valid_after_the_exporter_dies(device):
-    code = f"""
+def test_imported_view_after_the_exporter_dies(device):
+    """Mapped before the exporter exits, read after: never a crash. On the CPU the kernel keeps the
+    memory while a mapping exists, so the data is still there; the GPU's behaviour is printed."""
+    exporter = f"""
         t = pystrom.Table.from_arrays({{'x': np.arange(1000)}}, device={device!r})
         print(t.export().hex(), flush=True)
         sys.stdin.readline()
         """
-    argv = [sys.executable, "-c", PRELUDE + textwrap.dedent(code)]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    importer = """
+        v = pystrom.ipc_import(bytes.fromhex(sys.argv[1]))
+        print("mapped", flush=True)
+        sys.stdin.readline()  # the exporter has exited now
+        try:
+            print("sum", int(v["x"].sum()), flush=True)
+        except Exception as e:
+            print("error", type(e).__name__, e, flush=True)
+        """
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    a = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(exporter)], **pipes)
+    b = None
     try:
-        h = bytes.fromhex(proc.stdout.readline().strip())
-        v = pystrom.ipc_import(h)
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        proc.wait(timeout=60)
-        if device == "cpu":  # the kernel keeps shared memory while a mapping exists
-            assert int(v["x"].sum()) == 999 * 1000 // 2
+        h = a.stdout.readline().strip()
+        b = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(importer), h], **pipes)
+        assert b.stdout.readline().strip() == "mapped"
+        a.stdin.write("\n")
+        a.stdin.flush()
+        assert a.wait(timeout=60) == 0
+        out, _ = b.communicate("\n", timeout=60)
     finally:
-        proc.kill()
-    assert v.num_rows == 1000
+        a.kill()
+        if b is not None:
+            b.kill()
+    print(f"\n{device}: reading a mapping after the exporter exited gives: {out.strip()}")
+    assert b.returncode == 0, out  # no crash, whatever the driver does
+    if device == "cpu":
+        assert out.strip() == f"sum {999 * 1000 // 2}"
+    else:
+        assert out.startswith(("sum", "error"))
 
 
 def test_table_from_an_import_cannot_be_reexported_on_the_cpu():

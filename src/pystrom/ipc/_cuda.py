@@ -128,6 +128,12 @@ def use_device(ordinal: int) -> None:
     cupy.cuda.runtime.free(0)  # forces the runtime to create and bind the primary context
 
 
+def synchronize() -> None:
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
 @functools.cache
 def device_uuid(ordinal: int) -> bytes:
     """The 16-byte UUID of GPU ``ordinal`` (as numbered in this process)."""

@@ -40,6 +40,7 @@ def _unmap(ordinal: int, ptr: int, size: int) -> None:
         from . import _cuda
 
         _cuda.use_device(ordinal)
+        _cuda.synchronize()  # no kernel may still read the memory when it goes
         _cuda.Vmm.unmap(ptr, size)
     except Exception:  # at worst the mapping lives until the process exits
         pass

@@ -123,9 +123,8 @@ class CudaIpcMapping:
         self.ptr = _cuda.ipc_open(memory)
         try:
             self.base, self.size = _cuda.address_range(self.ptr)
-        except BaseException:
-            _cuda.ipc_close(self.ptr)
-            raise
+        except _cuda.DriverError:  # cannot ask the driver: trust the handle's size (checked against it below)
+            self.base, self.size = self.ptr, -1
         fin = weakref.finalize(self, _close_ipc, ordinal, self.ptr)
         fin.atexit = False  # at interpreter exit the driver tears everything down itself
 
@@ -135,6 +134,7 @@ def _close_ipc(ordinal: int, ptr: int) -> None:
         from . import _cuda
 
         _cuda.use_device(ordinal)
+        _cuda.synchronize()  # no kernel may still read the memory when it goes
         _cuda.ipc_close(ptr)
     except Exception:  # nothing useful to do in a finalizer; the driver frees it at exit
         pass
@@ -205,7 +205,7 @@ def _map_cuda(h: fmt.Handle) -> tuple[Backend, Any]:
             with backend.activate():
                 m = CudaIpcMapping(ordinal, h.memory)
             _mappings[key] = m
-    if m.size != h.alloc_size or m.base != m.ptr:
+    if m.size != -1 and (m.size != h.alloc_size or m.base != m.ptr):
         raise IPCError(f"{h.describe()}: the mapped allocation holds {m.size} bytes, the handle says {h.alloc_size}")
     mem = cupy.cuda.UnownedMemory(m.ptr + h.offset, nbytes, m, device_id=ordinal)
     return backend, cupy.cuda.MemoryPointer(mem, 0)
