@@ -20,6 +20,7 @@ from pystrom.errors import ExporterGoneError, InvalidHandleError, IPCError
 from pystrom.ipc import handle as fmt
 from pystrom.ipc.export import cuda_ordinal_for_uuid, mapping_count
 
+from conftest import needs_gpu
 from datagen import TYPES, make_array
 
 PRELUDE = "import os, sys, gc, numpy as np, pyarrow as pa, pystrom\n"
@@ -332,3 +333,38 @@ def test_uuid_to_ordinal_follows_the_uuid_not_the_position():
     assert cuda_ordinal_for_uuid(b, [a, b, c]) == 1
     assert cuda_ordinal_for_uuid(b, [b, a]) == 0
     assert cuda_ordinal_for_uuid(c, [a, b]) is None
+
+
+# -- GPU specifics -------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_table_inside_a_pool_chunk_exports_its_base_allocation_and_offset():
+    """CuPy's pool hands out pieces of larger cudaMalloc blocks; CUDA IPC maps whole blocks."""
+    import cupy
+
+    with cupy.cuda.Device(0):
+        chunk = cupy.empty(64 << 20, dtype=cupy.uint8)
+        del chunk  # back in the pool: the next allocations are carved out of it
+        first = cupy.zeros(1 << 20, dtype=cupy.uint8)
+        t = pystrom.Table.from_arrays({"x": cupy.arange(100_000, dtype=cupy.int64)}, device="cuda:0")
+    h = t.export()
+    decoded = fmt.decode(h)
+    assert decoded.offset > 0 and decoded.alloc_size >= 64 << 20, (decoded.offset, decoded.alloc_size)
+    out = ok(child(f"print(int(pystrom.ipc_import(bytes.fromhex({h.hex()!r}))['x'].sum()))"))
+    assert int(out) == 99_999 * 100_000 // 2
+    del first
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(pystrom._backend.cuda_device_count() < 2, reason="needs two GPUs")
+def test_import_maps_on_the_gpu_with_the_handles_uuid_whatever_its_ordinal():
+    t = pystrom.Table.from_arrays({"x": np.arange(10)}, device="cuda:1")
+    order = ",".join(str(i) for i in reversed(range(pystrom._backend.cuda_device_count())))
+    code = f"v = pystrom.ipc_import(bytes.fromhex({t.export().hex()!r})); print(v.device, int(v['x'].sum()))"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": order}
+    r = subprocess.run([sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    expected = f"cuda:{pystrom._backend.cuda_device_count() - 2}"  # GPU 1 is second to last once reversed
+    assert r.stdout.split() == [expected, "45"]

@@ -161,11 +161,16 @@ class Store:
         with self._lock:
             if self._sock is None:
                 raise StoreUnavailableError(f"this Store ({self.address}) is closed")
-            released, self._released[:] = list(self._released), []
+            released = []
+            while self._released:  # list.pop is atomic: a finalizer appending meanwhile loses nothing
+                released.append(self._released.pop())
             if released:
                 message["release"] = released
             try:
-                protocol.send(self._sock, message)
+                try:
+                    protocol.send(self._sock, message)
+                except OSError:  # the daemon may have answered (a refusal) and hung up: read that answer
+                    self._sock.settimeout(1.0)
                 reply, fds = protocol.recv(self._sock)
             except (EOFError, OSError) as exc:
                 self._sock.close()

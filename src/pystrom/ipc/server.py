@@ -221,6 +221,13 @@ class StoreServer:
             pid, uid, gid = protocol.peer_credentials(conn)
             if not self._allowed(uid, gid, pid):
                 protocol.send(conn, _error(StorePermissionError(f"uid {uid} is not allowed by this store daemon")))
+                conn.settimeout(2.0)  # let the client's first request arrive, so closing resets nothing it sent
+                try:
+                    _, fds = protocol.recv(conn)
+                    for fd in fds:
+                        os.close(fd)
+                except (EOFError, OSError):
+                    pass
                 return
             if self.backend.kind == "cuda":
                 from . import _cuda
