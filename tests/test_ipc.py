@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 import pystrom
+import pystrom.testing
 from pystrom.errors import ExporterGoneError, InvalidHandleError, IPCError
 from pystrom.ipc import handle as fmt
 from pystrom.ipc.export import cuda_ordinal_for_uuid, mapping_count
@@ -215,6 +216,20 @@ def test_imported_view_after_the_exporter_dies(device):
         assert out.strip() == f"sum {999 * 1000 // 2}"
     else:
         assert out.startswith(("sum", "error"))
+
+
+def test_edge_tables_and_the_device_argument(device):
+    empty = pystrom.Table.from_arrays({"x": pa.array([], pa.int64()), "s": pa.array([], pa.string())}, device)
+    assert pystrom.ipc_import(empty.export()).to_arrow().equals(empty.to_arrow())
+    no_columns = pystrom.Table.from_arrow(pa.table({"a": [1, 2]}).select([]), device=device)
+    v = pystrom.ipc_import(no_columns.export())
+    assert (v.num_rows, v.num_columns) == (2, 0)
+    t = pystrom.Table.from_arrays({"x": [1.0, None], "y": [2.0, 3.0]}, device=device)
+    on_cpu = pystrom.ipc_import(t.export(), device="cpu")  # a copy when the handle is on a GPU
+    assert on_cpu.device == "cpu" and on_cpu.to_arrow().equals(t.to_arrow())
+    assert pystrom.testing.to_host(pystrom.ipc_import(t.export(), "y")).tolist() == [[2.0], [3.0]]
+    with pytest.raises(pystrom.NullValuesError, match="'x'"):
+        pystrom.ipc_import(t.export(), ["x", "y"])
 
 
 def test_table_from_an_import_cannot_be_reexported_on_the_cpu():

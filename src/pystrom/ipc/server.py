@@ -151,7 +151,10 @@ class StoreServer:
         if self.path == protocol.default_socket() and protocol.SOCKET_ENV not in os.environ:
             protocol.secure_dir(directory)  # the default place: only this user may enter it
         else:
-            os.makedirs(directory, mode=0o700, exist_ok=True)  # an explicit place: its modes are the caller's
+            try:
+                os.makedirs(directory, mode=0o700, exist_ok=True)  # an explicit place: its modes are the caller's
+            except OSError as exc:
+                raise StoreError(f"cannot create the socket directory {directory}: {exc.strerror or exc}") from None
         if os.path.exists(self.path):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -164,12 +167,15 @@ class StoreServer:
             finally:
                 probe.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
+        old = os.umask(0o177)  # the socket: mode 0600
         try:
             sock.bind(self.path)
+            sock.listen(64)
+        except OSError as exc:
+            sock.close()
+            raise StoreError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
         finally:
             os.umask(old)
-        sock.listen(64)
         return sock
 
     def serve_forever(self, ready: Callable[[StoreServer], None] | None = None) -> None:
