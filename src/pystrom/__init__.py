@@ -15,10 +15,13 @@ from .errors import (
     DeviceError,
     Error,
     ExporterGoneError,
+    FileError,
+    FileFormatError,
     InvalidHandleError,
     IPCError,
     NullValuesError,
     OutOfMemoryError,
+    PerformanceWarning,
     SchemaMismatchError,
     StoreError,
     StorePermissionError,
@@ -27,7 +30,6 @@ from .errors import (
     TableNotFoundError,
     UnsupportedTypeError,
 )
-from .ipc import Store, ipc_import, serve
 from .table import Table
 
 __version__ = "0.1.0"
@@ -36,11 +38,20 @@ __all__ = [
     "Table",
     "Column",
     "defaults",
+    "concat",
+    "read_arrow",
+    "scan_arrow",
+    "write_arrow",
+    "ArrowScan",
+    "ScanStats",
     "Error",
     "CapacityError",
     "ClosedError",
     "ColumnNotFoundError",
     "DeviceError",
+    "FileFormatError",
+    "PerformanceWarning",
+    "FileError",
     "NullValuesError",
     "OutOfMemoryError",
     "SchemaMismatchError",
@@ -58,3 +69,31 @@ __all__ = [
     "TableNotFoundError",
     "__version__",
 ]
+
+# Loaders pull in pyarrow (and KvikIO/CuPy when used); they are imported on first use.
+_LAZY = {
+    "concat": "._concat",
+    "read_arrow": ".io.arrow",
+    "scan_arrow": ".io.arrow",
+    "write_arrow": ".io.arrow",
+    "ArrowScan": ".io.arrow",
+    "ScanStats": ".io.arrow",
+    "Store": ".ipc.client",
+    "ipc_import": ".ipc.export",
+    "serve": ".ipc.server",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pystrom' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

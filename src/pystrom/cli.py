@@ -120,6 +120,16 @@ def _info(args: argparse.Namespace) -> int:
     else:
         print(f"  GPU            none ({no_gpu_reason()})")
     print(f"  default device {resolve_device(None).device}")
+    if count and any(version(d) != "not installed" for d in ("kvikio-cu13", "kvikio-cu12")):
+        from .io._readers import _configure_kvikio, kvikio_settings
+
+        try:
+            _configure_kvikio()
+            kv = kvikio_settings()
+            gds = {True: "available", False: "not available", None: "unknown"}[kv.pop("gds_driver")]
+            print(f"  KvikIO         {', '.join(f'{k}={v}' for k, v in kv.items())}; GPUDirect Storage {gds}")
+        except Exception as exc:  # a broken KvikIO install must not break `info`
+            print(f"  KvikIO         unusable: {exc}")
     for name, (value, env, _) in defaults.describe().items():
         print(f"  {name:<14} {value!r} (${env})")
     return 0

@@ -25,6 +25,9 @@ __all__ = [
     "StorePermissionError",
     "TableNotFoundError",
     "TableExistsError",
+    "FileFormatError",
+    "PerformanceWarning",
+    "FileError",
 ]
 
 
@@ -108,3 +111,15 @@ class TableNotFoundError(StoreError, KeyError):
 
 class TableExistsError(StoreError, ValueError):
     """A table of that name is already in the store (pass ``replace=True`` to replace it)."""
+
+
+class FileFormatError(Error, ValueError):
+    """A file that is not what it should be: not Arrow IPC, truncated, or with inconsistent metadata."""
+
+
+class PerformanceWarning(UserWarning):
+    """The call works, but on a slower path than usual (the message says why and what to change)."""
+
+
+class FileError(Error, OSError):
+    """A file that cannot be created, written, read or renamed; the message names the path."""
