@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -106,7 +107,8 @@ def _label(nbytes: int) -> str:
 
 
 def _daemon_round_trips(device: str, sizes: list[int], repeat: int, memory: str) -> list[Result]:
-    sock = os.path.join(tempfile.mkdtemp(prefix="pystrom-bench-"), "s.sock")
+    folder = tempfile.mkdtemp(prefix="pystrom-bench-")
+    sock = os.path.join(folder, "s.sock")
     argv = [sys.executable, "-m", "pystrom", "serve", "--device", device, "--socket", sock, "--memory", memory]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = []
@@ -142,6 +144,7 @@ def _daemon_round_trips(device: str, sizes: list[int], repeat: int, memory: str)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
     return results
 
 
