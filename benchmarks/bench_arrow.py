@@ -115,8 +115,15 @@ def run(device: str, quick: bool) -> list[Result]:
             return {n: a[mask] for n, a in cols.items()}
 
         scan = pystrom.scan_arrow(path, where="f5 < 0.1", device=device)
-        results.append(Result("scan_arrow where f5 < 0.1 (10%), warm", "read + asarray + boolean mask",
-                              measure(scan.collect, sync, repeat), measure(baseline_filter, sync, repeat), size))
+        results.append(
+            Result(
+                "scan_arrow where f5 < 0.1 (10%), warm",
+                "read + asarray + boolean mask",
+                measure(scan.collect, sync, repeat),
+                measure(baseline_filter, sync, repeat),
+                size,
+            )
+        )
         narrow = pystrom.scan_arrow(path, where=f"ts between {rows // 2} and {rows // 2 + rows // 100}", device=device)
         results.append(Result("scan_arrow ts range (1%, stats skip)", "read + asarray + boolean mask",
                               measure(narrow.collect, sync, repeat),

@@ -10,7 +10,7 @@ re-aligned across chunks, string offsets rebased) are prepared on the host first
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,15 +139,23 @@ def _fill_device(block: Block, plan: ColumnPlan, col: DeviceColumn) -> None:
 
 
 def build_table(
-    backend: Backend, columns: Sequence[HostColumn | DeviceColumn], metadata: Any = None, num_rows: int | None = None
+    backend: Backend,
+    columns: Sequence[HostColumn | DeviceColumn],
+    metadata: Any = None,
+    num_rows: int | None = None,
+    allocate: Callable[[int], Block] | None = None,
 ) -> Table:
-    """Allocate one block for ``columns`` on ``backend``, fill it and wrap it as a Table."""
+    """Allocate one block for ``columns`` on ``backend``, fill it and wrap it as a Table.
+
+    ``allocate(nbytes)`` replaces ``backend.allocate``: the store uses it to build a table straight
+    into daemon-owned memory (``Store.put_arrow``; loaders can pass it the same way).
+    """
     import pyarrow as pa
 
     from ..table import Table
 
     plan = plan_table([c.spec() for c in columns])
-    block = backend.allocate(plan.nbytes)
+    block = (allocate or backend.allocate)(plan.nbytes)
     writer = _Writer(block)
     for col_plan, col in zip(plan.columns, columns):
         if isinstance(col, HostColumn):
