@@ -17,6 +17,7 @@ __all__ = [
     "DeviceError",
     "ClosedError",
     "OutOfMemoryError",
+    "ExpressionError",
 ]
 
 
@@ -60,3 +61,18 @@ class ClosedError(Error, ValueError):
 
 class OutOfMemoryError(Error, MemoryError):
     """The device (or host) could not provide an allocation."""
+
+
+class ExpressionError(Error, ValueError):
+    """A ``where`` expression that does not parse or does not type-check against the schema.
+
+    The message names the bad token or column and its position (``position`` holds the 0-based
+    character offset into the expression text, or None when the problem is not at one place).
+    """
+
+    def __init__(self, message: str, position: int | None = None):
+        super().__init__(message, position)
+        self.position = position
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
