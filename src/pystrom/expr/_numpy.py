@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ir import ANY, LIT, ONE, Expr
+from ._ir import ANY, ONE, Expr
 
 __all__ = ["evaluate", "like_to_arrow"]
 
