@@ -259,30 +259,37 @@ class CudaProgram:
             ]
         )
 
+    def arguments(self, table: Any, out: Any) -> tuple:
+        """The kernel's arguments for ``table`` (arrays of its device) writing the mask into ``out``.
+
+        A column without a validity bitmap gets a null pointer (0) for it: the kernel reads that as
+        "no NULLs".
+        """
+        args: list[Any] = [np.int64(table.num_rows)]
+        for name in self.columns:
+            col = table.column(name)
+            if self.kinds[name][0] == "str":
+                args += [col.offsets, col.data]
+            else:
+                args.append(col.values)
+            validity = col.validity
+            if validity is None:
+                args += [np.uint64(0), np.int64(0)]
+            else:
+                args += [validity, np.int64(col.validity_offset)]
+        args.append(out)
+        return tuple(args)
+
     def run(self, table: Any) -> Any:
         """The bool mask (CuPy, on the table's GPU) of rows where the predicate is TRUE."""
         from .. import kernels
 
         backend = table._backend
-        xp = backend.xp
         n = table.num_rows
         with backend.activate():
-            out = xp.empty(n, dtype=bool)
+            out = backend.xp.empty(n, dtype=bool)
             if n == 0:
                 return out
-            args: list[Any] = [np.int64(n)]
-            for name in self.columns:
-                col = table.column(name)
-                if self.kinds[name][0] == "str":
-                    args += [col.offsets, col.data]
-                else:
-                    args.append(col.values)
-                validity = col.validity
-                if validity is None:
-                    args += [np.uint64(0), np.int64(0)]
-                else:
-                    args += [validity, np.int64(col.validity_offset)]
-            args.append(out)
             fn = kernels.generated(self.source, FUNCTION, backend.ordinal, ("where",))
-            kernels.launch_function(fn, backend.ordinal, n, tuple(args))
+            kernels.launch_function(fn, backend.ordinal, n, self.arguments(table, out))
         return out

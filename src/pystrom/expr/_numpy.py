@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ._ir import ANY, ONE, Expr
+from ._ir import ANY, LIT, ONE, Expr
 
-__all__ = ["evaluate", "like_to_arrow"]
+__all__ = ["evaluate", "like_arrow"]
 
 _DT = {"int": np.int64, "uint": np.uint64, "float": np.float64, "bool": np.bool_}
 _CMP = {
@@ -30,24 +30,32 @@ _UNARY = {"neg": np.negative, "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
           "log": np.log}  # fmt: skip
 
 
-def like_to_arrow(pieces: tuple[tuple[int, bytes], ...], icase: bool) -> str:
-    """The compiled pattern as a pyarrow ``match_like`` pattern (backslash escapes)."""
-    out = []
-    for kind, lit in pieces:
-        if kind == ANY:
-            out.append("%")
-        elif kind == ONE:
-            out.append("_")
-        else:
-            text = lit.decode("utf-8")
-            if icase:
-                text = _ascii_lower(text)
-            out.append("".join("\\" + c if c in "%_\\" else c for c in text))
-    return "".join(out)
+def _regex_literal(text: str) -> str:
+    # RE2 reads \x{HH} as that character: safe for every ASCII punctuation and control character
+    return "".join(c if c.isalnum() or ord(c) > 127 else f"\\x{{{ord(c):02x}}}" for c in text)
 
 
-def _ascii_lower(text: str) -> str:
-    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
+def like_arrow(arr: Any, pieces: tuple[tuple[int, bytes], ...]) -> Any:
+    """pyarrow BooleanArray: ``arr`` LIKE the compiled pattern (case-sensitive; the caller folds for ILIKE).
+
+    The common shapes go to pyarrow's substring kernels, the rest to an RE2 regex that this module
+    writes itself: pyarrow's own LIKE translation mishandles a pattern ending in an escaped
+    backslash (``'%\\\\'`` matches nothing in pyarrow 26), and the GPU matcher follows SQL.
+    """
+    import pyarrow.compute as pc
+
+    shape = tuple(k for k, _ in pieces)
+    lits = [b.decode("utf-8") for k, b in pieces if k == LIT]
+    if shape == (ANY, LIT, ANY):
+        return pc.match_substring(arr, lits[0])
+    if shape == (LIT, ANY):
+        return pc.starts_with(arr, lits[0])
+    if shape == (ANY, LIT):
+        return pc.ends_with(arr, lits[0])
+    parts = []
+    for kind, data in pieces:
+        parts.append(".*" if kind == ANY else "." if kind == ONE else _regex_literal(data.decode("utf-8")))
+    return pc.match_substring_regex(arr, "(?s)^" + "".join(parts) + "$")
 
 
 def _and_valid(*valids: Any) -> Any:
@@ -187,8 +195,10 @@ class _Evaluator:
             upper = (data >= 65) & (data <= 90)
             data[upper] += 32
             arr = pa.StringArray.from_buffers(self.n, pa.py_buffer(offsets), pa.py_buffer(data))
-        pattern = like_to_arrow(e.value, e.icase)  # type: ignore[arg-type]
-        res = pc.match_like(arr, pattern).fill_null(False).to_numpy(zero_copy_only=False)
+        pieces = e.value
+        if e.icase:
+            pieces = tuple((k, bytes(c + 32 if 65 <= c <= 90 else c for c in b)) for k, b in pieces)  # type: ignore[union-attr]
+        res = like_arrow(arr, pieces).fill_null(False).to_numpy(zero_copy_only=False)  # type: ignore[arg-type]
         return (res, ok)
 
 
