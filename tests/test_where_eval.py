@@ -10,12 +10,12 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from where_gen import data, expected_mask, predicates
 
 import pystrom
 from pystrom.errors import ColumnNotFoundError, SchemaMismatchError, UnsupportedTypeError
 from pystrom.expr import compile_where
 from pystrom.testing import to_host
-from where_gen import SCHEMA, data, expected_mask, predicates
 
 
 def mask_of(text: str, arrow: pa.Table, device: str, offset: int = 0) -> np.ndarray:

@@ -21,11 +21,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from where_gen import data, expected_mask, predicates
 
 import pystrom
 from pystrom.expr import compile_where
 from pystrom.expr._cuda import FUNCTION
-from where_gen import data, expected_mask, predicates
 
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the kernel source for the host")

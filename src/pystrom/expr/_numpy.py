@@ -186,7 +186,6 @@ class _Evaluator:
 
     def like(self, e: Expr) -> tuple[Any, Any]:
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         arr, ok = self.run(e.args[0])
         if e.icase:  # ASCII case fold of the data, the same as the GPU's (pyarrow's would fold Unicode)
