@@ -43,13 +43,12 @@ class _Pruner:
         op = e.op
         if op == "col":
             got = self.stats.get(str(e.value))
-            if got is None:
-                return None
-            lo, hi = got
+            lo, hi = got if got is not None else (None, None)
             if lo is None or hi is None:
-                return None
+                # a float column with no statistics is still a float: x*x >= 0, sqrt(x) >= 0, ...
+                return (-math.inf, math.inf) if e.kind == "float" else None
             if isinstance(lo, float) and math.isnan(lo) or isinstance(hi, float) and math.isnan(hi):
-                return None
+                return (-math.inf, math.inf) if e.kind == "float" else None
             if e.kind == "bool":
                 return (bool(lo), bool(hi))
             return (lo, hi)
@@ -83,12 +82,16 @@ class _Pruner:
         if op in ("floor", "ceil"):
             f = math.floor if op == "floor" else math.ceil
             return (float(f(lo)), float(f(hi)))
+        # Rows where sqrt/log give NaN never make a comparison true (and `compare` treats
+        # float != and NOT conservatively), so their bounds need only cover the non-NaN results.
         if op == "sqrt":
-            return None if lo < 0 else (math.sqrt(lo), math.sqrt(hi))
+            return None if hi < 0 else (math.sqrt(max(lo, 0.0)), math.sqrt(hi))
         if op == "exp":
             return _widen((_exp(lo), _exp(hi)))
         if op == "log":
-            return None if lo <= 0 else _widen((math.log(lo), math.log(hi)))
+            if hi <= 0:
+                return None
+            return _widen((math.log(lo) if lo > 0 else -math.inf, math.log(hi)))
         if op == "square":
             if lo >= 0:
                 return (lo * lo, hi * hi)
