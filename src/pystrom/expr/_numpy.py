@@ -25,6 +25,7 @@ _CMP = {
     "gt": np.greater,
     "ge": np.greater_equal,
 }
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "pow": np.power}
 _FLIP = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 _UNARY = {"neg": np.negative, "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "sqrt": np.sqrt, "exp": np.exp,
           "log": np.log}  # fmt: skip
@@ -72,6 +73,22 @@ class _Evaluator:
         self.table = table
         self.n = table.num_rows
         self.cache: dict[str, tuple[Any, Any]] = {}
+        # Arrays this evaluator made and nothing else holds: each node's value feeds exactly one
+        # parent, so the parent may write its result over it (saves an allocation per operator).
+        # Held by reference, not only by id, so that no other array can reuse a freed one's id.
+        self.temps: dict[int, np.ndarray] = {}
+
+    def out(self, *arrays: Any) -> Any:
+        for a in arrays:
+            if isinstance(a, np.ndarray) and self.temps.get(id(a)) is a and a.shape == (self.n,):
+                del self.temps[id(a)]
+                return a
+        return None
+
+    def temp(self, a: Any) -> Any:
+        if isinstance(a, np.ndarray):
+            self.temps[id(a)] = a
+        return a
 
     def column(self, e: Expr) -> tuple[Any, Any]:
         name = str(e.value)
@@ -119,20 +136,16 @@ class _Evaluator:
             return (np.asarray(v).astype(np.float64 if op == "tofloat" else np.int64), ok)
         if op in _UNARY:
             v, ok = self.run(e.args[0])
-            return (_UNARY[op](v), ok)
+            return (self.temp(_UNARY[op](v, out=self.out(v))), ok)
         if op == "square":
             v, ok = self.run(e.args[0])
-            return (v * v, ok)
+            return (self.temp(np.multiply(v, v, out=self.out(v))), ok)
         (a, oka), (b, okb) = self.run(e.args[0]), self.run(e.args[1])
         ok = _and_valid(oka, okb)
-        if op == "add":
-            return (a + b, ok)
-        if op == "sub":
-            return (a - b, ok)
-        if op == "mul":
-            return (a * b, ok)
-        if op == "pow":
-            return (np.power(a, b), ok)
+        if op in _BINARY:
+            if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype != b.dtype:
+                raise AssertionError("the type checker makes both operands one kind")  # pragma: no cover
+            return (self.temp(_BINARY[op](a, b, out=self.out(a, b))), ok)
         if op == "div":
             zero = b == 0
             return (a / np.where(zero, 1, b), _and_valid(ok, ~zero))
@@ -207,4 +220,7 @@ def evaluate(expr: Expr, table: Any) -> np.ndarray:
     with np.errstate(all="ignore"):
         value, valid = ev.run(expr)
         mask = value if valid is None else (value & valid)
-    return np.ascontiguousarray(np.broadcast_to(np.asarray(mask, dtype=bool), (ev.n,)))
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != (ev.n,):  # a predicate on constants only
+        mask = np.full(ev.n, bool(mask))
+    return mask
