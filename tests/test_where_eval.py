@@ -61,6 +61,21 @@ def test_seed_queries_equal_pyarrow(device: str, offset: int) -> None:
     assert 0 < got.sum() < len(got)
 
 
+def test_sphere_boundary_is_bit_identical(device: str) -> None:
+    # points within an ulp or so of the sphere |p - c| = 10: a kernel that fused a*b + c into one FMA
+    # (or any other rounding difference) would disagree with pyarrow/NumPy on some of them
+    rng = np.random.default_rng(11)
+    n = 200_000
+    v = rng.normal(size=(n, 3))
+    v *= (10 * (1 + rng.normal(scale=1e-15, size=n)) / np.linalg.norm(v, axis=1))[:, None]
+    t = pa.table({"x": 200 + v[:, 0], "y": 300 + v[:, 1], "z": 400 + v[:, 2]})
+    got = mask_of("sqrt((x-200)^2 + (y-300)^2 + (z-400)^2) < 10", t, device)
+    d2 = [pc.multiply(pc.subtract(t[c], k), pc.subtract(t[c], k)) for c, k in (("x", 200), ("y", 300), ("z", 400))]
+    want = pc.less(pc.sqrt(pc.add(pc.add(d2[0], d2[1]), d2[2])), 10).to_numpy(zero_copy_only=False)
+    np.testing.assert_array_equal(got, want)
+    assert 0.2 < got.mean() < 0.8  # the test data really sits on the boundary
+
+
 @settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],

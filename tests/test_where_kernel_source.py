@@ -25,7 +25,7 @@ from where_gen import data, expected_mask, predicates
 
 import pystrom
 from pystrom.expr import compile_where
-from pystrom.expr._cuda import FUNCTION
+from pystrom.expr._cuda import FUNCTION, OPTIONS
 
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the kernel source for the host")
@@ -93,6 +93,7 @@ def test_generated_source_shape() -> None:
     assert f'extern "C" __global__ void {FUNCTION}(' in src
     assert "pw_like(" in src and "pw_half(" in src and "i += stride" in src
     assert "pw_like(const" not in src  # the helpers stay in kernels/where.cu
+    assert "--fmad=false" in OPTIONS  # a*b + c rounds twice, as on the CPU
     # built once per predicate: the same object gives the same program
     p = compile_where("x > 1 and s like '%ab_%' or h = 2", schema)
     assert p._cuda() is p._cuda()

@@ -21,6 +21,9 @@ from ._ir import LIT, ONE, Expr
 __all__ = ["CudaProgram", "FUNCTION"]
 
 FUNCTION = "pystrom_where"
+# No fused multiply-add: a*b + c must round the product as NumPy does, or the GPU's answer to
+# "sqrt(dx*dx + dy*dy) < 10" could differ from the CPU's in the last bit, and so at the boundary.
+OPTIONS = ("--std=c++17", "--fmad=false")
 
 _CTYPE = {"int8": "signed char", "int16": "short", "int32": "int", "int64": "long long", "uint8": "unsigned char",
           "uint16": "unsigned short", "uint32": "unsigned int", "uint64": "unsigned long long", "float16":
@@ -290,6 +293,6 @@ class CudaProgram:
             out = backend.xp.empty(n, dtype=bool)
             if n == 0:
                 return out
-            fn = kernels.generated(self.source, FUNCTION, backend.ordinal, ("where",))
+            fn = kernels.generated(self.source, FUNCTION, backend.ordinal, ("where",), OPTIONS)
             kernels.launch_function(fn, backend.ordinal, n, self.arguments(table, out))
         return out

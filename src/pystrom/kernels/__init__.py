@@ -60,15 +60,17 @@ def launch_function(function: Any, ordinal: int, work_items: int, args: tuple) -
 # Generated sources (one per predicate and schema) are many but each is asked for again on every
 # batch of a scan: keep the most recent ones compiled, keyed by the source text itself.
 @functools.lru_cache(maxsize=256)
-def generated(source: str, function: str, ordinal: int, helpers: tuple[str, ...] = ()) -> Any:
+def generated(
+    source: str, function: str, ordinal: int, helpers: tuple[str, ...] = (), options: tuple[str, ...] = ("--std=c++17",)
+) -> Any:
     """Compile generated CUDA ``source`` for GPU ``ordinal``, after the hand-written ``<helpers>.cu`` files.
 
-    Memoised per (source text, function, device, helpers): callers build the source once (per
-    predicate and schema), never in a hot path, and may then ask for the kernel on every call.
+    Memoised per (source text, function, device, helpers, NVRTC options): callers build the source
+    once (per predicate and schema), never in a hot path, and may then ask for the kernel on every call.
     """
     import cupy
 
     parts = [resources.files(__package__).joinpath(f"{name}.cu").read_text(encoding="utf-8") for name in helpers]
     with cupy.cuda.Device(ordinal):
-        module = cupy.RawModule(code="\n".join([*parts, source]), options=("--std=c++17",))
+        module = cupy.RawModule(code="\n".join([*parts, source]), options=options)
         return module.get_function(function)
