@@ -298,6 +298,25 @@ def test_columns_and_tables_checked(device: str) -> None:
     assert to_host(compile_where("1 < 2", schema).evaluate(t)).tolist() == [True, True]
 
 
+def test_kernel_built_once_per_predicate(device: str) -> None:
+    from pystrom import kernels
+
+    arrow = pa.table({"k": pa.array(np.arange(1000) % 17, pa.int32())})
+    table = pystrom.Table.from_arrow(arrow, device=device)
+    p = compile_where("k % 5 = 2 and k > 3", arrow.schema)
+    first = to_host(p.evaluate(table))
+    if device == "cpu":
+        assert p._program is None  # the CPU never generates CUDA source
+    else:
+        program = p._program
+        before = kernels.generated.cache_info()
+        again = to_host(p.evaluate(table.slice(10)))
+        after = kernels.generated.cache_info()
+        assert p._program is program and after.misses == before.misses and after.hits == before.hits + 1
+        np.testing.assert_array_equal(again, first[10:])
+    np.testing.assert_array_equal(first, (np.arange(1000) % 17 % 5 == 2) & (np.arange(1000) % 17 > 3))
+
+
 def test_cpu_and_gpu_agree_on_larger_data(device: str) -> None:
     rng = np.random.default_rng(7)
     n = 50_000

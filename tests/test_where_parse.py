@@ -244,6 +244,12 @@ def test_type_errors(text: str, message: str) -> None:
     assert message in str(err(text))
 
 
+def test_time_zones_of_columns() -> None:
+    odd = pa.schema({"a": pa.timestamp("s", tz="Mars/Olympus_Mons"), "b": pa.timestamp("s", tz="+05:30")})
+    assert "time zone 'Mars/Olympus_Mons' is not known" in str(err("a > '2024-01-01'", odd))
+    assert compile_where("a > '2024-01-01Z' and b > '2024-01-01 05:30'", odd).columns == ("a", "b")
+
+
 def test_accepted_types() -> None:
     ok = [
         "big like '%x%' and cat = 'a' and cat in ('b', 'c')",

@@ -148,3 +148,22 @@ def test_pruning_is_exact_on_sorted_batches() -> None:
 @pytest.mark.parametrize("stats", [{"a": (1, 2)}, {}, {"nope": (1, 2)}])
 def test_stats_for_other_columns_are_ignored(stats: dict) -> None:
     assert may("x > 1", **stats)
+
+
+def test_bad_statistics_are_refused_clearly() -> None:
+    from pystrom.errors import UnsupportedTypeError
+
+    p = compile_where("a > 1 and memo = 'x' and ts > '2024-01-01'", SCHEMA)
+    with pytest.raises(UnsupportedTypeError, match="statistics for column 'a' must be a \\(min, max\\) pair, got 5"):
+        p.may_match({"a": 5})
+    with pytest.raises(UnsupportedTypeError, match="statistics for column 'a' \\(int64\\) must be ints, got '1'"):
+        p.may_match({"a": ("1", "2")})
+    with pytest.raises(UnsupportedTypeError, match="column 'memo' \\(string\\) must be str, got 3"):
+        p.may_match({"memo": (3, 4)})
+    with pytest.raises(UnsupportedTypeError, match="column 'ts' \\(timestamp\\[us\\]\\) must be ints \\(us since"):
+        p.may_match({"ts": (dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 2))})
+    with pytest.raises(UnsupportedTypeError, match="needs a mapping"):
+        p.may_match([("a", (1, 2))])  # type: ignore[arg-type]
+    # NumPy scalars are fine, so are None bounds and statistics of columns the predicate does not read
+    assert not p.may_match({"a": (np.int64(-5), np.int64(1)), "zzz": ("q", 1)})
+    assert p.may_match({"a": (None, None), "memo": None})

@@ -19,6 +19,8 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import ExpressionError, SchemaMismatchError, UnsupportedTypeError
 from ._check import ColumnInfo, check, column_info
 from ._ir import Expr
@@ -100,7 +102,13 @@ class Predicate:
         """
         from ._prune import may_match
 
-        return may_match(self._expr, stats)
+        if not isinstance(stats, Mapping):
+            raise UnsupportedTypeError(f"may_match needs a mapping of column -> (min, max), got {type(stats).__name__}")
+        clean = {}
+        for name in self.columns:
+            if name in stats and stats[name] is not None:
+                clean[name] = _stat_pair(name, self._infos[name], stats[name])
+        return may_match(self._expr, clean)
 
     def _check_table(self, table: Table) -> None:
         for name in self.columns:
@@ -131,6 +139,37 @@ class Predicate:
 
     def __repr__(self) -> str:
         return f"<pystrom.expr.Predicate {self.text!r} on {list(self.columns)}>"
+
+
+def _stat_pair(name: str, info: ColumnInfo, pair: Any) -> tuple[Any, Any]:
+    """(min, max) as Python values of the column's storage form; a clear error for anything else."""
+    import numbers
+
+    try:
+        lo, hi = pair
+    except (TypeError, ValueError):
+        raise UnsupportedTypeError(f"statistics for column {name!r} must be a (min, max) pair, got {pair!r}") from None
+
+    def one(v: Any) -> Any:
+        if v is None:
+            return None
+        if info.kind == "bool" and isinstance(v, (bool, np.bool_)):
+            return bool(v)
+        if info.kind in ("int", "uint") and isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+            return int(v)
+        if info.kind == "float" and isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
+            return float(v)
+        if info.kind == "str" and isinstance(v, (str, bytes)):
+            return v
+        unit = f" ({info.unit} since the epoch)" if info.temporal in ("date", "timestamp") else ""
+        raise UnsupportedTypeError(
+            f"statistics for column {name!r} ({info.arrow}) must be {_STAT_FORM[info.kind]}{unit}, got {v!r}"
+        )
+
+    return (one(lo), one(hi))
+
+
+_STAT_FORM = {"bool": "bools", "int": "ints", "uint": "ints", "float": "floats", "str": "str"}
 
 
 def compile_where(text: str, schema: pa.Schema) -> Predicate:

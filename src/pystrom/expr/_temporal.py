@@ -48,7 +48,11 @@ def _zone_offset_seconds(tz: str, naive: _dt.datetime) -> int:
         return _offset_seconds(tz)
     import zoneinfo
 
-    offset = naive.replace(tzinfo=zoneinfo.ZoneInfo(tz)).utcoffset()
+    try:
+        zone = zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"the column's time zone {tz!r} is not known to this Python (zoneinfo)") from None
+    offset = naive.replace(tzinfo=zone).utcoffset()
     return int(offset.total_seconds()) if offset is not None else 0
 
 
