@@ -164,3 +164,26 @@ def test_random_predicates_host(tmp: Path, table: pa.Table, pred, offset: int) -
     offset = min(offset, table.num_rows)
     got = host_mask(text, table, tmp, offset)
     np.testing.assert_array_equal(got, expected_mask(ref, table.slice(offset)), err_msg=text)
+
+
+def test_deepest_accepted_expressions_run_everywhere(tmp: Path) -> None:
+    # the parser's depth limit leaves room for every later pass (checker, NumPy, code generation,
+    # pruning) under Python's default recursion limit
+    schema = pa.schema({"i": pa.int32(), "f": pa.bool_()})
+    t = pa.table({"i": pa.array([1, None, -2, 3], pa.int32()), "f": [True, False, None, True]})
+    num = "i"
+    for k in range(45):
+        num = f"({num} + i) * 1.5" if k % 2 else f"-({num})"
+    cond = "f"
+    for k in range(60):
+        cond = f"not ({cond})" if k % 2 else f"({cond} and i between -5 and 5)"
+    for text in (num + " > 0", cond):
+        p = compile_where(text, schema)
+        cpu = p.evaluate(pystrom.Table.from_arrow(t, device="cpu"))
+        np.testing.assert_array_equal(host_mask(text, t, tmp), cpu)
+        assert p.may_match({"i": (-5, 5)}) in (True, False)
+    # the numeric one by hand: x -> -x and x -> (x + i) * 1.5 alternately, from x = i
+    x = 1.0
+    for k in range(45):
+        x = (x + 1) * 1.5 if k % 2 else -x
+    assert bool(compile_where(num + " > 0", schema).evaluate(pystrom.Table.from_arrow(t, device="cpu"))[0]) == (x > 0)
