@@ -78,7 +78,9 @@ def _num_leaf() -> st.SearchStrategy[tuple[str, Ref, str]]:
 def _num_node(children: st.SearchStrategy) -> st.SearchStrategy[tuple[str, Ref, str]]:
     @st.composite
     def build(draw: st.DrawFn) -> tuple[str, Ref, str]:
-        choice = draw(st.sampled_from(["+", "-", "*", "/", "^", "neg", "sqrt", "abs", "floor", "ceil", "exp", "log"]))
+        choice = draw(
+            st.sampled_from(["+", "-", "*", "/", "%", "^", "neg", "sqrt", "abs", "floor", "ceil", "exp", "log"])
+        )
         ta, ra, ka = draw(children)
         if choice == "neg":
             return (f"-({ta})", lambda t: pc.negate(_i(ra(t)) if ka == "int" else ra(t)), ka)
@@ -92,6 +94,9 @@ def _num_node(children: st.SearchStrategy) -> st.SearchStrategy[tuple[str, Ref, 
             return (f"{choice}({ta})", (lambda t: ra(t)) if ka == "int" else (lambda t: fn(ra(t))), ka)
         tb, rb, kb = draw(children)
         text = f"({ta}) {choice} ({tb})"
+        if choice == "%":  # pyarrow has no remainder: C's fmod, NULL for a zero divisor, x % -1 = 0
+            kind = "int" if ka == kb == "int" else "float"
+            return (text, lambda t: _mod(ra(t), rb(t), kind), kind)
         if choice in ("/", "^"):
             if choice == "/":
 
@@ -107,6 +112,20 @@ def _num_node(children: st.SearchStrategy) -> st.SearchStrategy[tuple[str, Ref, 
         return (text, lambda t: fn(_f(ra(t)), _f(rb(t))), "float")
 
     return build()
+
+
+def _mod(a: pa.Array, b: pa.Array, kind: str) -> pa.Array:
+    cast = _i if kind == "int" else _f
+    a, b = cast(a), cast(b)
+    av = pc.fill_null(a, 0).to_numpy(zero_copy_only=False)
+    bv = pc.fill_null(b, 1).to_numpy(zero_copy_only=False)
+    valid = (pc.is_valid(a).to_numpy(zero_copy_only=False) & pc.is_valid(b).to_numpy(zero_copy_only=False)) & (bv != 0)
+    with np.errstate(all="ignore"):
+        safe = np.where((bv == 0) | (bv == -1), 1, bv) if kind == "int" else np.where(bv == 0, 1, bv)
+        out = np.fmod(av, safe)
+        if kind == "int":
+            out = np.where(bv == -1, 0, out)
+    return pa.array(out, mask=~valid)
 
 
 numbers = st.recursive(_num_leaf(), _num_node, max_leaves=6)
