@@ -359,7 +359,10 @@ def test_a_table_inside_a_pool_chunk_exports_its_base_allocation_and_offset():
     """CuPy's pool hands out pieces of larger cudaMalloc blocks; CUDA IPC maps whole blocks."""
     import cupy
 
-    with cupy.cuda.Device(0):
+    # A fresh pool: the default one holds free chunks of every size from earlier tests, and its
+    # best-fit search may hand the table a chunk of its own.
+    pool = cupy.cuda.MemoryPool()
+    with cupy.cuda.Device(0), cupy.cuda.using_allocator(pool.malloc):
         chunk = cupy.empty(64 << 20, dtype=cupy.uint8)
         del chunk  # back in the pool: the next allocations are carved out of it
         first = cupy.zeros(1 << 20, dtype=cupy.uint8)

@@ -167,7 +167,8 @@ def _resident(fn_ptr: int, fallback: int) -> int:
 def _resident_blocks(fn: Any, k: int) -> int:
     """Blocks of the pass kernel that fit on one SM at once: the grid is one full wave (each block
     loops over rows), so no block waits for another to finish."""
-    return _resident(int(fn.ptr), 4 if k <= 4 else 3 if k <= 6 else 2)
+    ptr = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr  # CuPy's RawKernel wraps a Function
+    return _resident(int(ptr), 4 if k <= 4 else 3 if k <= 6 else 2)
 
 
 def batch_pass(backend: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray) -> Any:
