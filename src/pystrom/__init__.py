@@ -14,11 +14,14 @@ from .errors import (
     ColumnNotFoundError,
     DeviceError,
     Error,
+    InvalidArgumentError,
     NullValuesError,
     OutOfMemoryError,
+    PostgresError,
     SchemaMismatchError,
     UnsupportedTypeError,
 )
+from .io.postgres import read_postgres
 from .table import Table
 
 __version__ = "0.1.0"
@@ -26,14 +29,17 @@ __version__ = "0.1.0"
 __all__ = [
     "Table",
     "Column",
+    "read_postgres",
     "defaults",
     "Error",
     "CapacityError",
     "ClosedError",
     "ColumnNotFoundError",
     "DeviceError",
+    "InvalidArgumentError",
     "NullValuesError",
     "OutOfMemoryError",
+    "PostgresError",
     "SchemaMismatchError",
     "UnsupportedTypeError",
     "__version__",

@@ -10,7 +10,7 @@ re-aligned across chunks, string offsets rebased) are prepared on the host first
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _core
 from .._backend import Backend, Block
-from .._layout import ColumnPlan, ColumnSpec, plan_table
+from .._layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 from .._types import ColumnType, Layout
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ..table import Table
 
-__all__ = ["HostColumn", "DeviceColumn", "build_table"]
+__all__ = ["HostColumn", "DeviceColumn", "build_table", "build_table_in_place"]
 
 
 @dataclass
@@ -142,10 +142,6 @@ def build_table(
     backend: Backend, columns: Sequence[HostColumn | DeviceColumn], metadata: Any = None, num_rows: int | None = None
 ) -> Table:
     """Allocate one block for ``columns`` on ``backend``, fill it and wrap it as a Table."""
-    import pyarrow as pa
-
-    from ..table import Table
-
     plan = plan_table([c.spec() for c in columns])
     block = backend.allocate(plan.nbytes)
     writer = _Writer(block)
@@ -155,7 +151,33 @@ def build_table(
         else:
             _fill_device(block, col_plan, col)
     writer.flush()
-    schema = pa.schema([c.field for c in columns], metadata=metadata)
     if num_rows is None:  # a table without columns still has a row count when it comes from Arrow
         num_rows = plan.columns[0].length if plan.columns else 0
-    return Table._wrap(block, plan, schema, num_rows)
+    return _wrap(block, plan, [c.field for c in columns], metadata, num_rows)
+
+
+def build_table_in_place(
+    backend: Backend,
+    fields: Sequence[pa.Field],
+    specs: Sequence[ColumnSpec],
+    fill: Callable[[Block, TablePlan], None],
+    num_rows: int,
+    metadata: Any = None,
+) -> Table:
+    """Allocate one block for columns known only by their specs, let ``fill(block, plan)`` write every
+    buffer (producers that decode straight into place, like the PostgreSQL loader), wrap it.
+
+    If ``fill`` raises, the block is dropped with it: nothing stays allocated.
+    """
+    plan = plan_table(specs)
+    block = backend.allocate(plan.nbytes)
+    fill(block, plan)
+    return _wrap(block, plan, fields, metadata, num_rows)
+
+
+def _wrap(block: Block, plan: TablePlan, fields: Sequence[pa.Field], metadata: Any, num_rows: int) -> Table:
+    import pyarrow as pa
+
+    from ..table import Table
+
+    return Table._wrap(block, plan, pa.schema(list(fields), metadata=metadata), num_rows)

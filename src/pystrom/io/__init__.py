@@ -1,0 +1,1 @@
+"""Loaders and writers: PostgreSQL (postgres.py) and Arrow IPC files (arrow.py)."""
