@@ -35,11 +35,13 @@ def _find_bindir() -> Path | None:
     debian = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[-3]), reverse=True)
     if debian:
         return Path(debian[0]).parent
-    try:
-        import pgserver._commands as pgs
-    except Exception:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")  # found, not imported: only its bundled binaries are used
+    if spec is None or spec.origin is None:
         return None
-    return Path(pgs.POSTGRES_BIN_PATH)
+    bindir = Path(spec.origin).parent / "pginstall" / "bin"
+    return bindir if (bindir / "initdb").exists() else None
 
 
 def _free_port() -> int:
@@ -73,14 +75,17 @@ class PgCluster:
         self.port = _free_port()
         self.conninfo = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
         if self.user is not None:
-            os.chmod(self.root, 0o755)
-            self.root.chmod(0o777)
-            if str(bindir).startswith(("/tmp", "/root")):  # pgserver's binaries inside a root-owned tree
-                for parent in [*reversed(bindir.parents), bindir]:
-                    if parent.is_dir():
-                        parent.chmod(parent.stat().st_mode | 0o755)
-                for lib in glob.glob(str(bindir.parent / "lib" / "**"), recursive=True):
-                    os.chmod(lib, os.stat(lib).st_mode | 0o555)
+            self.root.chmod(0o777)  # the server's user writes its socket, log and data here
+            if not str(bindir).startswith("/usr/"):  # e.g. pgserver's tree, unpacked by root: let the user in
+                for parent in bindir.parents:
+                    if parent != Path("/") and parent.is_dir():
+                        parent.chmod(parent.stat().st_mode | 0o055)
+                for dirpath, _, files in os.walk(bindir.parent):
+                    os.chmod(dirpath, os.stat(dirpath).st_mode | 0o055)
+                    for f in files:
+                        path = os.path.join(dirpath, f)
+                        mode = os.stat(path).st_mode
+                        os.chmod(path, mode | 0o044 | (0o011 if mode & 0o100 else 0))
         self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         self.start()
 

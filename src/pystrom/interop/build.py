@@ -10,6 +10,7 @@ re-aligned across chunks, string offsets rebased) are prepared on the host first
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -171,7 +172,14 @@ def build_table_in_place(
     """
     plan = plan_table(specs)
     block = backend.allocate(plan.nbytes)
-    fill(block, plan)
+    try:
+        fill(block, plan)
+    except BaseException as exc:
+        # The traceback's frames hold views of the block (and scratch device arrays): clear their
+        # locals so the memory goes back now, not when the caller drops the exception.
+        traceback.clear_frames(exc.__traceback__)
+        del block
+        raise
     return _wrap(block, plan, fields, metadata, num_rows)
 
 
