@@ -484,3 +484,35 @@ def test_uuid_values_and_progress(pg, device):
     )
     assert seen and seen[-1] == 5
     assert t.to_arrow()["u"].to_pylist() == [uuid.UUID(int=i) for i in range(1, 6)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("conftest").HAVE_GPU, reason="no CUDA GPU with CuPy in this environment")
+def test_gpu_decoder_matches_cpu_twin(pg):
+    # Many small chunks over 4 partitions: chunk boundaries, string scans and bitmaps across chunks.
+    name = pg.name("twin")
+    pg.execute(
+        sql.SQL(
+            "CREATE TABLE {} (i int8, f float4, n numeric, dn numeric(30, 6), d date, ts timestamptz, "
+            "s text, u uuid, b bool)"
+        ).format(_ident(name))
+    )
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT CASE WHEN i % 11 = 0 THEN NULL ELSE i * 7919 END, i / 3.0, "
+            "(random() * 10 ^ (i % 40 - 20))::numeric, round((random() * 1e12)::numeric, 6) * (1 - 2 * (i % 2)), "
+            "'2000-01-01'::date + (i % 100000 - 50000), now() - i * interval '1 second', "
+            "CASE WHEN i % 5 = 0 THEN NULL ELSE repeat(chr(945 + i % 20), i % 17) END, "
+            "CASE WHEN i % 3 = 0 THEN NULL ELSE gen_random_uuid() END, i % 2 = 0 "
+            "FROM generate_series(1, 40000) i"
+        ).format(_ident(name))
+    )
+    with pystrom.defaults.set(pg_staging_chunk=65536):
+        for numeric, columns in [("float64", None), ("decimal", ["i", "dn", "s", "b"])]:
+            kw = {"table": name, "columns": columns, "partitions": 4, "numeric": numeric}
+            cpu = pystrom.read_postgres(pg.conninfo, device="cpu", **kw)
+            gpu = pystrom.read_postgres(pg.conninfo, device="cuda", **kw)
+            assert gpu.device.startswith("cuda")
+            assert gpu.to_arrow().equals(cpu.to_arrow())
+            for column in cpu.column_names:
+                assert gpu.column(column).null_count == cpu.column(column).null_count
