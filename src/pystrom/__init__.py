@@ -12,16 +12,20 @@ from .errors import (
     CapacityError,
     ClosedError,
     ColumnNotFoundError,
+    DataError,
     DeviceError,
     Error,
+    FileError,
+    FileFormatError,
     InvalidArgumentError,
+    NotFittedError,
     NullValuesError,
     OutOfMemoryError,
+    PerformanceWarning,
     PostgresError,
     SchemaMismatchError,
     UnsupportedTypeError,
 )
-from .io.postgres import read_postgres
 from .table import Table
 
 __version__ = "0.1.0"
@@ -30,17 +34,61 @@ __all__ = [
     "Table",
     "Column",
     "read_postgres",
+    "postgres_to_arrow",
     "defaults",
+    "concat",
+    "read_arrow",
+    "scan_arrow",
+    "write_arrow",
+    "ArrowScan",
+    "ScanStats",
     "Error",
     "CapacityError",
     "ClosedError",
     "ColumnNotFoundError",
+    "DataError",
     "DeviceError",
+    "FileFormatError",
+    "PerformanceWarning",
+    "FileError",
     "InvalidArgumentError",
+    "NotFittedError",
     "NullValuesError",
     "OutOfMemoryError",
     "PostgresError",
     "SchemaMismatchError",
     "UnsupportedTypeError",
     "__version__",
+    "ml",
 ]
+
+# Loaders pull in pyarrow (and KvikIO/CuPy when used); they are imported on first use.
+_LAZY = {
+    "concat": "._concat",
+    "read_arrow": ".io.arrow",
+    "scan_arrow": ".io.arrow",
+    "write_arrow": ".io.arrow",
+    "ArrowScan": ".io.arrow",
+    "ScanStats": ".io.arrow",
+    "read_postgres": ".io.postgres",
+    "postgres_to_arrow": ".io.postgres",
+}
+
+
+def __getattr__(name: str):
+    if name == "ml":  # the subpackage pystrom.ml, imported on first use
+        import importlib
+
+        return importlib.import_module(".ml", __name__)
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pystrom' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"ml"})

@@ -69,6 +69,20 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 4096,
         "Largest staging buffer (bytes) the PostgreSQL COPY pump fills before starting the next one.",
     ),
+    "io_threads": _Option(
+        "PYSTROM_IO_THREADS",
+        int,
+        0,
+        lambda v: isinstance(v, int) and v >= 0,
+        "Threads reading files (KvikIO's pool on a GPU unless KVIKIO_NTHREADS is set); 0 picks the CPU count.",
+    ),
+    "io_task_size": _Option(
+        "PYSTROM_IO_TASK_SIZE",
+        int,
+        16 << 20,
+        lambda v: isinstance(v, int) and v >= 4096,
+        "Bytes per file read task (KvikIO's task and bounce buffer size unless KVIKIO_TASK_SIZE is set).",
+    ),
     "repr_rows": _Option(
         "PYSTROM_REPR_ROWS",
         int,

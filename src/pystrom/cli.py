@@ -120,8 +120,42 @@ def _info(args: argparse.Namespace) -> int:
     else:
         print(f"  GPU            none ({no_gpu_reason()})")
     print(f"  default device {resolve_device(None).device}")
+    if count and any(version(d) != "not installed" for d in ("kvikio-cu13", "kvikio-cu12")):
+        from .io._readers import _configure_kvikio, kvikio_settings
+
+        try:
+            _configure_kvikio()
+            kv = kvikio_settings()
+            gds = {True: "available", False: "not available", None: "unknown"}[kv.pop("gds_driver")]
+            print(f"  KvikIO         {', '.join(f'{k}={v}' for k, v in kv.items())}; GPUDirect Storage {gds}")
+        except Exception as exc:  # a broken KvikIO install must not break `info`
+            print(f"  KvikIO         unusable: {exc}")
     for name, (value, env, _) in defaults.describe().items():
         print(f"  {name:<14} {value!r} (${env})")
+    return 0
+
+
+def _pg2arrow(args: argparse.Namespace) -> int:
+    from .io.postgres import postgres_to_arrow
+
+    table = None
+    if args.table is not None:
+        table = (args.schema, args.table) if args.schema else args.table
+    start = time.perf_counter()
+    summary = postgres_to_arrow(
+        args.dsn,
+        args.output,
+        args.query,
+        table=table,
+        batch_rows=args.batch_rows,
+        partitions=args.partitions,
+        numeric=args.numeric,
+        stats=not args.no_stats,
+    )
+    print(
+        f"{summary.path}: {summary.num_rows:,} rows in {summary.num_batches} record batch(es), "
+        f"{summary.bytes_written:,} bytes, {time.perf_counter() - start:.2f} s"
+    )
     return 0
 
 
@@ -134,6 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     info = sub.add_parser("info", help="versions, GPUs and settings")
     info.set_defaults(run=_info)
+    pg2arrow = sub.add_parser("pg2arrow", help="write a PostgreSQL query result or table to an Arrow IPC file")
+    pg2arrow.add_argument("-d", "--dsn", required=True, help="libpq connection string or URI")
+    source = pg2arrow.add_mutually_exclusive_group(required=True)
+    source.add_argument("-c", "--command", dest="query", help="SQL query whose result is written")
+    source.add_argument("-t", "--table", help="table to write (one identifier; schema.name with --schema)")
+    pg2arrow.add_argument("--schema", default=None, help="schema of --table")
+    pg2arrow.add_argument("-o", "--output", required=True, help="Arrow file to write")
+    pg2arrow.add_argument("--batch-rows", type=_positive_int, default=1 << 20, help="rows per record batch")
+    pg2arrow.add_argument("--partitions", type=_positive_int, default=None, help="connections for a --table read")
+    pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
+    pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
+    pg2arrow.set_defaults(run=_pg2arrow)
     return parser
 
 

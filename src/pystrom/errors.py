@@ -19,6 +19,11 @@ __all__ = [
     "OutOfMemoryError",
     "PostgresError",
     "InvalidArgumentError",
+    "FileFormatError",
+    "PerformanceWarning",
+    "FileError",
+    "DataError",
+    "NotFittedError",
 ]
 
 
@@ -74,3 +79,23 @@ class PostgresError(Error, RuntimeError):
 
 class InvalidArgumentError(Error, ValueError):
     """An argument of a public call that makes no sense (wrong type, conflicting options)."""
+
+
+class FileFormatError(Error, ValueError):
+    """A file that is not what it should be: not Arrow IPC, truncated, or with inconsistent metadata."""
+
+
+class PerformanceWarning(UserWarning):
+    """The call works, but on a slower path than usual (the message says why and what to change)."""
+
+
+class FileError(Error, OSError):
+    """A file that cannot be created, written, read or renamed; the message names the path."""
+
+
+class DataError(Error, ValueError):
+    """Values an operation cannot use: an empty input, a target with one class, NaN or Inf in features."""
+
+
+class NotFittedError(Error, ValueError, AttributeError):
+    """A model used before ``fit`` (like scikit-learn's, it is both a ValueError and an AttributeError)."""

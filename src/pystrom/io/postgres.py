@@ -26,7 +26,7 @@ from ..table import Table
 from . import _pg_types
 from ._pq import CopyStream, Staged
 
-__all__ = ["read_postgres"]
+__all__ = ["read_postgres", "postgres_to_arrow"]
 
 _PAGES_PER_PARTITION = 1024  # 8 MiB of heap at least per connection: below that a connection costs more than it saves
 _MAX_AUTO_PARTITIONS = 16
@@ -370,3 +370,60 @@ def _partition_jobs(conninfo: str, main: Any, plan: _Plan, partitions: int | Non
             f.result()
     conns = [main, *extra]
     return [(c, _copy_sql(main, _partition_select(plan, a, b))) for c, (a, b) in zip(conns, _ranges(pages, n))]
+
+
+def postgres_to_arrow(
+    conninfo: Any,
+    path: Any,
+    query: Any = None,
+    *,
+    table: str | Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    where: str | None = None,
+    params: Any = None,
+    batch_rows: int = 1 << 20,
+    partitions: int | None = None,
+    numeric: str = "float64",
+    stats: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Any:
+    """Write a PostgreSQL query result or table to an Arrow IPC file (PG-Strom's ``pg2arrow``).
+
+    The rows are read exactly as :func:`read_postgres` reads them (same types, partitions on one
+    snapshot) into host memory, then written by :func:`pystrom.write_arrow`: record batches of
+    ``batch_rows`` rows, each with min/max statistics in PG-Strom's ``min_max_stats.<column>`` keys,
+    so ``scan_arrow(where=...)`` (and PG-Strom's Arrow_Fdw) can skip batches. The whole result is
+    held in host memory once while it is written.
+
+    Parameters
+    ----------
+    conninfo, query, table, columns, where, params, partitions, numeric, progress
+        As for :func:`read_postgres`.
+    path
+        The file to write; it is replaced only once complete.
+    batch_rows
+        Rows per record batch (the granularity of the statistics).
+    stats
+        Write the per-batch min/max statistics.
+
+    Returns
+    -------
+    WriteSummary
+        path, num_rows, num_batches, bytes_written.
+    """
+    from .arrow import write_arrow
+
+    result = read_postgres(
+        conninfo,
+        query,
+        table=table,
+        columns=columns,
+        where=where,
+        params=params,
+        partitions=partitions,
+        numeric=numeric,
+        device="cpu",
+        progress=progress,
+    )
+    with result:
+        return write_arrow(result, path, batch_rows=batch_rows, stats=stats)

@@ -11,7 +11,7 @@ import functools
 from importlib import resources
 from typing import Any
 
-__all__ = ["kernel", "launch"]
+__all__ = ["kernel", "launch", "sm_count"]
 
 _THREADS = 256
 
@@ -32,11 +32,15 @@ def kernel(source_name: str, function: str, ordinal: int) -> Any:
 
 
 @functools.cache
-def _max_blocks(ordinal: int) -> int:
+def sm_count(ordinal: int) -> int:
+    """Streaming multiprocessors of GPU ``ordinal`` (sizes grids of kernels that keep per-thread sums)."""
     import cupy
 
-    sms = cupy.cuda.runtime.getDeviceProperties(ordinal)["multiProcessorCount"]
-    return int(sms) * 32
+    return int(cupy.cuda.runtime.getDeviceProperties(ordinal)["multiProcessorCount"])
+
+
+def _max_blocks(ordinal: int) -> int:
+    return sm_count(ordinal) * 32
 
 
 def launch(source_name: str, function: str, ordinal: int, work_items: int, args: tuple) -> None:

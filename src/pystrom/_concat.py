@@ -1,0 +1,113 @@
+"""Concatenate tables of one schema and one device into a new table (one allocation).
+
+Used to collect a filtered scan into one Table. Everything stays on the tables' device: values and
+string bytes are copied device-to-device, string offsets rebased, validity re-packed (pieces rarely
+end on a multiple of 8 rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._layout import ColumnSpec, plan_table
+from ._types import Layout
+from .errors import CapacityError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    from .table import Table
+
+__all__ = ["concat"]
+
+_INT32_MAX = 2**31 - 1
+
+
+def concat(tables: Sequence[Table]) -> Table:
+    """One table holding the rows of ``tables`` in order (same column names, types and device).
+
+    Parameters
+    ----------
+    tables : sequence of Table
+        At least one table; all with the same schema (names and types) on the same device.
+    """
+    from .table import Table
+
+    tables = list(tables)
+    if not tables:
+        raise ValueError("concat needs at least one table")
+    for t in tables:
+        if not isinstance(t, Table):
+            raise TypeError(f"concat takes pystrom Tables; got {type(t).__name__}")
+    first = tables[0]
+    for i, t in enumerate(tables[1:], 1):
+        if t.device != first.device:
+            raise SchemaMismatchError(f"table {i} is on {t.device}, table 0 on {first.device}; move them with .to()")
+        if t.column_names != first.column_names or [f.type for f in t.schema] != [f.type for f in first.schema]:
+            raise SchemaMismatchError(f"table {i} has schema {t.schema}, table 0 has {first.schema}")
+    if len(tables) == 1:
+        return first.select(first.column_names) if first.num_rows else first
+    backend = first._backend
+    xp = backend.xp
+    num_rows = sum(t.num_rows for t in tables)
+    with backend.activate():
+        specs = []
+        edges: dict[str, list[tuple[int, int]]] = {}
+        for name in first.column_names:
+            cols = [t.column(name) for t in tables]
+            ctype = cols[0].column_type
+            data_size = 0
+            if ctype.layout == Layout.VARBINARY:
+                edges[name] = [_edges(backend, c) for c in cols]
+                data_size = sum(b - a for a, b in edges[name])
+                if data_size > _INT32_MAX:
+                    raise CapacityError(f"column {name!r} would hold {data_size:,} bytes; at most 2 GiB fit one column")
+            specs.append(ColumnSpec(name, ctype, num_rows, sum(c.null_count for c in cols), data_size))
+        plan = plan_table(specs)
+        block = backend.allocate(plan.nbytes)
+        for col_plan in plan.columns:
+            cols = [t.column(col_plan.name) for t in tables]
+            layout = col_plan.type.layout
+            pos = 0
+            if layout == Layout.VARBINARY:
+                offsets = block.array(col_plan.values.offset, np.int32, (num_rows + 1,))
+                data = block.array(col_plan.data.offset, np.uint8, (col_plan.data.size,))
+                offsets[0] = 0
+                base = 0
+                for c, (a, b) in zip(cols, edges[col_plan.name]):
+                    n = len(c)
+                    if n:
+                        xp.subtract(c.offsets, np.int32(a - base), out=offsets[pos : pos + n + 1])
+                        data[base : base + b - a] = c.data[a:b]
+                    pos += n
+                    base += b - a
+            else:
+                width = col_plan.type.width
+                values = block.array(col_plan.values.offset, np.uint8, (num_rows * width,))
+                for c in cols:
+                    n = len(c)
+                    if n:
+                        values[pos * width : (pos + n) * width] = _raw(c.values)
+                    pos += n
+            if col_plan.validity is not None:
+                valid = xp.concatenate([c.is_valid().astype(np.uint8) for c in cols])
+                out = block.array(col_plan.validity.offset, np.uint8, (col_plan.validity.size,))
+                from ._bitmap import pack
+
+                out[...] = pack(backend, valid)
+        backend.synchronize()
+    return Table._wrap(block, plan, first.schema, num_rows)
+
+
+def _edges(backend: Any, column: Any) -> tuple[int, int]:
+    n = len(column)
+    if n == 0:
+        return 0, 0
+    offs = column.offsets
+    pair = backend.to_host(offs[backend.from_host(np.array([0, n]))])
+    return int(pair[0]), int(pair[1])
+
+
+def _raw(values: Any) -> Any:
+    return values.reshape(-1).view(np.uint8)

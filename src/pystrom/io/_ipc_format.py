@@ -1,0 +1,238 @@
+"""Arrow IPC metadata as flatbuffers: the Schema, RecordBatch and Footer tables, built by hand.
+
+We write our own IPC file (see ``_ipc_writer``) because pyarrow pads body buffers to 8 bytes only and
+its Python API cannot change that. The tables follow Arrow's ``format/Schema.fbs``,
+``format/Message.fbs`` and ``format/File.fbs``; slot numbers below are the field positions in those
+files (a flatbuffer table's slot i is its i-th declared field, union fields taking two slots: the
+type tag first, then the value).
+
+Only the types pystrom writes are encoded: primitive, temporal, decimal128 and (large) binary/string.
+The caller has already refused every other type, so an unknown type here is a programming error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import flatbuffers
+import pyarrow as pa
+import pyarrow.types as pt
+
+__all__ = ["Block", "encode_schema_message", "encode_batch_message", "encode_footer", "METADATA_V5"]
+
+METADATA_V5 = 4  # MetadataVersion.V5: what every Arrow >= 1.0 writes and reads
+
+# union Type (Schema.fbs): the tag of each type table
+_TYPE_INT, _TYPE_FLOAT, _TYPE_BINARY, _TYPE_UTF8, _TYPE_BOOL, _TYPE_DECIMAL = 2, 3, 4, 5, 6, 7
+_TYPE_DATE, _TYPE_TIME, _TYPE_TIMESTAMP = 8, 9, 10
+_TYPE_FIXED_SIZE_BINARY, _TYPE_DURATION, _TYPE_LARGE_BINARY, _TYPE_LARGE_UTF8 = 15, 18, 19, 20
+# union MessageHeader (Message.fbs)
+_HEADER_SCHEMA, _HEADER_RECORD_BATCH = 1, 3
+
+_TIME_UNITS = {"s": 0, "ms": 1, "us": 2, "ns": 3}
+_FLOAT_PRECISION = {16: 0, 32: 1, 64: 2}  # Precision: HALF, SINGLE, DOUBLE
+
+
+@dataclass(frozen=True)
+class Block:
+    """File.fbs ``struct Block``: where one record batch message sits in the file."""
+
+    offset: int  # file offset of the message (its continuation marker)
+    metadata_length: int  # prefix + flatbuffer + padding; the body starts at offset + metadata_length
+    body_length: int
+
+
+def _builder(size: int = 1024) -> flatbuffers.Builder:
+    b = flatbuffers.Builder(size)
+    # Write every scalar even when it equals the schema default: readers built against older or newer
+    # .fbs files (PG-Strom parses these tables itself) then never depend on which defaults they assume.
+    b.ForceDefaults(True)
+    return b
+
+
+def _key_values(b: flatbuffers.Builder, pairs: Sequence[tuple[str | bytes, str | bytes]]) -> int | None:
+    if not pairs:
+        return None
+    offsets = []
+    for key, value in pairs:
+        k = b.CreateString(key)
+        v = b.CreateString(value)
+        b.StartObject(2)  # table KeyValue { key: string; value: string; }
+        b.PrependUOffsetTRelativeSlot(0, k, 0)
+        b.PrependUOffsetTRelativeSlot(1, v, 0)
+        offsets.append(b.EndObject())
+    return _offset_vector(b, offsets)
+
+
+def _offset_vector(b: flatbuffers.Builder, offsets: Sequence[int]) -> int:
+    b.StartVector(4, len(offsets), 4)
+    for off in reversed(offsets):
+        b.PrependUOffsetTRelative(off)
+    return b.EndVector()
+
+
+def _encode_type(b: flatbuffers.Builder, t: pa.DataType) -> tuple[int, int]:
+    """Write the type table of storage type ``t``; return (union tag, table offset)."""
+    if pt.is_boolean(t):
+        b.StartObject(0)
+        return _TYPE_BOOL, b.EndObject()
+    if pt.is_integer(t):
+        b.StartObject(2)  # table Int { bitWidth: int; is_signed: bool; }
+        b.PrependInt32Slot(0, t.bit_width, 0)
+        b.PrependBoolSlot(1, pt.is_signed_integer(t), False)
+        return _TYPE_INT, b.EndObject()
+    if pt.is_floating(t):
+        b.StartObject(1)  # table FloatingPoint { precision: Precision; }
+        b.PrependInt16Slot(0, _FLOAT_PRECISION[t.bit_width], 0)
+        return _TYPE_FLOAT, b.EndObject()
+    if pt.is_decimal128(t):
+        b.StartObject(3)  # table Decimal { precision: int; scale: int; bitWidth: int = 128; }
+        b.PrependInt32Slot(0, t.precision, 0)
+        b.PrependInt32Slot(1, t.scale, 0)
+        b.PrependInt32Slot(2, 128, 128)
+        return _TYPE_DECIMAL, b.EndObject()
+    if pt.is_date32(t) or pt.is_date64(t):
+        b.StartObject(1)  # table Date { unit: DateUnit = MILLISECOND; }  DAY = 0
+        b.PrependInt16Slot(0, 0 if pt.is_date32(t) else 1, 1)
+        return _TYPE_DATE, b.EndObject()
+    if pt.is_time32(t) or pt.is_time64(t):
+        b.StartObject(2)  # table Time { unit: TimeUnit = MILLISECOND; bitWidth: int = 32; }
+        b.PrependInt16Slot(0, _TIME_UNITS[t.unit], 1)
+        b.PrependInt32Slot(1, t.bit_width, 32)
+        return _TYPE_TIME, b.EndObject()
+    if pt.is_timestamp(t):
+        tz = b.CreateString(t.tz) if t.tz else None
+        b.StartObject(2)  # table Timestamp { unit: TimeUnit; timezone: string; }
+        b.PrependInt16Slot(0, _TIME_UNITS[t.unit], 0)
+        if tz is not None:
+            b.PrependUOffsetTRelativeSlot(1, tz, 0)
+        return _TYPE_TIMESTAMP, b.EndObject()
+    if pt.is_duration(t):
+        b.StartObject(1)  # table Duration { unit: TimeUnit = MILLISECOND; }
+        b.PrependInt16Slot(0, _TIME_UNITS[t.unit], 1)
+        return _TYPE_DURATION, b.EndObject()
+    if pt.is_fixed_size_binary(t):
+        b.StartObject(1)  # table FixedSizeBinary { byteWidth: int; }
+        b.PrependInt32Slot(0, t.byte_width, 0)
+        return _TYPE_FIXED_SIZE_BINARY, b.EndObject()
+    tags = {
+        pa.string(): _TYPE_UTF8,
+        pa.binary(): _TYPE_BINARY,
+        pa.large_string(): _TYPE_LARGE_UTF8,
+        pa.large_binary(): _TYPE_LARGE_BINARY,
+    }
+    if t in tags:
+        b.StartObject(0)
+        return tags[t], b.EndObject()
+    raise AssertionError(f"type {t} reached the IPC encoder; the writer should have refused it")
+
+
+def _encode_schema(
+    b: flatbuffers.Builder,
+    fields: Sequence[tuple[str, pa.DataType, bool, Sequence[tuple[str | bytes, str | bytes]]]],
+    metadata: Sequence[tuple[str | bytes, str | bytes]],
+) -> int:
+    """Schema table; ``fields`` holds (name, storage type, nullable, field metadata) per column."""
+    field_offsets = []
+    for name, storage_type, nullable, field_meta in fields:
+        name_off = b.CreateString(name)
+        type_tag, type_off = _encode_type(b, storage_type)
+        children = _offset_vector(b, [])  # primitive fields: an empty children vector, as the spec says
+        meta_off = _key_values(b, field_meta)
+        b.StartObject(7)  # table Field: name, nullable, type_type, type, dictionary, children, custom_metadata
+        b.PrependUOffsetTRelativeSlot(0, name_off, 0)
+        b.PrependBoolSlot(1, nullable, False)
+        b.PrependUint8Slot(2, type_tag, 0)
+        b.PrependUOffsetTRelativeSlot(3, type_off, 0)
+        b.PrependUOffsetTRelativeSlot(5, children, 0)
+        if meta_off is not None:
+            b.PrependUOffsetTRelativeSlot(6, meta_off, 0)
+        field_offsets.append(b.EndObject())
+    fields_off = _offset_vector(b, field_offsets)
+    meta_off = _key_values(b, metadata)
+    b.StartObject(4)  # table Schema: endianness, fields, custom_metadata, features
+    b.PrependInt16Slot(0, 0, 0)  # Little
+    b.PrependUOffsetTRelativeSlot(1, fields_off, 0)
+    if meta_off is not None:
+        b.PrependUOffsetTRelativeSlot(2, meta_off, 0)
+    return b.EndObject()
+
+
+def _message(b: flatbuffers.Builder, header_tag: int, header: int, body_length: int, meta: int | None) -> bytes:
+    b.StartObject(5)  # table Message: version, header_type, header, bodyLength, custom_metadata
+    b.PrependInt16Slot(0, METADATA_V5, 0)
+    b.PrependUint8Slot(1, header_tag, 0)
+    b.PrependUOffsetTRelativeSlot(2, header, 0)
+    b.PrependInt64Slot(3, body_length, 0)
+    if meta is not None:
+        b.PrependUOffsetTRelativeSlot(4, meta, 0)
+    b.Finish(b.EndObject())
+    return bytes(b.Output())
+
+
+FieldSpec = tuple[str, pa.DataType, bool, Sequence[tuple[str | bytes, str | bytes]]]
+
+
+def encode_schema_message(fields: Sequence[FieldSpec], metadata: Sequence[tuple[str | bytes, str | bytes]]) -> bytes:
+    """The flatbuffer of a Schema message (no body)."""
+    b = _builder()
+    schema = _encode_schema(b, fields, metadata)
+    return _message(b, _HEADER_SCHEMA, schema, 0, None)
+
+
+def encode_batch_message(
+    length: int,
+    nodes: Sequence[tuple[int, int]],
+    buffers: Sequence[tuple[int, int]],
+    body_length: int,
+    custom_metadata: Sequence[tuple[str | bytes, str | bytes]] | Mapping = (),
+) -> bytes:
+    """The flatbuffer of a RecordBatch message: ``nodes`` (length, null_count) per column,
+    ``buffers`` (body offset, length) in pre-order."""
+    b = _builder(256 + 32 * len(buffers) + 64 * len(custom_metadata))
+    pairs = list(custom_metadata.items()) if isinstance(custom_metadata, Mapping) else list(custom_metadata)
+    meta = _key_values(b, pairs)
+    b.StartVector(16, len(buffers), 8)  # struct Buffer { offset: long; length: long; }
+    for offset, length_ in reversed(buffers):
+        b.Prep(8, 16)
+        b.PrependInt64(length_)
+        b.PrependInt64(offset)
+    buffers_off = b.EndVector()
+    b.StartVector(16, len(nodes), 8)  # struct FieldNode { length: long; null_count: long; }
+    for node_length, null_count in reversed(nodes):
+        b.Prep(8, 16)
+        b.PrependInt64(null_count)
+        b.PrependInt64(node_length)
+    nodes_off = b.EndVector()
+    b.StartObject(5)  # table RecordBatch: length, nodes, buffers, compression, variadicBufferCounts
+    b.PrependInt64Slot(0, length, 0)
+    b.PrependUOffsetTRelativeSlot(1, nodes_off, 0)
+    b.PrependUOffsetTRelativeSlot(2, buffers_off, 0)
+    batch = b.EndObject()
+    return _message(b, _HEADER_RECORD_BATCH, batch, body_length, meta)
+
+
+def encode_footer(
+    fields: Sequence[FieldSpec], metadata: Sequence[tuple[str | bytes, str | bytes]], blocks: Sequence[Block]
+) -> bytes:
+    """The Footer flatbuffer (File.fbs): the schema again, no dictionaries, one Block per batch."""
+    b = _builder(1024 + 24 * len(blocks))
+    schema = _encode_schema(b, fields, metadata)
+    b.StartVector(24, 0, 8)
+    dictionaries = b.EndVector()
+    b.StartVector(24, len(blocks), 8)  # struct Block { offset: long; metaDataLength: int; bodyLength: long; }
+    for blk in reversed(blocks):
+        b.Prep(8, 24)
+        b.PrependInt64(blk.body_length)
+        b.Pad(4)  # metaDataLength is 4 bytes; bodyLength is 8-aligned
+        b.PrependInt32(blk.metadata_length)
+        b.PrependInt64(blk.offset)
+    batches = b.EndVector()
+    b.StartObject(5)  # table Footer: version, schema, dictionaries, recordBatches, custom_metadata
+    b.PrependInt16Slot(0, METADATA_V5, 0)
+    b.PrependUOffsetTRelativeSlot(1, schema, 0)
+    b.PrependUOffsetTRelativeSlot(2, dictionaries, 0)
+    b.PrependUOffsetTRelativeSlot(3, batches, 0)
+    b.Finish(b.EndObject())
+    return bytes(b.Output())

@@ -1,0 +1,257 @@
+"""Where the bytes of each column sit in an Arrow IPC file, worked out from its metadata alone.
+
+pyarrow parses the footer and the record batch messages of a memory-mapped file; for an uncompressed
+body, the buffers it hands back are slices of the mapping, so ``buffer.address - base`` is the
+buffer's file offset. Only the metadata pages are touched on the host: the data pages are later read
+by KvikIO (or threaded ``pread`` on the CPU backend) straight to their place in the table.
+
+A compressed body cannot be sliced like that (pyarrow inflates it into fresh memory): such a file is
+marked ``compressed`` and read on the host. IPC stream files (no footer) are walked message by
+message in the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .._types import ColumnType, Layout, column_type
+from ..errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError, UnsupportedTypeError
+
+__all__ = ["Range", "ChunkLayout", "BatchLayout", "ArrowFile", "open_arrow_file"]
+
+_FILE_MAGIC = b"ARROW1"
+_CONTINUATION = b"\xff\xff\xff\xff"
+
+
+@dataclass(frozen=True)
+class Range:
+    """A byte range of the file."""
+
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """One column of one record batch: its buffers' file ranges (IPC arrays start at offset 0)."""
+
+    length: int
+    null_count: int
+    validity: Range | None  # None when the batch stores no bitmap (no NULLs)
+    values: Range  # values; int32 offsets for strings; the bit-packed values for booleans
+    data: Range | None  # string/binary bytes
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.size for r in (self.validity, self.values, self.data) if r is not None)
+
+
+@dataclass
+class BatchLayout:
+    """A record batch: its position, row count, the selected columns' chunks and min/max statistics."""
+
+    index: int
+    num_rows: int
+    chunks: dict[str, ChunkLayout]
+    stats: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks.values())
+
+
+def _direct_type(arrow_type: pa.DataType, name: str) -> ColumnType | None:
+    """The column type when the file's buffers are already in pystrom's layout, else None."""
+    try:
+        ctype = column_type(arrow_type, name)
+    except UnsupportedTypeError:
+        return None  # dictionary, large/view strings...: normalised on the host
+    storage = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type
+    if ctype.layout == Layout.VARBINARY and not (pa.types.is_string(storage) or pa.types.is_binary(storage)):
+        return None
+    return ctype
+
+
+class ArrowFile:
+    """An open Arrow IPC file (or stream): schema, batch metadata, and host access for the slow paths."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._mmap = None
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"{path!r} is a directory, not an Arrow file")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Arrow file {path!r} does not exist")
+        if not os.access(path, os.R_OK):
+            raise PermissionError(f"Arrow file {path!r} cannot be read: permission denied")
+        if os.path.getsize(path) < 8:
+            raise FileFormatError(f"{path!r} is not an Arrow IPC file or stream: it holds fewer than 8 bytes")
+        self._mmap = pa.memory_map(path, "r")
+        self.size = self._mmap.size()
+        self._whole = self._mmap.read_buffer(self.size)
+        self._base = self._whole.address
+        head = self._whole[:8].to_pybytes()
+        self.is_stream = not head.startswith(_FILE_MAGIC)
+        if self.is_stream and not head.startswith(_CONTINUATION):
+            self.close()
+            raise FileFormatError(f"{path!r} is not an Arrow IPC file or stream (it starts with {head!r})")
+        self._file_reader: Any = None
+        self._stream_batches: list[tuple[pa.RecordBatch, Any]] | None = None
+        try:
+            if self.is_stream:
+                reader = ipc.open_stream(self._whole)
+                self.schema = reader.schema
+                self._stream_batches = []
+                while True:
+                    try:
+                        self._stream_batches.append(reader.read_next_batch_with_custom_metadata())
+                    except StopIteration:
+                        break
+                self.num_batches = len(self._stream_batches)
+            else:
+                self._file_reader = ipc.open_file(self._mmap)
+                self.schema = self._file_reader.schema
+                self.num_batches = self._file_reader.num_record_batches
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            self.close()
+            raise FileFormatError(f"{path!r} is not a readable Arrow IPC file: {exc}") from None
+        self.raw_schema = self.schema  # with any footer statistics, for the statistics reader
+        self.schema = _without_footer_stats(self.schema)
+        self.compressed = False
+
+    # -- batches ---------------------------------------------------------------------------------
+
+    def record_batch(self, index: int) -> tuple[pa.RecordBatch, Any]:
+        """Batch ``index`` with its custom metadata (zero-copy over the mapping when uncompressed)."""
+        if self._stream_batches is not None:
+            return self._stream_batches[index]
+        try:
+            return self._file_reader.get_batch_with_custom_metadata(index)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            raise FileFormatError(f"{self.path!r}: record batch {index} cannot be read: {exc}") from None
+
+    def _range(self, buf: pa.Buffer | None, what: str) -> Range | None:
+        if buf is None:
+            return None
+        offset = buf.address - self._base
+        if buf.size == 0:
+            return Range(0, 0)
+        if offset < 0 or offset + buf.size > self.size:
+            # pyarrow inflated the buffer somewhere else: the body is compressed
+            self.compressed = True
+            return None
+        return Range(offset, buf.size)
+
+    def layout(self, index: int, columns: Sequence[str], types: dict[str, ColumnType | None]) -> BatchLayout:
+        """The file ranges of ``columns`` in batch ``index`` (``types``: None where not direct)."""
+        batch, _ = self.record_batch(index)
+        chunks: dict[str, ChunkLayout] = {}
+        for name in columns:
+            ctype = types[name]
+            if ctype is None:
+                continue
+            arr = batch.column(name)
+            if isinstance(arr, pa.ExtensionArray):
+                arr = arr.storage
+            bufs = arr.buffers()
+            n = len(arr)
+            validity = self._range(bufs[0], "validity") if arr.null_count else None
+            values = self._range(bufs[1], "values")
+            data = self._range(bufs[2], "data") if ctype.layout == Layout.VARBINARY else None
+            if self.compressed:
+                continue
+            if values is None:
+                values = Range(0, 0)
+            _check_sizes(self.path, index, name, ctype, n, validity, values, data)
+            chunks[name] = ChunkLayout(n, arr.null_count, validity, values, data)
+        return BatchLayout(index, batch.num_rows, chunks)
+
+    def custom_metadata(self, index: int) -> Any:
+        return self.record_batch(index)[1]
+
+    def host_batch(self, index: int, columns: Sequence[str]) -> pa.RecordBatch:
+        """Batch ``index`` restricted to ``columns``, in host memory (decompressed if need be)."""
+        return self.record_batch(index)[0].select(list(columns))
+
+    def close(self) -> None:
+        self._file_reader = None
+        self._stream_batches = None
+        self._whole = None
+        mm, self._mmap = getattr(self, "_mmap", None), None
+        if mm is not None:
+            mm.close()
+
+    def __enter__(self) -> ArrowFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_sizes(path: str, index: int, name: str, ctype: ColumnType, n: int, validity, values, data) -> None:
+    """Buffers shorter than their row count needs would make the read run past them."""
+    if ctype.layout == Layout.BOOL:
+        need = (n + 7) // 8
+    elif ctype.layout == Layout.VARBINARY:
+        need = (n + 1) * 4 if n else 0
+    else:
+        need = n * ctype.width
+    short = values.size < need or (validity is not None and validity.size < (n + 7) // 8)
+    if ctype.layout == Layout.VARBINARY and n and data is None:
+        short = True
+    if short:
+        raise FileFormatError(
+            f"{path!r}: record batch {index}, column {name!r}: buffers are shorter than its {n} rows need "
+            "(corrupt file)"
+        )
+
+
+def _without_footer_stats(schema: pa.Schema) -> pa.Schema:
+    """The schema without PG-Strom's footer min/max lists (file metadata, not the data's)."""
+    from ._stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY
+
+    stale = {FOOTER_MIN_KEY.encode(), FOOTER_MAX_KEY.encode()}
+    fields = []
+    for f in schema:
+        if f.metadata and stale & set(f.metadata):
+            kept = {k: v for k, v in f.metadata.items() if k not in stale}
+            f = f.with_metadata(kept) if kept else f.remove_metadata()
+        fields.append(f)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def resolve_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) -> list[str]:
+    names = schema.names
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise SchemaMismatchError(f"{path!r}: column name {dup!r} appears more than once; pystrom needs unique names")
+    if columns is None:
+        return list(names)
+    if isinstance(columns, str):
+        raise TypeError(f"columns must be a list of names, not the string {columns!r}")
+    out = []
+    for c in columns:
+        if not isinstance(c, str):
+            raise TypeError(f"column names must be strings; got {c!r}")
+        if c not in names:
+            raise ColumnNotFoundError(f"column {c!r} is not in {path!r}; it has {names}")
+        if c in out:
+            raise SchemaMismatchError(f"column {c!r} is asked for twice")
+        out.append(c)
+    return out
+
+
+def direct_types(schema: pa.Schema, columns: Sequence[str]) -> dict[str, ColumnType | None]:
+    return {name: _direct_type(schema.field(name).type, name) for name in columns}
+
+
+def open_arrow_file(path: Any) -> ArrowFile:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file name; got {type(path).__name__}")
+    return ArrowFile(os.fspath(path))

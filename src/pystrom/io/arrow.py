@@ -1,0 +1,368 @@
+"""Arrow IPC files in and out: ``read_arrow``, ``scan_arrow`` and ``write_arrow``.
+
+The data path: the file's metadata says where every buffer of the requested columns sits
+(:mod:`._ipc_layout`); record batches whose min/max statistics cannot satisfy ``where`` are skipped
+unread; the rest is read by KvikIO straight into one table allocation on the GPU (threaded ``pread``
+on the CPU backend; :mod:`._direct`); ``where`` runs there as one fused kernel. ``scan_arrow`` does this
+a group of record batches at a time, reading group k+1 while the caller works on group k.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import glob as _glob
+import os
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pyarrow as pa
+
+from .._backend import resolve_device
+from ..errors import PerformanceWarning, SchemaMismatchError
+from ._direct import read_batches
+from ._ipc_layout import ArrowFile, BatchLayout, direct_types, open_arrow_file, resolve_columns
+
+__all__ = ["read_arrow", "scan_arrow", "write_arrow", "ArrowScan", "ScanStats"]
+
+_DEFAULT_GROUP_ROWS = 1 << 20
+
+
+@dataclass
+class ScanStats:
+    """What a scan read and what its statistics let it skip (counts over the selected columns)."""
+
+    files: int = 0
+    batches: int = 0
+    batches_skipped: int = 0
+    bytes: int = 0  # bytes of the selected columns in every batch
+    bytes_skipped: int = 0
+    bytes_read: int = 0
+    rows_read: int = 0
+    rows_matched: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __str__(self) -> str:
+        share = self.bytes_skipped / self.bytes if self.bytes else 0.0
+        return (
+            f"{self.files} file(s), {self.batches} record batch(es): {self.batches_skipped} skipped by statistics "
+            f"({self.bytes_skipped:,} of {self.bytes:,} bytes, {share:.1%}); read {self.bytes_read:,} bytes, "
+            f"{self.rows_read:,} rows, {self.rows_matched:,} matched, in {self.seconds:.3f} s"
+        )
+
+
+def _expand_paths(paths: Any) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        text = os.fspath(paths)
+        if _glob.has_magic(text):
+            found = sorted(_glob.glob(text))
+            if not found:
+                raise FileNotFoundError(f"no file matches {text!r}")
+            return found
+        return [text]
+    try:
+        items = list(paths)
+    except TypeError:
+        raise TypeError(
+            f"paths must be a file name, a glob or a list of file names; got {type(paths).__name__}"
+        ) from None
+    if not items:
+        raise ValueError("scan_arrow needs at least one file")
+    out = []
+    for p in items:
+        out.extend(_expand_paths(p))
+    return out
+
+
+class ArrowScan:
+    """A re-iterable scan over Arrow IPC files, yielding pystrom Tables (see :func:`scan_arrow`).
+
+    Each ``iter()`` starts a fresh pass over the files; :attr:`stats` describes the latest pass.
+    """
+
+    def __init__(self, paths: Any, columns=None, where=None, batch_rows=None, device=None):
+        self.paths = _expand_paths(paths)
+        self.backend = resolve_device(device)
+        if batch_rows is not None and (isinstance(batch_rows, bool) or not isinstance(batch_rows, int)
+                                       or batch_rows <= 0):  # fmt: skip
+            raise ValueError(f"batch_rows must be a positive int or None; got {batch_rows!r}")
+        self.batch_rows = batch_rows or _DEFAULT_GROUP_ROWS
+        with open_arrow_file(self.paths[0]) as first:
+            self.file_schema = first.schema
+        self.columns = resolve_columns(self.file_schema, columns, self.paths[0])
+        self.predicate = None
+        needed = list(self.columns)
+        if where is not None:
+            from ..expr import compile_where
+
+            self.predicate = compile_where(where, self.file_schema)
+            needed += [c for c in self.predicate.columns if c not in needed]
+        self._read_columns = [c for c in self.file_schema.names if c in needed]
+        self.stats = ScanStats()
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([self.file_schema.field(c) for c in self.columns], metadata=self.file_schema.metadata)
+
+    def _check_schema(self, file: ArrowFile) -> None:
+        for name in self._read_columns:
+            if name not in file.schema.names:
+                raise SchemaMismatchError(f"{file.path!r} has no column {name!r} (the first file has it)")
+            got, want = file.schema.field(name).type, self.file_schema.field(name).type
+            if got != want:
+                raise SchemaMismatchError(f"{file.path!r}: column {name!r} is {got}, in {self.paths[0]!r} it is {want}")
+
+    def _groups(self, file: ArrowFile, stats: ScanStats) -> Iterator[list[BatchLayout]]:
+        types = direct_types(file.schema, self._read_columns)
+        group: list[BatchLayout] = []
+        rows = 0
+        for index in range(file.num_batches):
+            layout = file.layout(index, self._read_columns, types)
+            nbytes = layout.nbytes
+            stats.batches += 1
+            stats.bytes += nbytes
+            if self.predicate is not None and not self.predicate.may_match(_batch_stats(file, index)):
+                stats.batches_skipped += 1
+                stats.bytes_skipped += nbytes
+                continue
+            group.append(layout)
+            rows += layout.num_rows
+            if rows >= self.batch_rows:
+                yield group
+                group, rows = [], 0
+        if group:
+            yield group
+
+    def _tasks(self, stats: ScanStats) -> Iterator[tuple[ArrowFile, list[BatchLayout]]]:
+        for path in self.paths:
+            with open_arrow_file(path) as file:
+                self._check_schema(file)
+                stats.files += 1
+                _warn_if_slow(file)
+                for group in self._groups(file, stats):
+                    yield file, group
+
+    def _load(self, file: ArrowFile, group: list[BatchLayout]) -> tuple[Any, int]:
+        with self.backend.activate():
+            return read_batches(file, group, self._read_columns, direct_types(file.schema, self._read_columns),
+                                self.backend)  # fmt: skip
+
+    def _finish(self, table: Any, stats: ScanStats) -> Any:
+        stats.rows_read += table.num_rows
+        if self.predicate is not None:
+            with self.backend.activate():
+                table = table.filter(self.predicate.evaluate(table))
+        stats.rows_matched += table.num_rows
+        if table.column_names != self.columns:
+            table = table.select(self.columns)
+        return table
+
+    def __iter__(self) -> Iterator[Any]:
+        stats = self.stats = ScanStats()
+        start = time.perf_counter()
+        tasks = self._tasks(stats)
+        with cf.ThreadPoolExecutor(1, thread_name_prefix="pystrom-scan") as pool:
+            pending = None
+            try:
+                for file, group in tasks:
+                    ahead = pool.submit(self._load, file, group)
+                    if pending is not None:
+                        yield self._collect_one(pending, stats, start)
+                    pending = ahead
+                if pending is not None:
+                    yield self._collect_one(pending, stats, start)
+                    pending = None
+            finally:
+                if pending is not None:
+                    pending.cancel()
+                    try:
+                        pending.result()  # the read must finish before its buffers can go
+                    except Exception:
+                        pass
+                tasks.close()
+                stats.seconds = time.perf_counter() - start
+
+    def _collect_one(self, future: cf.Future, stats: ScanStats, start: float) -> Any:
+        table, nbytes = future.result()
+        stats.bytes_read += nbytes
+        out = self._finish(table, stats)
+        stats.seconds = time.perf_counter() - start
+        return out
+
+    def collect(self) -> Any:
+        """Every matching row of the scan as one Table."""
+        from .._concat import concat
+
+        pieces = list(self)
+        if not pieces:
+            return _empty_table(self.schema, self.backend)
+        return concat(pieces)
+
+    def __repr__(self) -> str:
+        where = f", where={self.predicate.text!r}" if self.predicate is not None else ""
+        files = f"{len(self.paths)} file(s)"
+        return f"<pystrom.ArrowScan {files}, columns={self.columns}{where}, device={self.backend.device}>"
+
+
+def _batch_stats(file: ArrowFile, index: int) -> dict:
+    from ._stats import batch_stats
+
+    return batch_stats(file.raw_schema, index, file.custom_metadata(index), num_batches=file.num_batches)
+
+
+def _warn_if_slow(file: ArrowFile) -> None:
+    if file.num_batches and file.compressed is False:
+        # the first batch tells whether bodies are compressed (pyarrow inflates them elsewhere)
+        file.layout(0, file.schema.names, direct_types(file.schema, file.schema.names))
+    if file.compressed:
+        warnings.warn(
+            f"{file.path!r} has compressed record batches (LZ4/ZSTD): they are inflated on the host by pyarrow and "
+            "then copied, which is much slower than reading straight into GPU memory; write the file uncompressed "
+            "(pystrom.write_arrow does) for the fast path",
+            PerformanceWarning,
+            stacklevel=4,
+        )
+
+
+def _empty_table(schema: pa.Schema, backend: Any) -> Any:
+    from ..table import Table
+
+    return Table.from_arrow(schema.empty_table(), device=backend)
+
+
+def scan_arrow(paths: Any, columns: Sequence[str] | None = None, where: str | None = None,
+               batch_rows: int | None = None, device: Any = None) -> ArrowScan:  # fmt: skip
+    """Scan Arrow IPC files a group of record batches at a time, filtering on the device.
+
+    Parameters
+    ----------
+    paths : str, path, glob pattern or list of them
+        The files, read in order. All must have the same types for the columns used.
+    columns : list of str, optional
+        Columns of the Tables produced (default: all). Columns used only by ``where`` are read for
+        the filter but not returned.
+    where : str, optional
+        A predicate over column names, e.g. ``"sqrt((x-200)^2 + (y-300)^2 + (z-400)^2) < 10"`` or
+        ``"memo like '%abcd%'"`` (the language: docs/where.md). Rows where it is not true (false or
+        NULL) are dropped; record batches whose min/max statistics show that no row can match are
+        not read at all.
+    batch_rows : int, optional
+        Whole record batches are grouped until a group holds at least this many rows (default
+        1,048,576); the memory a step needs is about one group, twice (double buffering).
+    device : str or int, optional
+        Where the Tables live: "cpu", "cuda", "cuda:N" (default: a GPU if one is visible).
+
+    Returns
+    -------
+    ArrowScan
+        Iterable (again and again) of Tables; ``.stats`` reports batches and bytes read and skipped,
+        ``.collect()`` returns all matching rows as one Table.
+    """
+    return ArrowScan(paths, columns, where, batch_rows, device)
+
+
+def read_arrow(path: Any, columns: Sequence[str] | None = None, where: str | None = None, device: Any = None) -> Any:
+    """Read an Arrow IPC file (Feather v2) or stream into one Table, straight into device memory.
+
+    Parameters
+    ----------
+    path : str or path
+        The file. Uncompressed files are read by KvikIO directly into the table (GPUDirect Storage
+        where available); compressed ones are inflated on the host, with a ``PerformanceWarning``.
+    columns : list of str, optional
+        Read only these columns (only their bytes are read from the file).
+    where : str, optional
+        A predicate (see :func:`scan_arrow`); the result holds the rows where it is true.
+    device : str or int, optional
+        "cpu", "cuda", "cuda:N" (default: a GPU if one is visible).
+    """
+    if where is not None:
+        if isinstance(path, (list, tuple)) or (isinstance(path, str) and _glob.has_magic(path)):
+            raise TypeError("read_arrow reads one file; use scan_arrow for several")
+        return ArrowScan(path, columns, where, None, device).collect()
+    backend = resolve_device(device)
+    with open_arrow_file(path) as file:
+        names = resolve_columns(file.schema, columns, file.path)
+        types = direct_types(file.schema, names)
+        layouts = [file.layout(i, names, types) for i in range(file.num_batches)]
+        _warn_if_slow(file)
+        with backend.activate():
+            table, _ = read_batches(file, layouts, names, types, backend)
+        return table
+
+
+def _record_batches(data: Any, batch_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    from ..interop.arrow_import import as_arrow_table
+    from ..table import Table
+
+    if isinstance(data, Table):
+        return data.schema, iter(data.to_arrow().to_batches(max_chunksize=batch_rows))
+    if isinstance(data, ArrowScan):
+        scan = data
+        return scan.schema, (b for t in scan for b in t.to_arrow().to_batches(max_chunksize=batch_rows))
+    if isinstance(data, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)) or hasattr(data, "__arrow_c_stream__"):
+        table = as_arrow_table(data)
+        return table.schema, iter(table.to_batches(max_chunksize=batch_rows))
+    if isinstance(data, Iterable) and not isinstance(data, (str, bytes)):
+        items = iter(data)
+        try:
+            head = next(items)
+        except StopIteration:
+            raise ValueError("write_arrow got an empty iterable: there is no schema to write") from None
+        schema, first = _record_batches(head, batch_rows)
+
+        def rest() -> Iterator[pa.RecordBatch]:
+            yield from first
+            for item in items:
+                s, batches = _record_batches(item, batch_rows)
+                if s != schema:
+                    raise SchemaMismatchError(f"write_arrow: a later item has schema {s}, the first had {schema}")
+                yield from batches
+
+        return schema, rest()
+    raise TypeError(
+        "write_arrow writes a pystrom Table, a pyarrow Table/RecordBatch/reader, a scan, or an iterable of those; "
+        f"got {type(data).__name__}"
+    )
+
+
+def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = True, footer_stats: bool = False) -> Any:
+    """Write an uncompressed Arrow IPC file (Feather v2) that read_arrow/scan_arrow read at full speed.
+
+    Every buffer starts on a 64-byte boundary of the file, and with ``stats=True`` each record batch
+    carries min/max statistics of its columns in the key PG-Strom's pg2arrow writes and Arrow_Fdw
+    reads (``min_max_stats.<column>`` in the batch's custom metadata), which lets scans with a
+    ``where`` skip batches without reading them.
+
+    Parameters
+    ----------
+    data : Table, pyarrow Table/RecordBatch/RecordBatchReader, ArrowScan, or an iterable of those
+        Streamed batch by batch (an iterable is never held in memory at once).
+    path : str or path
+        The file to write (replaced atomically when complete).
+    batch_rows : int
+        Rows per record batch for inputs that are not already batches (the statistics' granularity).
+    stats : bool
+        Write min/max statistics.
+    footer_stats : bool
+        Also write PG-Strom's older per-field ``min_values``/``max_values`` lists in the footer.
+        PG-Strom then reads only those (they cannot hold strings), so they are off by default.
+
+    Returns
+    -------
+    WriteSummary
+        path, num_rows, num_batches, bytes_written.
+    """
+    from ._ipc_writer import write_ipc_file
+
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows <= 0:
+        raise ValueError(f"batch_rows must be a positive int; got {batch_rows!r}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file name; got {type(path).__name__}")
+    schema, batches = _record_batches(data, batch_rows)
+    return write_ipc_file(os.fspath(path), schema, batches, stats=stats, footer_stats=footer_stats)

@@ -1,0 +1,190 @@
+// One fused pass of logistic regression (IRLS / Newton) over a 2-D feature matrix.
+// CPU twin: pystrom.ml._pass.xp_pass (NumPy, also run through CuPy for k > 8).
+//
+// For every row i with weight s_i = sample_weight_i * class_weight[y_i] and the augmented row
+// x~ = (x_1 .. x_K, 1):   eta = w . x~,  mu = sigmoid(eta),  r = s mu (1 - mu)
+// the pass accumulates, in float64 whatever the input dtype:
+//   H   = sum r x~ x~^T        (upper triangle, row-major, P(P+1)/2 values, P = K + 1)
+//   g   = sum s (y - mu) x~    (P values)
+//   ll  = sum s (y eta - log(1 + e^eta))
+//   sum s, sum s y, count of rows whose eta is not finite (NaN/Inf in X), count of rows fitted with
+//   probability within 2e-9 of the observed class (|eta| > 20, correctly classified)
+// and, as the last value, min over rows with s > 0 of the signed margin (2y - 1) eta: when it is
+// positive the current weights separate the classes completely and the maximum likelihood estimate
+// does not exist.
+//
+// The intercept is the constant 1 at position K: no column of ones is ever materialised. X is read
+// with element strides (row_stride, col_stride), so C-order, Fortran-order and a pystrom Table's
+// equally spaced columns are all read in place, float32 staying float32 in memory.
+//
+// Stage 1 (logit_pass_<t>_k<K>): each thread keeps its sums in registers over a grid-stride loop
+// (R rows loaded before any is used, so enough bytes are in flight), then each block reduces its
+// threads into one row of `partials` (nblocks x M). Stage 2 (logit_finish): one block per value
+// reduces that column over the blocks in a fixed order, so results are deterministic.
+
+#define R_ROWS 4
+
+template <int K>
+struct Layout {
+  static constexpr int P = K + 1;
+  static constexpr int NT = P * (P + 1) / 2;
+  static constexpr int NS = NT + P + 5;  // sums: H, g, ll, sum s, sum s y, non-finite, saturated
+  static constexpr int M = NS + 1;       // + min margin
+};
+
+// LOGIT_ONE_THREAD_BLOCKS: the tests compile this file as C++ and run it on the CPU with blocks of one
+// thread (tests/test_logistic_kernel.py), where a warp reduction is the identity.
+__device__ __forceinline__ double warp_sum(double v) {
+#ifndef LOGIT_ONE_THREAD_BLOCKS
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+#endif
+  return v;
+}
+
+__device__ __forceinline__ double warp_min(double v) {
+#ifndef LOGIT_ONE_THREAD_BLOCKS
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_down_sync(0xffffffffu, v, o));
+#endif
+  return v;
+}
+
+template <typename T, int K>
+__device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
+                           const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
+                           double cw0, double cw1, const double* __restrict__ w, double* __restrict__ partials) {
+  using L = Layout<K>;
+  constexpr int P = L::P, NT = L::NT, NS = L::NS, M = L::M;
+  double acc[NS];
+#pragma unroll
+  for (int j = 0; j < NS; ++j) acc[j] = 0.0;
+  double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
+  double wv[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) wv[j] = w[j];
+
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  for (long long base = (long long)blockIdx.x * blockDim.x + threadIdx.x; base < n; base += stride * R_ROWS) {
+    T xv[R_ROWS][K];
+    unsigned char yv[R_ROWS];
+    double sv[R_ROWS];
+#pragma unroll
+    for (int r = 0; r < R_ROWS; ++r) {
+      const long long i = base + r * stride;
+      if (i < n) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) xv[r][j] = X[i * rs + j * cs];
+        yv[r] = y[i];
+        sv[r] = has_sw ? sw[i] : 1.0;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R_ROWS; ++r) {
+      const long long i = base + r * stride;
+      if (i >= n) continue;
+      double x[P];
+#pragma unroll
+      for (int j = 0; j < K; ++j) x[j] = (double)xv[r][j];
+      x[K] = 1.0;
+      double eta = wv[K];
+#pragma unroll
+      for (int j = 0; j < K; ++j) eta = fma(wv[j], x[j], eta);
+      if (!isfinite(eta)) {
+        acc[NS - 2] += 1.0;
+        continue;
+      }
+      const int yi = yv[r] != 0;
+      const double s = sv[r] * (yi ? cw1 : cw0);
+      if (s == 0.0) continue;
+      const double e = exp(-fabs(eta));  // one exp gives mu, mu (1 - mu) and log(1 + e^eta), stably
+      const double inv = 1.0 / (1.0 + e);
+      const double mu = eta >= 0.0 ? inv : e * inv;
+      const double rw = s * e * inv * inv;
+      const double resid = s * ((double)yi - mu);
+      int t = 0;
+#pragma unroll
+      for (int a = 0; a < P; ++a) {
+        const double ra = rw * x[a];
+#pragma unroll
+        for (int b = a; b < P; ++b, ++t) acc[t] = fma(ra, x[b], acc[t]);
+      }
+#pragma unroll
+      for (int a = 0; a < P; ++a) acc[NT + a] = fma(resid, x[a], acc[NT + a]);
+      acc[NT + P] += s * ((double)yi * eta - (fmax(eta, 0.0) + log1p(e)));
+      acc[NT + P + 1] += s;
+      acc[NT + P + 2] += s * (double)yi;
+      const double margin = yi ? eta : -eta;
+      if (margin > 20.0) acc[NS - 1] += 1.0;
+      min_margin = fmin(min_margin, margin);
+    }
+  }
+
+  // Block reduction: warps by shuffles, then across the (at most 32) warps through shared memory.
+  __shared__ double shared[32][M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int j = 0; j < NS; ++j) {
+    const double v = warp_sum(acc[j]);
+    if (lane == 0) shared[warp][j] = v;
+  }
+  {
+    const double v = warp_min(min_margin);
+    if (lane == 0) shared[warp][NS] = v;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < M; j += blockDim.x) {
+    double v = shared[0][j];
+    for (int q = 1; q < nwarps; ++q) v = (j == NS) ? fmin(v, shared[q][j]) : v + shared[q][j];
+    partials[(long long)blockIdx.x * M + j] = v;
+  }
+}
+
+// 128 threads a block; the bound caps registers so that 4 (K <= 4), 3 or 2 blocks stay resident per SM
+// (ptxas for sm_90: K = 4 float32 fits in 128 registers without spilling; unbounded it took 136 and only
+// one 256-thread block fitted). The host sizes the grid to the resident blocks (no tail wave).
+#define LOGIT_THREADS 128
+#define LOGIT_PASS(TNAME, T, K)                                                                              \
+  extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, (K <= 4 ? 4 : (K <= 6 ? 3 : 2)))             \
+      logit_pass_##TNAME##_k##K(                                                                            \
+      const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
+      const double* __restrict__ sw, int has_sw, double cw0, double cw1, const double* __restrict__ w,     \
+      double* __restrict__ partials) {                                                                      \
+    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, cw0, cw1, w, partials);                                  \
+  }
+
+#define LOGIT_PASS_BOTH(K)        \
+  LOGIT_PASS(f32, float, K)       \
+  LOGIT_PASS(f64, double, K)
+
+LOGIT_PASS_BOTH(1)
+LOGIT_PASS_BOTH(2)
+LOGIT_PASS_BOTH(3)
+LOGIT_PASS_BOTH(4)
+LOGIT_PASS_BOTH(5)
+LOGIT_PASS_BOTH(6)
+LOGIT_PASS_BOTH(7)
+LOGIT_PASS_BOTH(8)
+
+// Stage 2: out[j] = sum (or, for the last value, min) of partials[:, j]; one block per j, fixed order.
+extern "C" __global__ void logit_finish(const double* __restrict__ partials, int nblocks, int m,
+                                        double* __restrict__ out) {
+  __shared__ double shared[256];
+  const int j = blockIdx.x;
+  const bool is_min = (j == m - 1);
+  double v = is_min ? __longlong_as_double(0x7ff0000000000000LL) : 0.0;
+  for (int b = threadIdx.x; b < nblocks; b += blockDim.x) {
+    const double p = partials[(long long)b * m + j];
+    v = is_min ? fmin(v, p) : v + p;
+  }
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      shared[threadIdx.x] = is_min ? fmin(shared[threadIdx.x], shared[threadIdx.x + s])
+                                   : shared[threadIdx.x] + shared[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[j] = shared[0];
+}

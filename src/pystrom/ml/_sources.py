@@ -1,0 +1,159 @@
+"""How one pass over the data is made: in memory (one batch) or streamed (a scan, many batches).
+
+The solver calls :meth:`Source.evaluate` once per pass; only this differs between the two kinds.
+The first pass also validates (NaN/Inf in features, rows skipped for NULLs, the class counts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from .._backend import Backend
+from ..errors import DataError
+from ._data import Batch, locate_nonfinite, prefetch
+from ._pass import PassTotals, batch_pass, combine, layout_size
+
+__all__ = ["Source", "ArraySource", "ScanSource"]
+
+
+class Source:
+    backend: Backend
+    n_features: int
+    names: list[str]
+    class_weight: tuple[float, float] = (1.0, 1.0)
+    rows: int = 0  # rows used, known after the first pass
+    skipped: int = 0  # rows left out for NULLs, known after the first pass
+    passes: int = 0
+
+    def batches(self) -> Iterable[Batch]:
+        raise NotImplementedError
+
+    def evaluate(self, w: np.ndarray) -> PassTotals:
+        first = self.passes == 0
+        self.passes += 1
+        vec = self._run(w, first)
+        totals = PassTotals.unpack(vec, self.n_features)
+        if totals.nonfinite_rows:  # X had NaN/Inf (any such row makes eta non-finite at w = 0)
+            for batch in self.batches():
+                with batch.backend.activate():
+                    if not bool(batch.backend.xp.isfinite(batch.X).all()):
+                        raise locate_nonfinite(batch.backend.xp, batch.X, batch.names)
+            raise DataError("the pass met non-finite values (NaN/Inf) in the features")
+        if first:
+            self._check_classes(totals)
+        return totals
+
+    def _check_classes(self, t: PassTotals) -> None:
+        if self.rows == 0:
+            raise DataError(
+                "no rows to fit" + (f": all {self.skipped:,} rows hold NULLs and were skipped" if self.skipped else "")
+            )
+        if t.weight_sum <= 0:
+            raise DataError("sample weights are all zero: at least one row needs a non-zero weight")
+        if t.positive_weight <= 0 or t.positive_weight >= t.weight_sum:
+            only = "1/True" if t.positive_weight > 0 else "0/False"
+            raise DataError(f"the target has one class only ({only}, counting weights); logistic regression needs two")
+
+    def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
+        raise NotImplementedError
+
+    def counts(self) -> tuple[float, float]:
+        """(rows of class 0, rows of class 1), weighted by sample_weight (as scikit-learn's 'balanced')."""
+        raise NotImplementedError
+
+
+class ArraySource(Source):
+    """One batch in memory (a NumPy/CuPy array, or one Table)."""
+
+    def __init__(self, batch: Batch):
+        self.batch = batch
+        self.backend = batch.backend
+        self.n_features = batch.X.shape[1]
+        self.names = batch.names
+        self.rows = batch.X.shape[0]
+        self.skipped = batch.skipped
+
+    def batches(self) -> Iterable[Batch]:
+        return [self.batch]
+
+    def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
+        b = self.batch
+        with self.backend.activate():
+            out = batch_pass(self.backend, b.X, b.y, b.sw, self.class_weight, w)
+            return np.asarray(self.backend.to_host(out), dtype=np.float64)
+
+    def counts(self) -> tuple[float, float]:
+        b = self.batch
+        with self.backend.activate():
+            if b.sw is None:
+                pos = float(self.backend.xp.count_nonzero(b.y))
+                return float(self.rows) - pos, pos
+            pos = float((b.sw * b.y).sum())
+            return float(b.sw.sum()) - pos, pos
+
+
+class ScanSource(Source):
+    """A re-iterable of Tables: every pass iterates it again and streams the batches through
+    :func:`~pystrom.ml._data.prefetch` (fetch and transfer of batch k+1 overlap compute on batch k)."""
+
+    def __init__(self, scan: Iterable[Any], prepare: Callable[[Any], Batch], backend: Backend, first: Batch):
+        self.scan = scan
+        self.prepare = prepare
+        self.backend = backend
+        self.n_features = first.X.shape[1]
+        self.names = first.names
+
+    def batches(self) -> Iterable[Batch]:
+        return prefetch(self.scan, self.prepare, self.backend)
+
+    def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
+        backend = self.backend
+        total = None
+        rows = skipped = 0
+        stream_cm: Any = contextlib.nullcontext()
+        if backend.kind == "cuda":  # our kernels on a non-blocking stream, so the worker's copies overlap them
+            stream_cm = backend.xp.cuda.Stream(non_blocking=True)
+        with backend.activate(), stream_cm as stream:
+            for batch in self.batches():
+                if batch.X.shape[1] != self.n_features:
+                    raise DataError(
+                        f"a batch of the scan has {batch.X.shape[1]} feature columns, the first had {self.n_features}"
+                    )
+                rows += batch.X.shape[0]
+                skipped += batch.skipped
+                out = batch_pass(backend, batch.X, batch.y, batch.sw, self.class_weight, w)
+                total = out if total is None else _combine_device(backend, total, out)
+                if stream is not None:
+                    stream.synchronize()  # the batch's memory may go back to the pool only after its kernels ran
+                del batch
+            if total is None:
+                vec = np.zeros(layout_size(self.n_features))
+                vec[-1] = np.inf
+            else:
+                vec = np.asarray(backend.to_host(total), dtype=np.float64)
+        if first:
+            self.rows, self.skipped = rows, skipped
+        return vec
+
+    def counts(self) -> tuple[float, float]:
+        saved = self.class_weight
+        self.class_weight = (1.0, 1.0)
+        try:
+            vec = self._run(np.zeros(self.n_features + 1), first=True)
+        finally:
+            self.class_weight = saved
+        t = PassTotals.unpack(vec, self.n_features)
+        return t.weight_sum - t.positive_weight, t.positive_weight
+
+
+def _combine_device(backend: Backend, a: Any, b: Any) -> Any:
+    if backend.kind == "cpu":
+        return combine(a, b)
+    xp = backend.xp
+    out = a + b
+    out[-1] = xp.minimum(a[-1], b[-1])
+    return out

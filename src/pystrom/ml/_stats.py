@@ -1,0 +1,93 @@
+"""MADlib's ``logregr_train`` statistics from the final IRLS pass, and the readable summary.
+
+Everything comes from X^T A X (A = diag of weighted mu (1 - mu)) at the final coefficients, the
+matrix the last pass accumulated; the inverse taken here happens once, after the loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Statistics", "compute_statistics", "Summary"]
+
+
+@dataclass
+class Statistics:
+    coef: np.ndarray  # intercept first when there is one (MADlib's order)
+    log_likelihood: float
+    std_err: np.ndarray
+    z_stats: np.ndarray
+    p_values: np.ndarray
+    odds_ratios: np.ndarray
+    condition_no: float
+    variance_covariance: np.ndarray
+
+
+def compute_statistics(coef: np.ndarray, hessian: np.ndarray, log_likelihood: float) -> Statistics:
+    """``coef`` and the (penalised, when a penalty was used) negative Hessian in the same order."""
+    with np.errstate(all="ignore"):
+        try:
+            L = np.linalg.cholesky(hessian)
+            Linv = np.linalg.solve(L, np.eye(len(coef)))
+            cov = Linv.T @ Linv
+        except np.linalg.LinAlgError:  # singular (separation, collinear columns): the pseudo-inverse, as MADlib
+            cov = np.linalg.pinv(hessian)
+        std_err = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        z = coef / std_err
+        p = np.array([math.erfc(abs(v) / math.sqrt(2.0)) if np.isfinite(v) else np.nan for v in z])
+        eig = np.linalg.eigvalsh(hessian)
+        cond = float(eig[-1] / eig[0]) if eig[0] > 0 else float("inf")
+        odds = np.exp(coef)
+    return Statistics(coef, float(log_likelihood), std_err, z, p, odds, cond, cov)
+
+
+@dataclass
+class Summary:
+    """A fitted model's statistics as a table: ``print(model.summary())``."""
+
+    names: list[str]
+    stats: Statistics
+    header: list[tuple[str, str]] = field(default_factory=list)
+
+    def rows(self) -> list[dict]:
+        s = self.stats
+        return [
+            {
+                "name": n,
+                "coef": float(s.coef[i]),
+                "std_err": float(s.std_err[i]),
+                "z_stats": float(s.z_stats[i]),
+                "p_values": float(s.p_values[i]),
+                "odds_ratios": float(s.odds_ratios[i]),
+            }
+            for i, n in enumerate(self.names)
+        ]
+
+    def __str__(self) -> str:
+        width = max([len(n) for n in self.names] + [9])
+        lines = [f"{k:<28} {v}" for k, v in self.header]
+        head = f"{'':<{width}} {'coef':>12} {'std_err':>12} {'z_stats':>10} {'p_values':>10} {'odds_ratios':>12}"
+        lines += ["", head, "-" * len(head)]
+        for r in self.rows():
+            lines.append(
+                f"{r['name']:<{width}} {r['coef']:12.6g} {r['std_err']:12.6g} {r['z_stats']:10.4g} "
+                f"{r['p_values']:10.4g} {r['odds_ratios']:12.6g}"
+            )
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+
+        head = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in self.header)
+        cols = ["coef", "std_err", "z_stats", "p_values", "odds_ratios"]
+        body = "".join(
+            "<tr><th>" + html.escape(r["name"]) + "</th>" + "".join(f"<td>{r[c]:.6g}</td>" for c in cols) + "</tr>"
+            for r in self.rows()
+        )
+        th = "".join(f"<th>{c}</th>" for c in cols)
+        return f"<table>{head}</table><table><tr><th></th>{th}</tr>{body}</table>"

@@ -1,0 +1,105 @@
+"""The CUDA source of the fused logistic pass, compiled as C++ and run on the CPU, against its NumPy twin.
+
+The GPU tests run the real kernel (test_logistic.py::test_kernel_equals_numpy_twin); this one checks the
+kernel's arithmetic and indexing (strides, the packed upper triangle, weights, NaN rows, the margin, the
+two-stage reduction over blocks) on every machine, CI included, with blocks of one thread so the warp
+shuffles are the identity. It needs a C++ compiler (the project's extension needs one anyway).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from pystrom.ml._pass import MAX_KERNEL_FEATURES, layout_size, xp_pass
+
+SHIM = r"""
+#include <cmath>
+#include <cstring>
+using std::isfinite;
+struct Dim3 { unsigned x = 1, y = 1, z = 1; };
+static Dim3 blockIdx, blockDim, gridDim;
+static Dim3 threadIdx = {0, 0, 0};
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __restrict__
+#define __launch_bounds__(threads, blocks)
+#define LOGIT_ONE_THREAD_BLOCKS
+static inline void __syncthreads() {}
+static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+"""
+
+DRIVER = r"""
+#define DRIVE(TNAME, T, K)                                                                                   \
+  extern "C" void drive_##TNAME##_k##K(const T* X, long long n, long long rs, long long cs,                 \
+                                       const unsigned char* y, const double* sw, int has_sw, double cw0,   \
+                                       double cw1, const double* w, double* partials, int blocks,          \
+                                       double* out) {                                                       \
+    gridDim.x = blocks;                                                                                     \
+    for (unsigned b = 0; b < (unsigned)blocks; ++b) {                                                       \
+      blockIdx.x = b;                                                                                       \
+      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, cw0, cw1, w, partials);                        \
+    }                                                                                                       \
+    const int m = Layout<K>::M;                                                                             \
+    for (int j = 0; j < m; ++j) {                                                                           \
+      blockIdx.x = j;                                                                                       \
+      logit_finish(partials, blocks, m, out);                                                               \
+    }                                                                                                       \
+  }
+#define DRIVE_BOTH(K) DRIVE(f32, float, K) DRIVE(f64, double, K)
+DRIVE_BOTH(1) DRIVE_BOTH(2) DRIVE_BOTH(3) DRIVE_BOTH(4) DRIVE_BOTH(5) DRIVE_BOTH(6) DRIVE_BOTH(7) DRIVE_BOTH(8)
+"""
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the CPU emulation of the kernel")
+    source = resources.files("pystrom.kernels").joinpath("logistic.cu").read_text(encoding="utf-8")
+    work = tmp_path_factory.mktemp("logit_kernel")
+    (work / "k.cpp").write_text(SHIM + source + DRIVER)
+    subprocess.run(
+        [cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(work / "k.so"), str(work / "k.cpp")],
+        check=True,
+        capture_output=True,
+    )
+    return ctypes.CDLL(str(work / "k.so"))
+
+
+def test_kernel_source_matches_numpy_twin(emulated):
+    rng = np.random.default_rng()  # fresh inputs every run
+    P, i64, f64 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
+    for k in range(1, MAX_KERNEL_FEATURES + 1):
+        for dtype, tname in ((np.float32, "f32"), (np.float64, "f64")):
+            for order in "CF":
+                for weighted in (False, True):
+                    n = int(rng.integers(1, 3000))
+                    X = np.asarray(rng.normal(size=(n, k)) * 2, dtype=dtype, order=order)
+                    if n > 10 and k > 1:
+                        X[5, k - 1] = np.nan  # counted as a non-finite row, left out of the sums
+                    y = (rng.random(n) < 0.4).astype(np.uint8)
+                    sw = rng.random(n) * 2 if weighted else None
+                    w = rng.normal(size=k + 1)
+                    cw = (0.7, 1.3)
+                    ref = xp_pass(np, X, y, sw, cw, w)
+                    m = layout_size(k)
+                    blocks = int(rng.integers(1, 40))
+                    partials = np.full((blocks, m), np.nan)  # poisoned: every value must be written
+                    out = np.full(m, np.nan)
+                    item = X.dtype.itemsize
+                    swa = sw if sw is not None else w
+                    getattr(emulated, f"drive_{tname}_k{k}")(
+                        P(X.ctypes.data), i64(n), i64(X.strides[0] // item), i64(X.strides[1] // item),
+                        P(y.ctypes.data), P(swa.ctypes.data), ctypes.c_int(int(weighted)), f64(cw[0]), f64(cw[1]),
+                        P(w.ctypes.data), P(partials.ctypes.data), ctypes.c_int(blocks), P(out.ctypes.data),
+                    )  # fmt: skip
+                    what = f"k={k} {tname} {order} weighted={weighted} n={n} blocks={blocks}"
+                    np.testing.assert_allclose(out, ref, rtol=1e-11, atol=1e-10, err_msg=what)
