@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _shm
 from ._layout import ALIGNMENT
 from ._settings import defaults
 from ._transfer import DeviceTransfer, host_copy
@@ -87,15 +88,21 @@ class Block:
 
 
 class _HostBlock(Block):
-    def __init__(self, backend: Backend, nbytes: int):
+    def __init__(self, backend: Backend, nbytes: int, memory: np.ndarray | None = None):
         self.backend = backend
         self.nbytes = nbytes
-        try:
-            raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-        except MemoryError:
-            raise OutOfMemoryError(f"cannot allocate {nbytes:,} bytes of host memory for a table") from None
-        start = (-raw.ctypes.data) % ALIGNMENT
-        self.memory = raw[start : start + nbytes]  # aligned; holds `raw` as its base
+        if memory is None:
+            # Shared memory (a memfd) from the start, so that an exported table is the memory its
+            # owner writes to; private memory only where the system cannot give shared memory.
+            try:
+                memory = _shm.allocate(nbytes)
+                if memory is None:
+                    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+                    start = (-raw.ctypes.data) % ALIGNMENT
+                    memory = raw[start : start + nbytes]  # aligned; holds `raw` as its base
+            except (MemoryError, ValueError):
+                raise OutOfMemoryError(f"cannot allocate {nbytes:,} bytes of host memory for a table") from None
+        self.memory = memory  # a view of other memory (imported tables) keeps that memory alive
         self.ptr = self.memory.ctypes.data
 
     def array(self, offset: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -120,10 +127,14 @@ class _HostBlock(Block):
 
 
 class _CudaBlock(Block):
-    def __init__(self, backend: CudaBackend, nbytes: int):
+    def __init__(self, backend: CudaBackend, nbytes: int, memptr: Any = None):
         cp = backend.xp
         self.backend = backend
         self.nbytes = nbytes
+        if memptr is not None:  # memory mapped from elsewhere (IPC); memptr's owner keeps the mapping
+            self.memptr = memptr
+            self.ptr = int(memptr.ptr)
+            return
         with backend.activate():
             try:
                 self.memptr = cp.cuda.alloc(nbytes)
@@ -181,6 +192,11 @@ class Backend:
     def allocate(self, nbytes: int) -> Block:
         raise NotImplementedError
 
+    def wrap(self, memory: Any, nbytes: int) -> Block:
+        """A Block over memory that exists already (an IPC mapping): a uint8 NumPy array on the CPU,
+        a CuPy ``MemoryPointer`` on a GPU. The memory's owner object keeps it alive."""
+        raise NotImplementedError
+
     def activate(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
@@ -210,6 +226,9 @@ class CpuBackend(Backend):
     def allocate(self, nbytes: int) -> Block:
         return _HostBlock(self, nbytes)
 
+    def wrap(self, memory: np.ndarray, nbytes: int) -> Block:
+        return _HostBlock(self, nbytes, memory)
+
     def array_ptr(self, array: np.ndarray) -> int:
         return int(array.ctypes.data)
 
@@ -226,6 +245,9 @@ class CudaBackend(Backend):
 
     def allocate(self, nbytes: int) -> Block:
         return _CudaBlock(self, nbytes)
+
+    def wrap(self, memory: Any, nbytes: int) -> Block:
+        return _CudaBlock(self, nbytes, memory)
 
     def activate(self) -> contextlib.AbstractContextManager:
         return self.xp.cuda.Device(self.ordinal)

@@ -1,4 +1,4 @@
-"""The ``pystrom`` command: ``pystrom demo``, ``pystrom info``.
+"""The ``pystrom`` command: ``pystrom demo``, ``pystrom info``, ``pystrom serve``.
 
 User mistakes end as one line on stderr and exit code 2, never a traceback.
 """
@@ -159,6 +159,23 @@ def _pg2arrow(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve ------------------------------------------------------------------------------------------
+
+
+def _id_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numeric ids, got {text!r}") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .ipc.server import _announce, serve
+
+    serve(args.socket, args.device, args.allow_uids, args.allow_gids, args.memory, ready=_announce)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pystrom", description="PostgreSQL and Arrow data straight into GPU memory.")
     sub = parser.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
@@ -180,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
     pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
     pg2arrow.set_defaults(run=_pg2arrow)
+    serve = sub.add_parser("serve", help="run the store daemon that keeps named tables in GPU memory")
+    serve.add_argument("--socket", default=None, help="socket path (default: a per-user runtime directory)")
+    serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present)")
+    serve.add_argument("--allow-uids", type=_id_list, default=[], help="other uids to serve, comma-separated")
+    serve.add_argument("--allow-gids", type=_id_list, default=[], help="groups whose members to serve")
+    serve.add_argument(
+        "--memory", choices=["auto", "vmm", "legacy"], default="auto", help="GPU sharing mechanism (default auto)"
+    )
+    serve.set_defaults(run=_serve)
     return parser
 
 

@@ -19,6 +19,14 @@ __all__ = [
     "OutOfMemoryError",
     "PostgresError",
     "InvalidArgumentError",
+    "InvalidHandleError",
+    "IPCError",
+    "ExporterGoneError",
+    "StoreError",
+    "StoreUnavailableError",
+    "StorePermissionError",
+    "TableNotFoundError",
+    "TableExistsError",
     "FileFormatError",
     "PerformanceWarning",
     "FileError",
@@ -79,6 +87,46 @@ class PostgresError(Error, RuntimeError):
 
 class InvalidArgumentError(Error, ValueError):
     """An argument of a public call that makes no sense (wrong type, conflicting options)."""
+
+
+# -- sharing between processes (pystrom.ipc) ------------------------------------------------------
+
+
+class InvalidHandleError(Error, ValueError):
+    """Handle bytes that are not a valid pystrom handle: truncated, corrupted, another format
+    version, or describing buffers that do not fit the allocation. Nothing was mapped."""
+
+
+class IPCError(Error, OSError):
+    """A valid handle whose memory cannot be mapped here (no GPU with its UUID, another machine,
+    the driver refused)."""
+
+
+class ExporterGoneError(IPCError):
+    """The process that exported a handle has exited (or freed the memory): nothing left to map."""
+
+
+class StoreError(Error, RuntimeError):
+    """The store daemon refused or failed a request; the message says why."""
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """No store daemon answers at the socket (not started, exited, or the connection broke)."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store daemon (or the socket's directory) does not serve this user."""
+
+
+class TableNotFoundError(StoreError, KeyError):
+    """No table of that name in the store."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class TableExistsError(StoreError, ValueError):
+    """A table of that name is already in the store (pass ``replace=True`` to replace it)."""
 
 
 class FileFormatError(Error, ValueError):

@@ -240,6 +240,20 @@ class Table:
         """
         return _ops.to_array(self, columns, dtype, nulls)
 
+    # -- sharing between processes ---------------------------------------------------------------
+
+    def export(self) -> bytes:
+        """A handle (bytes) another process passes to :func:`pystrom.ipc_import` to map this table.
+
+        Zero copy: the importer maps this table's memory (CUDA IPC on a GPU, shared memory on the
+        CPU), so writes made here before the export (and later ones, once synchronised) are what
+        it reads. Keep this table alive while importers use it; for tables that must outlive their
+        maker use :class:`pystrom.Store`. See docs/ipc.md for the format and the security model.
+        """
+        from .ipc.export import export_table
+
+        return export_table(self)
+
     # -- conversion -------------------------------------------------------------------------------
 
     def to_arrow(self) -> pa.Table:

@@ -140,11 +140,19 @@ def _fill_device(block: Block, plan: ColumnPlan, col: DeviceColumn) -> None:
 
 
 def build_table(
-    backend: Backend, columns: Sequence[HostColumn | DeviceColumn], metadata: Any = None, num_rows: int | None = None
+    backend: Backend,
+    columns: Sequence[HostColumn | DeviceColumn],
+    metadata: Any = None,
+    num_rows: int | None = None,
+    allocate: Callable[[int], Block] | None = None,
 ) -> Table:
-    """Allocate one block for ``columns`` on ``backend``, fill it and wrap it as a Table."""
+    """Allocate one block for ``columns`` on ``backend``, fill it and wrap it as a Table.
+
+    ``allocate(nbytes)`` replaces ``backend.allocate``: the store uses it to build a table straight
+    into daemon-owned memory (``Store.put_arrow``; loaders can pass it the same way).
+    """
     plan = plan_table([c.spec() for c in columns])
-    block = backend.allocate(plan.nbytes)
+    block = (allocate or backend.allocate)(plan.nbytes)
     writer = _Writer(block)
     for col_plan, col in zip(plan.columns, columns):
         if isinstance(col, HostColumn):
@@ -164,6 +172,7 @@ def build_table_in_place(
     fill: Callable[[Block, TablePlan], None],
     num_rows: int,
     metadata: Any = None,
+    allocate: Callable[[int], Block] | None = None,
 ) -> Table:
     """Allocate one block for columns known only by their specs, let ``fill(block, plan)`` write every
     buffer (producers that decode straight into place, like the PostgreSQL loader), wrap it.
@@ -171,7 +180,7 @@ def build_table_in_place(
     If ``fill`` raises, the block is dropped with it: nothing stays allocated.
     """
     plan = plan_table(specs)
-    block = backend.allocate(plan.nbytes)
+    block = (allocate or backend.allocate)(plan.nbytes)
     try:
         fill(block, plan)
     except BaseException as exc:

@@ -1,0 +1,180 @@
+"""Sharing tables between processes: import latency of a handle, and the store daemon's get().
+
+Goal: importing a table is a mapping, not a copy, so it takes about the same time (<= 1 ms) for
+1 MB as for 32 GB. The baseline is what a copy costs: a device-to-device copy of the same bytes
+(host memcpy on the CPU), measured in the importing process in the same run. The importer is a
+separate spawned process; each import is timed from handle bytes to a usable column array, and
+the mapping is closed between repetitions (a cached re-import is listed separately).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import pystrom
+
+from _harness import Result, measure
+
+MB, GB = 1 << 20, 1 << 30
+
+IMPORTER = r"""
+import gc, json, statistics, sys, time
+import numpy as np
+import pystrom
+
+handle = open(sys.argv[1], "rb").read()
+repeat = int(sys.argv[2])
+first = pystrom.ipc_import(handle)  # warm-up: imports pyarrow, creates the CUDA context
+xp = np if first.device == "cpu" else __import__("cupy")
+x = first["x"]
+del first
+gc.collect()
+
+
+def sync():
+    if xp is not np:
+        xp.cuda.runtime.deviceSynchronize()
+
+
+opens = []
+for _ in range(repeat):
+    t0 = time.perf_counter()
+    v = pystrom.ipc_import(handle)
+    col = v["x"]
+    opens.append(time.perf_counter() - t0)
+    del v, col
+    gc.collect()  # closes the mapping: the next import maps again
+
+held = pystrom.ipc_import(handle)
+cached = []
+for _ in range(repeat):
+    t0 = time.perf_counter()
+    col = pystrom.ipc_import(handle)["x"]
+    cached.append(time.perf_counter() - t0)
+del held, col
+
+x = pystrom.ipc_import(handle)["x"]
+dst = xp.empty_like(x)
+copies = []
+for _ in range(max(3, repeat // 4)):
+    sync()
+    t0 = time.perf_counter()
+    xp.copyto(dst, x)
+    sync()
+    copies.append(time.perf_counter() - t0)
+print(json.dumps({"open": statistics.median(opens), "cached": statistics.median(cached),
+                  "copy": statistics.median(copies)}))
+"""
+
+
+def _table(nbytes: int, device: str) -> pystrom.Table:
+    n = nbytes // 8
+    backend = pystrom._backend.resolve_device(device)
+    with backend.activate():
+        source = backend.xp.arange(n, dtype=np.float64)
+        table = pystrom.Table.from_arrays({"x": source}, device=device)
+        del source
+        if backend.kind == "cuda":
+            backend.xp.get_default_memory_pool().free_all_blocks()
+    return table
+
+
+def _import_in_child(table: pystrom.Table, repeat: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".handle", delete=False) as f:
+        f.write(table.export())
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", IMPORTER, f.name, str(repeat)], capture_output=True, text=True, timeout=600
+        )
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        raise RuntimeError(f"importer failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _label(nbytes: int) -> str:
+    return f"{nbytes // GB} GB" if nbytes >= GB else f"{nbytes // MB} MB"
+
+
+def _daemon_round_trips(device: str, sizes: list[int], repeat: int, memory: str) -> list[Result]:
+    folder = tempfile.mkdtemp(prefix="pystrom-bench-")
+    sock = os.path.join(folder, "s.sock")
+    argv = [sys.executable, "-m", "pystrom", "serve", "--device", device, "--socket", sock, "--memory", memory]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = []
+    try:
+        banner = proc.stdout.readline()
+        if "serving" not in banner:
+            print(f"  daemon with --memory {memory} did not start: {banner}{proc.stderr.read()[-500:]}")
+            return []
+        kind = banner.split("(")[1].split(" ")[0]
+        with pystrom.Store(sock) as store:
+            for nbytes in sizes:
+                table = _table(nbytes, device)
+                backend = table._block.backend
+                put_s = measure(lambda t=table: store.put("t", t, replace=True), lambda: None, 1)
+                copy = table  # the copy baseline copies its column
+                dst = backend.xp.empty(nbytes // 8, dtype=np.float64) if backend.kind == "cuda" else None
+                if dst is None:
+                    dst = np.empty(nbytes // 8)
+
+                def get(store=store):
+                    v = store.get("t")
+                    col = v["x"]
+                    del v, col  # unmapped here; the hold goes back with the next request
+
+                get_s = measure(get, lambda: None, repeat)
+                xp = backend.xp
+                copy_s = measure(lambda d=dst, c=copy, xp=xp: xp.copyto(d, c["x"]), backend.synchronize, repeat)
+                results.append(Result(f"daemon get() {_label(nbytes)} ({kind})", "device copy", get_s, copy_s, 0))
+                results.append(Result(f"daemon put() {_label(nbytes)} ({kind})", "device copy", put_s, copy_s, nbytes))
+                store.drop("t")
+                del table, copy, dst
+                gc.collect()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+    return results
+
+
+def run(device: str, quick: bool) -> list[Result]:
+    gpu = device.startswith("cuda")
+    if quick:
+        sizes = [MB, 64 * MB]
+    elif gpu:
+        sizes = [MB, GB, 32 * GB]
+    else:
+        sizes = [MB, GB]
+    repeat = 10 if quick else 30
+    results = []
+    for nbytes in sizes:
+        start = time.perf_counter()
+        table = _table(nbytes, device)
+        export_s = measure(table.export, lambda: None, repeat)
+        r = _import_in_child(table, repeat)
+        label = _label(nbytes)
+        results.append(Result(f"ipc_import {label} (map)", "D2D copy in importer", r["open"], r["copy"], 0))
+        results.append(
+            Result(f"ipc_import {label} (mapping cached)", "D2D copy in importer", r["cached"], r["copy"], 0)
+        )
+        results.append(Result(f"Table.export() {label}", "D2D copy in importer", export_s, r["copy"], 0))
+        del table
+        gc.collect()
+        print(f"  {label}: import {r['open'] * 1e3:.3f} ms, copy {r['copy'] * 1e3:.3f} ms "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)  # fmt: skip
+    daemon_sizes = [MB, 64 * MB] if quick else [MB, GB]
+    results += _daemon_round_trips(device, daemon_sizes, repeat, "auto")
+    if gpu:
+        results += _daemon_round_trips(device, daemon_sizes[:1], repeat, "legacy")
+    return results

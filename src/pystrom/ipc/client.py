@@ -1,0 +1,350 @@
+"""``pystrom.Store``: the client of the store daemon (``pystrom serve``)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _shm, errors
+from .._backend import Backend, Block, resolve_device
+from ..errors import IPCError, StoreError, StoreUnavailableError
+from . import protocol
+from .handle import TableLayout
+
+if TYPE_CHECKING:
+    from ..table import Table
+
+__all__ = ["Store", "Reservation"]
+
+
+class _VmmMapping:
+    """A VMM allocation mapped into this process; unmapped when the last view is gone."""
+
+    def __init__(self, ordinal: int, fd: int, size: int):
+        from . import _cuda
+
+        _cuda.use_device(ordinal)
+        self.ptr = _vmm(ordinal).map_fd(fd, size)
+        self.size = size
+        fin = weakref.finalize(self, _unmap, ordinal, self.ptr, size)
+        fin.atexit = False
+
+
+def _unmap(ordinal: int, ptr: int, size: int) -> None:
+    try:
+        from . import _cuda
+
+        _cuda.use_device(ordinal)
+        _cuda.synchronize()  # no kernel may still read the memory when it goes
+        _cuda.Vmm.unmap(ptr, size)
+    except Exception:  # at worst the mapping lives until the process exits
+        pass
+
+
+@functools.cache
+def _vmm(ordinal: int) -> Any:
+    from ._cuda import Vmm
+
+    return Vmm(ordinal)
+
+
+def _cuda_ordinal(uuid_hex: str) -> int:
+    from .export import _visible_uuids, cuda_ordinal_for_uuid
+
+    ordinal = cuda_ordinal_for_uuid(bytes.fromhex(uuid_hex), _visible_uuids())
+    if ordinal is None:
+        raise IPCError(f"the store daemon's GPU (UUID {uuid_hex}) is not visible to this process")
+    return ordinal
+
+
+def _memory(kind: str, owner: Any, ordinal: int) -> Any:
+    """The object Backend.wrap takes, over a mapping ``owner``."""
+    if kind == "memfd":
+        return np.frombuffer(owner, dtype=np.uint8)
+    import cupy
+
+    mem = cupy.cuda.UnownedMemory(owner.ptr, owner.size, owner, device_id=ordinal)
+    return cupy.cuda.MemoryPointer(mem, 0)
+
+
+class Reservation:
+    """Daemon-owned memory reserved under a name, mapped here for writing; invisible until :meth:`commit`.
+
+    Loaders fill ``block`` directly (``interop.build.build_table(..., allocate=...)``), so data
+    lands in the daemon's memory without an intermediate copy. Used as a context manager, a
+    reservation not committed when the block ends is given back.
+    """
+
+    def __init__(self, store: Store, name: str, entry_id: int, block: Block, replace: bool):
+        self.store, self.name, self.id, self.block, self.replace = store, name, entry_id, block, replace
+        self.done = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.block.nbytes
+
+    def commit(self, table: Table | None = None, layout: TableLayout | None = None) -> None:
+        """Make the table built in :attr:`block` visible under the name (atomically)."""
+        if layout is None:
+            if table is None or table._live() is not self.block:
+                raise StoreError(f"commit {self.name!r}: the table must be built in this reservation's block")
+            layout = TableLayout.of(table)
+        if self.done:
+            raise StoreError(f"reservation for {self.name!r} is already committed or aborted")
+        self.block.backend.synchronize()
+        if self.block.backend.kind == "cuda":
+            with self.block.backend.activate():
+                self.block.backend.xp.cuda.runtime.deviceSynchronize()
+        self.store._request(
+            {
+                "op": "commit",
+                "id": self.id,
+                "layout": layout.meta(),
+                "schema": protocol.b64(layout.schema),
+                "replace": self.replace,
+            }
+        )
+        self.done = True
+
+    def abort(self) -> None:
+        if not self.done:
+            self.done = True
+            try:
+                self.store._request({"op": "abort", "id": self.id})
+            except StoreUnavailableError:
+                pass  # the daemon frees reservations of connections that went away
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+
+class Store:
+    """A connection to the store daemon, which keeps named tables in its device's memory.
+
+    Parameters
+    ----------
+    address
+        The daemon's socket path; None: ``$PYSTROM_STORE_SOCKET``, else the per-user default.
+    timeout
+        Seconds to wait for the connection.
+
+    Tables from :meth:`get` are zero-copy views of the daemon's memory. The daemon keeps a table's
+    memory while any connection that fetched it holds a view (dropping it only hides the name), so
+    keep the Store open while using its tables: closing it, or exiting, gives back all its holds.
+    Safe to share between threads (requests are serialised).
+    """
+
+    def __init__(self, address: str | None = None, timeout: float | None = 10.0):
+        self.address = address or protocol.default_socket()
+        self._lock = threading.Lock()
+        self._released: list[int] = []  # entry ids whose views are gone; sent with the next request
+        self._maps: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._sock: Any = protocol.connect(self.address, timeout)
+        try:
+            self.info, _ = self._request({"op": "hello"})
+            self.info.pop("ok", None)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    def _request(self, message: dict) -> tuple[dict, list[int]]:
+        with self._lock:
+            if self._sock is None:
+                raise StoreUnavailableError(f"this Store ({self.address}) is closed")
+            released = []
+            while self._released:  # list.pop is atomic: a finalizer appending meanwhile loses nothing
+                released.append(self._released.pop())
+            if released:
+                message["release"] = released
+            try:
+                try:
+                    protocol.send(self._sock, message)
+                except OSError:  # the daemon may have answered (a refusal) and hung up: read that answer
+                    self._sock.settimeout(1.0)
+                reply, fds = protocol.recv(self._sock)
+            except (EOFError, OSError) as exc:
+                self._sock.close()
+                self._sock = None
+                raise StoreUnavailableError(
+                    f"the store daemon at {self.address} went away ({type(exc).__name__}); is it still running?"
+                ) from None
+        if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            raise _remote_error(reply)
+        return reply, fds
+
+    def _map(self, entry_id: int, desc: Any, fds: list[int], writable: bool) -> tuple[Backend, Any]:
+        """Map the memory a reply describes (or reuse this store's live mapping of it)."""
+        try:
+            if not isinstance(desc, dict) or not isinstance(desc.get("size"), int) or desc["size"] <= 0:
+                raise StoreError(f"the daemon described memory as {desc!r}")
+            kind, size = desc.get("kind"), desc["size"]
+            ordinal = -1 if kind == "memfd" else _cuda_ordinal(str(desc.get("uuid")))
+            backend = resolve_device("cpu" if kind == "memfd" else ordinal)
+            owner = self._maps.get(entry_id)
+            if owner is not None and (writable <= getattr(owner, "writable", True)):
+                self._released.append(entry_id)  # the daemon counted a hold for a mapping we have already
+                return backend, _memory(kind, owner, ordinal)
+            if kind == "memfd":
+                owner = _shm.mapping_of(_shm.map_fd(fds[0], size, str(desc.get("name")), writable))
+                owner.writable = writable
+            elif kind == "vmm":
+                owner = _VmmMapping(ordinal, fds[0], size)
+            elif kind == "cuda_ipc":
+                from .export import CudaIpcMapping, _mappings
+                from .export import _lock as cache_lock
+
+                handle = protocol.unb64(desc.get("handle"))
+                with cache_lock:
+                    owner = _mappings.get(("cuda", ordinal, handle))
+                    if owner is None:
+                        with backend.activate():
+                            owner = CudaIpcMapping(ordinal, handle)
+                        _mappings[("cuda", ordinal, handle)] = owner
+            else:
+                raise StoreError(f"the daemon sent memory of unknown kind {kind!r}")
+        except BaseException:
+            self._released.append(entry_id)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self._maps[entry_id] = owner
+        weakref.finalize(owner, self._released.append, entry_id)
+        return backend, _memory(kind, owner, ordinal)
+
+    # -- the API ---------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        """The daemon's device, as numbered in this process."""
+        info = self.info
+        if info.get("memory") == "memfd":
+            return "cpu"
+        return f"cuda:{_cuda_ordinal(str(info.get('uuid')))}"
+
+    def reserve(self, name: str, nbytes: int, replace: bool = False) -> Reservation:
+        """Reserve ``nbytes`` of daemon memory for a table to be called ``name``, mapped here writable."""
+        reply, fds = self._request({"op": "reserve", "name": name, "nbytes": int(nbytes), "replace": replace})
+        backend, memory = self._map(reply["id"], reply.get("memory"), fds, writable=True)
+        return Reservation(self, name, reply["id"], backend.wrap(memory, int(nbytes)), replace)
+
+    def put(self, name: str, table: Table, replace: bool = False) -> None:
+        """Copy ``table`` into daemon memory under ``name`` (one copy of its allocation).
+
+        The name becomes visible only once every byte is there; a client that dies midway leaves
+        nothing. Raises :class:`~pystrom.errors.TableExistsError` when the name is taken, unless
+        ``replace=True`` (readers of the old table keep it until they let go).
+        """
+        from .. import _ops
+
+        source = table if table._is_whole() else _ops.gather(table, None)  # a view: compact it first
+        src = source._live()
+        with self.reserve(name, src.nbytes, replace) as res:
+            _copy_block(src, res.block)
+            res.commit(layout=TableLayout.of(source))
+
+    def put_arrow(self, name: str, data: Any, replace: bool = False) -> None:
+        """Load Arrow data (as ``Table.from_arrow`` takes) straight into daemon memory under ``name``."""
+        from ..interop.arrow_import import as_arrow_table, columns_of
+        from ..interop.build import build_table
+
+        arrow = as_arrow_table(data)
+        reservation: list[Reservation] = []
+
+        def allocate(nbytes: int) -> Block:
+            reservation.append(self.reserve(name, nbytes, replace))
+            return reservation[0].block
+
+        try:
+            table = build_table(
+                resolve_device(self.device), columns_of(arrow), arrow.schema.metadata, arrow.num_rows, allocate
+            )
+            reservation[0].commit(table)
+        finally:
+            if reservation:
+                reservation[0].abort()
+
+    def get(self, name: str) -> Table:
+        """The table named ``name``: a zero-copy view of the daemon's memory (treat it as read-only)."""
+        reply, fds = self._request({"op": "get", "name": name})
+        entry_id = reply["id"]
+        try:
+            layout = TableLayout.from_meta(reply.get("layout"), protocol.unb64(reply.get("schema")), f"table {name!r}")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            self._released.append(entry_id)
+            raise
+        backend, memory = self._map(entry_id, reply.get("memory"), fds, writable=False)
+        return layout.table(backend.wrap(memory, layout.nbytes), f"store table {name!r}")
+
+    def list(self) -> list[dict[str, Any]]:
+        """Tables in the store: name, nbytes, num_rows, device (the daemon's), schema (pyarrow), created."""
+        import pyarrow as pa
+
+        reply, _ = self._request({"op": "list"})
+        out = []
+        for t in reply["tables"]:
+            t = dict(t)
+            t["schema"] = pa.ipc.read_schema(pa.py_buffer(protocol.unb64(t["schema"])))
+            out.append(t)
+        return out
+
+    def drop(self, name: str) -> None:
+        """Remove ``name``; its memory is freed once no client holds a view of it."""
+        self._request({"op": "drop", "name": name})
+
+    def stats(self) -> dict[str, Any]:
+        """The daemon's counters: tables and bytes, dropped tables still in use, pending puts, clients."""
+        reply, _ = self._request({"op": "stats"})
+        reply.pop("ok", None)
+        return reply
+
+    def close(self) -> None:
+        """Disconnect; the daemon gives back every hold of this connection."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._sock is None else f"daemon pid {self.info.get('pid')}, {self.info.get('device')}"
+        return f"<pystrom.Store {self.address}: {state}>"
+
+
+def _copy_block(src: Block, dst: Block) -> None:
+    """Copy all of ``src`` to the start of ``dst`` (which may be on another device)."""
+    n = src.nbytes
+    s_kind, d_kind = src.backend.kind, dst.backend.kind
+    if s_kind == "cuda" and d_kind == "cuda":
+        dst.write_device(0, src.array(0, np.uint8, (n,)))
+    elif d_kind == "cuda":
+        dst.write_host_many([(0, src.read_host(0, n))])
+    else:
+        src.read_host_many([(dst.read_host(0, n), 0)])
+
+
+def _remote_error(reply: dict) -> Exception:
+    name, message = reply.get("error"), str(reply.get("message", "the store daemon refused the request"))
+    cls = getattr(errors, name, None) if isinstance(name, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, errors.Error)):
+        cls = StoreError
+    return cls(message)

@@ -1,0 +1,314 @@
+"""The handle format: self-describing bytes that let another process map a table, validated before use.
+
+Layout (little endian)::
+
+    offset  size  field
+         0     8  magic b"PYSTROMH"
+         8     2  format version (FORMAT_VERSION)
+        10     1  memory kind: 1 = host memfd, 2 = CUDA legacy IPC
+        11     1  reserved (0)
+        12     4  length of the layout (JSON, UTF-8)
+        16     4  length of the schema (Arrow IPC schema message)
+        20     2  length of the memory handle
+        22     2  reserved (0)
+        24    16  device UUID (a GPU's UUID; the host's boot id for host memory)
+        40     8  size of the allocation the memory handle maps
+        48     8  offset of the table's block inside that allocation
+        56     8  size of the table's block
+        64     4  exporter's pid
+        68     4  reserved (0)
+        72     8  exporter's start time (clock ticks since boot: tells a reused pid apart)
+        80     -  memory handle, layout, schema
+      last     4  CRC-32 of everything before it
+
+The memory handle is the 64-byte CUDA IPC handle of the allocation, or for host memory the
+exporter's descriptor number (int32) followed by the memfd's name. The layout lists, per column,
+every buffer's offset and size inside the block, the base column's length and null count, and the
+view's row offset, length and null count (-1: not counted yet).
+
+The CRC catches corruption, not malice: a handle is a capability, and anyone holding its bytes on
+the same machine may map the memory (see docs/ipc.md). Every field is checked before anything is
+mapped: buffers must lie inside the block, the block inside the allocation, sizes must match each
+column's type and length, and types must be ones pystrom holds.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._layout import ALIGNMENT, ColumnPlan, ColumnSpec, Span, values_size
+from .._types import Layout, column_type
+from ..errors import InvalidHandleError, UnsupportedTypeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .._backend import Block
+    from ..table import Table
+
+__all__ = ["MAGIC", "FORMAT_VERSION", "HOST_MEMFD", "CUDA_IPC", "Handle", "TableLayout", "encode", "decode"]
+
+MAGIC = b"PYSTROMH"
+FORMAT_VERSION = 1
+HOST_MEMFD = 1
+CUDA_IPC = 2
+KINDS = {HOST_MEMFD: "host memfd", CUDA_IPC: "CUDA IPC"}
+
+_HEADER = struct.Struct("<8sHBBIIHH16sQQQIIQ")
+assert _HEADER.size == 80
+_CRC = struct.Struct("<I")
+_MAX_PART = 64 << 20  # layout or schema larger than this is not something we wrote
+_MAX_INT = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Where a table's buffers sit in its block, and what they hold: enough to rebuild the Table."""
+
+    nbytes: int  # size of the block
+    num_rows: int
+    columns: list[dict[str, Any]]
+    schema: bytes  # Arrow IPC schema message
+
+    @classmethod
+    def of(cls, table: Table) -> TableLayout:
+        block = table._live()
+        cols = []
+        for c in table._columns:
+            p = c._plan
+            cols.append(
+                {
+                    "length": p.length,
+                    "null_count": p.null_count,
+                    "values": [p.values.offset, p.values.size],
+                    "validity": None if p.validity is None else [p.validity.offset, p.validity.size],
+                    "data": None if p.data is None else [p.data.offset, p.data.size],
+                    "offset": c.offset,
+                    "rows": len(c),
+                    "nulls": -1 if c._null_count is None else c._null_count,
+                }
+            )
+        return cls(block.nbytes, table._num_rows, cols, table.schema.serialize().to_pybytes())
+
+    def meta(self) -> dict[str, Any]:
+        return {"nbytes": self.nbytes, "num_rows": self.num_rows, "columns": self.columns}
+
+    @classmethod
+    def from_meta(cls, meta: Any, schema: bytes, where: str) -> TableLayout:
+        """Rebuild from :meth:`meta` output received from elsewhere, checking every field."""
+        if not isinstance(meta, dict) or not isinstance(meta.get("columns"), list):
+            raise InvalidHandleError(f"{where}: the layout is not an object with a list of columns")
+        nbytes = _int(meta.get("nbytes"), f"{where}: block size", 1)
+        num_rows = _int(meta.get("num_rows"), f"{where}: row count")
+        layout = cls(nbytes, num_rows, meta["columns"], bytes(schema))
+        layout.check(where)
+        return layout
+
+    # -- validation -------------------------------------------------------------------------------
+
+    def arrow_schema(self, where: str) -> pa.Schema:
+        import pyarrow as pa
+
+        try:
+            return pa.ipc.read_schema(pa.py_buffer(self.schema))
+        except Exception as exc:  # pyarrow raises several kinds for garbage
+            raise InvalidHandleError(f"{where}: the schema does not decode ({exc})") from None
+
+    def plans(self, where: str) -> tuple[pa.Schema, list[tuple[ColumnPlan, int, int, int | None]]]:
+        """The schema and, per column, (base plan, view offset, view length, view null count)."""
+        cached = self.__dict__.get("_plans")
+        if cached is not None:
+            return cached
+        schema = self.arrow_schema(where)
+        if len(schema) != len(self.columns):
+            raise InvalidHandleError(
+                f"{where}: the schema has {len(schema)} field(s) but the layout {len(self.columns)} column(s)"
+            )
+        out = []
+        for field, rec in zip(schema, self.columns):
+            out.append(self._column(field, rec, f"{where}: column {field.name!r}"))
+        self.__dict__["_plans"] = (schema, out)  # checked once; the dataclass is frozen otherwise
+        return schema, out
+
+    def check(self, where: str) -> None:
+        self.plans(where)
+
+    def _column(self, field: pa.Field, rec: Any, where: str) -> tuple[ColumnPlan, int, int, int | None]:
+        if not isinstance(rec, dict):
+            raise InvalidHandleError(f"{where}: the column record is not an object")
+        try:
+            ctype = column_type(field.type, field.name)
+        except UnsupportedTypeError as exc:
+            raise InvalidHandleError(f"{where}: {exc}") from None
+        length = _int(rec.get("length"), f"{where}: length")
+        null_count = _int(rec.get("null_count"), f"{where}: null count")
+        if null_count > length:
+            raise InvalidHandleError(f"{where}: null count {null_count} exceeds the length {length}")
+        values = self._span(rec.get("values"), f"{where}: values buffer")
+        validity = self._span(rec.get("validity"), f"{where}: validity bitmap", optional=True)
+        data = self._span(rec.get("data"), f"{where}: data buffer", optional=True)
+        spec = ColumnSpec(field.name, ctype, length, null_count, 0 if data is None else data.size)
+        expected = values_size(spec)
+        if values is None or values.size != expected:
+            got = None if values is None else values.size
+            raise InvalidHandleError(
+                f"{where}: values buffer of {got} bytes, but {length} value(s) of {ctype.name} take {expected}"
+            )
+        if (validity is None) != (null_count == 0):
+            raise InvalidHandleError(f"{where}: a validity bitmap must be present exactly when there are NULLs")
+        if validity is not None and validity.size != (length + 7) // 8:
+            raise InvalidHandleError(f"{where}: validity bitmap of {validity.size} bytes for {length} rows")
+        if (data is None) != (ctype.layout != Layout.VARBINARY):
+            raise InvalidHandleError(f"{where}: a data buffer must be present exactly for string/binary columns")
+        offset = _int(rec.get("offset"), f"{where}: row offset")
+        rows = _int(rec.get("rows"), f"{where}: row count")
+        if offset + rows > length:
+            raise InvalidHandleError(f"{where}: rows [{offset}, {offset + rows}) lie past the column's {length}")
+        if rows != self.num_rows:
+            raise InvalidHandleError(f"{where}: {rows} rows, but the table has {self.num_rows}")
+        nulls = rec.get("nulls")
+        if nulls != -1:
+            nulls = _int(nulls, f"{where}: view null count")
+            if nulls > rows:
+                raise InvalidHandleError(f"{where}: view null count {nulls} exceeds its {rows} rows")
+        plan = ColumnPlan(field.name, ctype, length, null_count, values, validity, data)
+        return plan, offset, rows, None if nulls == -1 else nulls
+
+    def _span(self, value: Any, where: str, optional: bool = False) -> Span | None:
+        if value is None:
+            if optional:
+                return None
+            raise InvalidHandleError(f"{where} is missing")
+        if not isinstance(value, list) or len(value) != 2:
+            raise InvalidHandleError(f"{where}: expected [offset, size], got {value!r}")
+        offset = _int(value[0], f"{where} offset")
+        size = _int(value[1], f"{where} size")
+        if offset % ALIGNMENT:
+            raise InvalidHandleError(f"{where} at offset {offset} is not {ALIGNMENT}-byte aligned")
+        if offset + size > self.nbytes:
+            raise InvalidHandleError(
+                f"{where} [{offset}, {offset + size}) lies past the end of the {self.nbytes}-byte block"
+            )
+        return Span(offset, size)
+
+    # -- rebuilding -------------------------------------------------------------------------------
+
+    def table(self, block: Block, where: str) -> Table:
+        """A Table view over ``block`` (which must hold at least ``nbytes`` bytes)."""
+        from ..column import Column
+        from ..table import Table
+
+        if block.nbytes < self.nbytes:
+            raise InvalidHandleError(f"{where}: the block holds {block.nbytes} bytes, the layout needs {self.nbytes}")
+        schema, plans = self.plans(where)
+        columns = [Column._view(block, plan, off, rows, nulls) for plan, off, rows, nulls in plans]
+        return Table._from_columns(block, schema, columns, self.num_rows)
+
+
+@dataclass(frozen=True)
+class Handle:
+    kind: int  # HOST_MEMFD or CUDA_IPC
+    device_uuid: bytes  # 16 bytes
+    alloc_size: int
+    offset: int
+    pid: int
+    pid_start: int
+    memory: bytes  # the CUDA IPC handle, or int32 fd + memfd name
+    layout: TableLayout
+    version: int = FORMAT_VERSION
+
+    @property
+    def kind_name(self) -> str:
+        return KINDS.get(self.kind, f"kind {self.kind}")
+
+    def describe(self) -> str:
+        return f"pystrom handle ({self.kind_name}, {self.layout.nbytes:,} bytes, exported by pid {self.pid})"
+
+
+def encode(h: Handle) -> bytes:
+    body = json.dumps(h.layout.meta(), separators=(",", ":")).encode()
+    head = _HEADER.pack(
+        MAGIC,
+        h.version,
+        h.kind,
+        0,
+        len(body),
+        len(h.layout.schema),
+        len(h.memory),
+        0,
+        h.device_uuid,
+        h.alloc_size,
+        h.offset,
+        h.layout.nbytes,
+        h.pid,
+        0,
+        h.pid_start,
+    )
+    raw = head + h.memory + body + h.layout.schema
+    return raw + _CRC.pack(zlib.crc32(raw))
+
+
+def decode(data: Any) -> Handle:
+    """Parse and check handle bytes; raise :class:`InvalidHandleError` naming the first problem."""
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if not isinstance(data, (bytes, bytearray)):
+        raise InvalidHandleError(f"a pystrom handle is bytes (from Table.export()); got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _HEADER.size + _CRC.size:
+        raise InvalidHandleError(
+            f"pystrom handle: {len(data)} bytes is too short (the header alone is {_HEADER.size + _CRC.size})"
+        )
+    (magic, version, kind, res1, body_len, schema_len, mem_len, res2, uuid, alloc_size, offset, nbytes, pid, res3,
+     pid_start) = _HEADER.unpack_from(data)  # fmt: skip
+    if magic != MAGIC:
+        raise InvalidHandleError(f"not a pystrom handle: magic {magic!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise InvalidHandleError(
+            f"pystrom handle format version {version}; this pystrom reads version {FORMAT_VERSION} "
+            "(export and import with the same pystrom version)"
+        )
+    total = _HEADER.size + mem_len + body_len + schema_len + _CRC.size
+    if len(data) != total:
+        raise InvalidHandleError(f"pystrom handle: {len(data)} bytes, but its header announces {total} (truncated?)")
+    (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
+    if crc != zlib.crc32(data[: -_CRC.size]):
+        raise InvalidHandleError("pystrom handle: checksum mismatch (the bytes were corrupted or altered)")
+    if kind not in KINDS:
+        raise InvalidHandleError(f"pystrom handle: unknown memory kind {kind}")
+    if res1 or res2 or res3:
+        raise InvalidHandleError("pystrom handle: reserved header fields are not zero")
+    if body_len > _MAX_PART or schema_len > _MAX_PART:
+        raise InvalidHandleError("pystrom handle: layout or schema implausibly large")
+    pos = _HEADER.size
+    memory = data[pos : pos + mem_len]
+    pos += mem_len
+    if kind == CUDA_IPC and mem_len != 64:
+        raise InvalidHandleError(f"pystrom handle: a CUDA IPC memory handle is 64 bytes, this one {mem_len}")
+    if kind == HOST_MEMFD and not 4 < mem_len <= 260:
+        raise InvalidHandleError(f"pystrom handle: host memory handle of {mem_len} bytes")
+    try:
+        meta = json.loads(data[pos : pos + body_len])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidHandleError(f"pystrom handle: the layout is not valid JSON ({exc})") from None
+    pos += body_len
+    schema = data[pos : pos + schema_len]
+    where = "pystrom handle"
+    layout = TableLayout.from_meta(meta, schema, where)
+    if layout.nbytes != nbytes:
+        raise InvalidHandleError(f"{where}: header says {nbytes} bytes, layout says {layout.nbytes}")
+    if offset > alloc_size or nbytes > alloc_size - offset:
+        raise InvalidHandleError(
+            f"{where}: block [{offset}, {offset + nbytes}) lies past the end of the {alloc_size}-byte allocation"
+        )
+    return Handle(kind, uuid, alloc_size, offset, pid, pid_start, memory, layout, version)
+
+
+def _int(value: Any, what: str, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= _MAX_INT:
+        raise InvalidHandleError(f"{what} must be an integer >= {minimum}; got {value!r}")
+    return value

@@ -1,0 +1,155 @@
+"""The store daemon's wire protocol and socket location.
+
+Messages are length-prefixed JSON objects (a 4-byte little-endian length, then UTF-8 JSON) on a
+Unix stream socket; binary fields travel base64-encoded. File descriptors (memory the daemon owns)
+ride along as SCM_RIGHTS ancillary data of a reply. JSON rather than pickle: a peer must never
+be able to make the daemon run code, whatever it sends.
+
+The socket lives in a directory only its user can enter (mode 0700): ``$XDG_RUNTIME_DIR/pystrom/``
+when that is set, else ``/tmp/pystrom-<uid>/``; ``PYSTROM_STORE_SOCKET`` or an explicit path
+overrides it.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import json
+import os
+import socket
+import stat
+import struct
+from typing import Any
+
+from ..errors import StorePermissionError, StoreUnavailableError
+
+__all__ = ["default_socket", "secure_dir", "send", "recv", "b64", "unb64", "peer_credentials", "PROTOCOL"]
+
+PROTOCOL = 1
+MAX_MESSAGE = 64 << 20
+MAX_FDS = 8
+_LEN = struct.Struct("<I")
+SOCKET_ENV = "PYSTROM_STORE_SOCKET"
+
+
+def default_socket() -> str:
+    """The socket path used when none is given."""
+    env = os.environ.get(SOCKET_ENV)
+    if env:
+        return env
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "pystrom", "store.sock")
+    return os.path.join("/tmp", f"pystrom-{os.getuid()}", "store.sock")
+
+
+def secure_dir(path: str) -> None:
+    """Create ``path`` mode 0700 if missing; refuse one that another user owns or can enter."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StorePermissionError(f"store socket directory {path} is not a directory (a symlink?)")
+    if st.st_uid != os.getuid():
+        raise StorePermissionError(f"store socket directory {path} belongs to uid {st.st_uid}, not to this user")
+    if st.st_mode & 0o077:
+        raise StorePermissionError(
+            f"store socket directory {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700 "
+            "(only its user may enter it)"
+        )
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: Any) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError("expected a base64 string")
+    return base64.b64decode(text, validate=True)
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    data = _LEN.pack(len(body)) + body
+    sent = 0
+    if fds:
+        sent = socket.send_fds(sock, [data], list(fds))
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+def _recv_exact(sock: socket.socket, n: int, fds: list[int]) -> bytes:
+    parts, got = [], 0
+    space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+    while got < n:
+        data, anc, flags, _ = sock.recvmsg(n - got, space, getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received = array.array("i")
+                received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+                fds.extend(received)
+        if flags & getattr(socket, "MSG_CTRUNC", 0):
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionError("too many file descriptors in one message")
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts)
+
+
+def recv(sock: socket.socket) -> tuple[dict, list[int]]:
+    """One message and the descriptors that came with it (the caller owns and closes them).
+
+    Raises EOFError when the peer closed the connection before a message began, ConnectionError
+    on a malformed message.
+    """
+    fds: list[int] = []
+    (length,) = _LEN.unpack(_recv_exact(sock, _LEN.size, fds))
+    try:
+        if length > MAX_MESSAGE:
+            raise ConnectionError(f"message of {length} bytes exceeds the limit of {MAX_MESSAGE}")
+        body = _recv_exact(sock, length, fds)
+        message = json.loads(body)
+        if not isinstance(message, dict):
+            raise ConnectionError("a message must be a JSON object")
+    except (ValueError, EOFError, ConnectionError):
+        for fd in fds:
+            os.close(fd)
+        raise ConnectionError("malformed message") from None
+    return message, fds
+
+
+def connect(path: str, timeout: float | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        raise StoreUnavailableError(
+            f"no pystrom store daemon answers at {path} ({exc.strerror}); start one with `pystrom serve`"
+        ) from None
+    except PermissionError:
+        sock.close()
+        raise StorePermissionError(
+            f"not allowed to reach the store socket {path}: it belongs to another user"
+        ) from None
+    except OSError as exc:
+        sock.close()
+        raise StoreUnavailableError(f"cannot connect to the store daemon at {path}: {exc}") from None
+    sock.settimeout(None)
+    return sock
