@@ -288,8 +288,12 @@ def test_partitions_on_one_snapshot_under_concurrent_writes(pg, pg_cluster, devi
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        for parts in (8, 8, 1, 8):
-            t = pystrom.read_postgres(pg.conninfo, table=name, columns=["id", "v"], partitions=parts, device=device)
+        query = sql.SQL("SELECT id, v FROM {}").format(_ident(name)).as_string(pg.conn)
+        for parts in (8, 8, 1, 8, "key"):
+            if parts == "key":  # a query split on a key column shares the snapshot the same way
+                t = pystrom.read_postgres(pg.conninfo, query, partition_on="id", partitions=8, device=device)
+            else:
+                t = pystrom.read_postgres(pg.conninfo, table=name, columns=["id", "v"], partitions=parts, device=device)
             arrow = t.to_arrow()
             assert arrow.num_rows == 20000
             assert sum(arrow["v"].to_pylist()) == 20000
@@ -516,3 +520,31 @@ def test_gpu_decoder_matches_cpu_twin(pg):
             assert gpu.to_arrow().equals(cpu.to_arrow())
             for column in cpu.column_names:
                 assert gpu.column(column).null_count == cpu.column(column).null_count
+
+
+def test_query_partition_on_equals_one_stream(pg, wide_table, device):
+    query = sql.SQL("SELECT id % 1000 - 300 AS k, v, s FROM {} UNION ALL SELECT NULL, 0, 'null key'").format(
+        _ident(wide_table)
+    )
+    text = query.as_string(pg.conn)
+    one = pystrom.read_postgres(pg.conninfo, text, device=device)
+    split = pystrom.read_postgres(pg.conninfo, text, partition_on="k", partitions=6, device=device)
+    auto = pystrom.read_postgres(pg.conninfo, text, partition_on="k", device=device)
+    assert one.num_rows == split.num_rows == auto.num_rows == 30001
+    key = lambda r: tuple((x is None, x) for x in r)  # noqa: E731 (NULL keys sort first)
+    rows = sorted((tuple(r.values()) for r in one.to_arrow().to_pylist()), key=key)
+    assert rows == sorted((tuple(r.values()) for r in split.to_arrow().to_pylist()), key=key)
+    assert rows == sorted((tuple(r.values()) for r in auto.to_arrow().to_pylist()), key=key)
+    tiny = pystrom.read_postgres(pg.conninfo, "SELECT 5 AS k", partition_on="k", partitions=8, device=device)
+    assert tiny.to_arrow().to_pylist() == [{"k": 5}]
+    empty = pystrom.read_postgres(pg.conninfo, "SELECT 1 AS k WHERE false", partition_on="k", partitions=8)
+    assert empty.num_rows == 0
+
+
+def test_partition_on_errors(pg, wide_table):
+    with pytest.raises(pystrom.UnsupportedTypeError, match="partition_on column 's' has type text"):
+        pystrom.read_postgres(pg.conninfo, f"SELECT * FROM {wide_table}", partition_on="s")
+    with pytest.raises(pystrom.ColumnNotFoundError, match="'nope' is not in the result"):
+        pystrom.read_postgres(pg.conninfo, f"SELECT * FROM {wide_table}", partition_on="nope")
+    with pytest.raises(InvalidArgumentError, match="partition_on"):
+        pystrom.read_postgres(pg.conninfo, table=wide_table, partition_on="id")

@@ -149,6 +149,7 @@ def _pg2arrow(args: argparse.Namespace) -> int:
         table=table,
         batch_rows=args.batch_rows,
         partitions=args.partitions,
+        partition_on=args.partition_on,
         numeric=args.numeric,
         stats=not args.no_stats,
     )
@@ -194,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     pg2arrow.add_argument("-o", "--output", required=True, help="Arrow file to write")
     pg2arrow.add_argument("--batch-rows", type=_positive_int, default=1 << 20, help="rows per record batch")
     pg2arrow.add_argument("--partitions", type=_positive_int, default=None, help="connections for a --table read")
+    pg2arrow.add_argument("--partition-on", default=None, help="integer column splitting a -c query over connections")
     pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
     pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
     pg2arrow.set_defaults(run=_pg2arrow)

@@ -17,11 +17,11 @@ import numpy as np
 
 from .._layout import ColumnSpec, TablePlan
 from .._types import ColumnType, Layout, column_type
-from ..errors import CapacityError, PostgresError, SchemaMismatchError, UnsupportedTypeError
+from ..errors import CapacityError, ColumnNotFoundError, PostgresError, SchemaMismatchError, UnsupportedTypeError
 from ..interop.build import build_table_in_place
 from ._pq import DESC_SLOTS, FAILURES, Kind, Staged, decode_cpu
 
-__all__ = ["PgColumn", "describe", "assemble"]
+__all__ = ["PgColumn", "describe", "assemble", "check_partition_key"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -127,6 +127,17 @@ def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str) -> PgColu
         )
     kind, arrow = mapped
     return PgColumn(name, pg_type, kind, column_type(arrow, name))
+
+
+def check_partition_key(cols: Sequence[PgColumn], key: str) -> None:
+    for col in cols:
+        if col.name == key:
+            if col.kind not in (Kind.INT2, Kind.INT4, Kind.INT8):
+                raise UnsupportedTypeError(
+                    f"partition_on column {key!r} has type {col.pg_type}; it must be int2, int4 or int8"
+                )
+            return
+    raise ColumnNotFoundError(f"partition_on column {key!r} is not in the result; columns: {[c.name for c in cols]}")
 
 
 @dataclass

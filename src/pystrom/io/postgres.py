@@ -2,21 +2,18 @@
 
 A read is planned here: the statement is composed with :mod:`psycopg.sql` (identifiers are never
 formatted into strings), its result columns are described (``LIMIT 0``) and mapped to pystrom
-types, a ``table=`` read is split into ctid ranges over the relation's pages, one connection per
-range, all in REPEATABLE READ READ ONLY on one snapshot exported by the first connection (so the
-partitions together equal one read, whatever others write meanwhile). Each connection streams
+types, and a ``table=`` read (or a ``query=`` read with ``partition_on=``) is split into ranges, one
+connection each, all on one snapshot (:mod:`pystrom.io._pg_session`). Each connection streams
 ``COPY ... TO STDOUT (FORMAT BINARY)`` through the native pump into staging buffers; once all
 are in, the table is allocated once (row counts, NULL counts and string sizes are known by then)
-and every chunk is decoded straight into its row range (:mod:`pystrom.io._pg_decode`).
+and every chunk is decoded straight into its row range (:mod:`pystrom.io._pg_types`).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from .._backend import resolve_device
@@ -24,52 +21,10 @@ from .._settings import defaults
 from ..errors import InvalidArgumentError, PostgresError
 from ..table import Table
 from . import _pg_types
+from ._pg_session import Plan, connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs
 from ._pq import CopyStream, Staged
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
-
-_PAGES_PER_PARTITION = 1024  # 8 MiB of heap at least per connection: below that a connection costs more than it saves
-_MAX_AUTO_PARTITIONS = 16
-_LOCAL_HOSTS = ("", "localhost", "127.0.0.1", "::1")
-
-
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError:
-        raise PostgresError("read_postgres needs psycopg: pip install 'psycopg[binary]'") from None
-    return psycopg
-
-
-def _masked(conninfo: str) -> str:
-    """The conninfo without its password, for messages."""
-    psycopg = _psycopg()
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-    except psycopg.Error:
-        return "<unparsable conninfo>"
-    params.pop("password", None)
-    return " ".join(f"{k}={v}" for k, v in params.items()) or "<defaults>"
-
-
-def _connect(conninfo: str) -> Any:
-    psycopg = _psycopg()
-    try:
-        return psycopg.connect(conninfo, autocommit=True)
-    except psycopg.Error as exc:
-        raise PostgresError(f"cannot connect to PostgreSQL ({_masked(conninfo)}): {_flat(exc)}") from exc
-
-
-def _flat(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
-@dataclass
-class _Plan:
-    select: Any  # psycopg.sql.Composable: the SELECT without partition predicates
-    table: Any = None  # psycopg.sql.Identifier of the relation (table= reads)
-    columns: Any = None  # composed column list
-    where: Any = None  # composed user predicate or None
 
 
 def _identifier(table: Any) -> Any:
@@ -87,7 +42,7 @@ def _identifier(table: Any) -> Any:
     )
 
 
-def _plan(conn: Any, query: Any, table: Any, columns: Any, where: Any, params: Any) -> _Plan:
+def _plan(conn: Any, query: Any, table: Any, columns: Any, where: Any, params: Any) -> Plan:
     from psycopg import ClientCursor, sql
 
     if table is not None:
@@ -108,7 +63,7 @@ def _plan(conn: Any, query: Any, table: Any, columns: Any, where: Any, params: A
         select = sql.SQL("SELECT {} FROM {}").format(cols, ident)
         if pred is not None:
             select = sql.SQL("{} WHERE ({})").format(select, pred)
-        return _Plan(select, ident, cols, pred)
+        return Plan(select, ident, cols, pred)
     if not isinstance(query, (str, sql.Composable)):
         raise InvalidArgumentError(f"query must be a SQL string or a psycopg.sql object; got {type(query).__name__}")
     text = query if isinstance(query, str) else query.as_string(conn)
@@ -117,56 +72,7 @@ def _plan(conn: Any, query: Any, table: Any, columns: Any, where: Any, params: A
     text = text.strip().rstrip(";").strip()
     if not text:
         raise InvalidArgumentError("query is empty")
-    return _Plan(sql.SQL(text))
-
-
-def _run(conn: Any, what: str, statement: Any, args: Any = None) -> Any:
-    psycopg = _psycopg()
-    try:
-        return conn.execute(statement, args)
-    except psycopg.Error as exc:
-        raise PostgresError(f"PostgreSQL, while {what}: {_flat(exc)}") from exc
-
-
-def _auto_partitions(conn: Any, pages: int) -> int:
-    limit = defaults.pg_partitions
-    if limit == 0:
-        host = conn.info.host or ""
-        if host in _LOCAL_HOSTS or host.startswith("/"):
-            limit = min(os.cpu_count() or 1, _MAX_AUTO_PARTITIONS)  # the server shares this machine's cores
-        else:
-            row = _run(conn, "reading max_worker_processes", "SELECT current_setting('max_worker_processes')::int")
-            limit = min(int(row.fetchone()[0]), _MAX_AUTO_PARTITIONS)
-    row = _run(
-        conn,
-        "counting free connections",
-        "SELECT current_setting('max_connections')::int - (SELECT count(*) FROM pg_stat_activity)",
-    ).fetchone()
-    free = int(row[0]) - 3  # leave a few for others (superuser slots are not ours to take)
-    return max(1, min(limit, pages // _PAGES_PER_PARTITION, free))
-
-
-def _ranges(pages: int, n: int) -> list[tuple[int, int | None]]:
-    """``n`` ctid page ranges covering the relation; the last is open-ended (pages added later)."""
-    bounds = [pages * i // n for i in range(n + 1)]
-    return [(bounds[i], bounds[i + 1] if i + 1 < n else None) for i in range(n)]
-
-
-def _partition_select(plan: _Plan, start: int, stop: int | None) -> Any:
-    from psycopg import sql
-
-    preds = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({start},0)"))]
-    if stop is not None:
-        preds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({stop},0)")))
-    if plan.where is not None:
-        preds.append(sql.SQL("({})").format(plan.where))
-    return sql.SQL("SELECT {} FROM {} WHERE {}").format(plan.columns, plan.table, sql.SQL(" AND ").join(preds))
-
-
-def _copy_sql(conn: Any, select: Any) -> str:
-    from psycopg import sql
-
-    return sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(select).as_string(conn)
+    return Plan(sql.SQL(text))
 
 
 class _Reader:
@@ -237,6 +143,7 @@ def read_postgres(
     where: str | None = None,
     params: Any = None,
     partitions: int | None = None,
+    partition_on: str | None = None,
     numeric: str = "float64",
     device: str | int | None = None,
     progress: Callable[[int], None] | None = None,
@@ -263,7 +170,12 @@ def read_postgres(
         Connections reading one ``table`` in parallel, each a range of the table's pages, all on
         one exported snapshot (REPEATABLE READ READ ONLY): the result equals a single read even
         while others write. None picks from the table size and the server's cores
-        (``pystrom.defaults.pg_partitions`` caps it); 1 reads one stream. ``query`` reads are one stream.
+        (``pystrom.defaults.pg_partitions`` caps it); 1 reads one stream. ``query`` reads are one
+        stream unless ``partition_on`` is given.
+    partition_on
+        With ``query``: an integer (int2/4/8) result column whose [min, max] is split into
+        ``partitions`` equal ranges, one connection each, on one snapshot (NULL keys go to the
+        first range). Reads on a user's connection stay one stream.
     numeric
         ``"float64"`` (default) or ``"decimal"``: numeric columns as decimal128 with the column's
         declared precision and scale (unconstrained numeric must then be cast, e.g. ``x::numeric(18,4)``);
@@ -289,7 +201,7 @@ def read_postgres(
         Connection failures, SQL errors, permissions, a connection lost during the read. No partial
         table is returned.
     """
-    psycopg = _psycopg()
+    psycopg = psycopg_module()
     if (query is None) == (table is None):
         raise InvalidArgumentError("read_postgres needs exactly one of query= or table=")
     if query is not None and (columns is not None or where is not None):
@@ -298,6 +210,8 @@ def read_postgres(
         raise InvalidArgumentError(f"numeric must be 'float64' or 'decimal'; got {numeric!r}")
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
         raise InvalidArgumentError(f"partitions must be a positive int or None; got {partitions!r}")
+    if partition_on is not None and (query is None or not isinstance(partition_on, str) or not partition_on):
+        raise InvalidArgumentError(f"partition_on must name an integer column of a query= read; got {partition_on!r}")
     if progress is not None and not callable(progress):
         raise InvalidArgumentError("progress must be callable")
     backend = resolve_device(device)
@@ -306,70 +220,32 @@ def read_postgres(
         if conninfo.closed:
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
         plan = _plan(conninfo, query, table, columns, where, params)
-        cols = _pg_types.describe(conninfo, plan.select, numeric, _run)
-        chunks = _Reader(backend, len(cols), progress).read_all([(conninfo, _copy_sql(conninfo, plan.select))])
+        cols = _pg_types.describe(conninfo, plan.select, numeric, run_sql)
+        chunks = _Reader(backend, len(cols), progress).read_all([(conninfo, copy_sql(conninfo, plan.select))])
         return _pg_types.assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
             f"conninfo must be a connection string/URI or a psycopg.Connection; got {type(conninfo).__name__}"
         )
 
-    main = _connect(conninfo)
+    main = connect(conninfo)
     extra: list[Any] = []
     try:
-        _run(main, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        run_sql(main, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         plan = _plan(main, query, table, columns, where, params)
-        cols = _pg_types.describe(main, plan.select, numeric, _run)
-        jobs = [(main, _copy_sql(main, plan.select))]
-        if plan.table is not None and partitions != 1:
-            jobs = _partition_jobs(conninfo, main, plan, partitions, extra) or jobs
+        cols = _pg_types.describe(main, plan.select, numeric, run_sql)
+        if partition_on is not None:
+            _pg_types.check_partition_key(cols, partition_on)
+        jobs = [(main, copy_sql(main, plan.select))]
+        if partitions != 1 and plan.table is not None:
+            jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
+        elif partitions != 1 and partition_on is not None:
+            jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
         chunks = _Reader(backend, len(cols), progress).read_all(jobs)
         return _pg_types.assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:
             conn.close()  # read-only transactions: nothing to commit
-
-
-def _partition_jobs(conninfo: str, main: Any, plan: _Plan, partitions: int | None, extra: list) -> list | None:
-    """Open the extra connections on the main one's snapshot; None when one stream is all it takes."""
-    from psycopg import sql
-
-    row = _run(
-        main,
-        "sizing the table",
-        sql.SQL(
-            "SELECT c.relkind, pg_relation_size(c.oid) / current_setting('block_size')::bigint "
-            "FROM pg_class c WHERE c.oid = {}::regclass"
-        ).format(sql.Literal(plan.table.as_string(main))),
-    ).fetchone()
-    relkind, pages = row[0], int(row[1])
-    if relkind not in ("r", "m"):  # views and foreign tables have no ctid to split on
-        return None
-    n = partitions if partitions is not None else _auto_partitions(main, pages)
-    n = max(1, min(n, max(pages, 1)))
-    if n == 1:
-        return None
-    snapshot = _run(main, "exporting the snapshot", "SELECT pg_export_snapshot()").fetchone()[0]
-
-    def join(_: int) -> Any:
-        conn = _connect(conninfo)
-        try:
-            _run(conn, "starting a partition transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            _run(conn, "importing the snapshot", sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    with ThreadPoolExecutor(max_workers=n - 1) as pool:
-        futures = [pool.submit(join, i) for i in range(n - 1)]
-        for f in futures:  # keep every connection that opened, so the caller closes them all
-            if f.exception() is None:
-                extra.append(f.result())
-        for f in futures:
-            f.result()
-    conns = [main, *extra]
-    return [(c, _copy_sql(main, _partition_select(plan, a, b))) for c, (a, b) in zip(conns, _ranges(pages, n))]
 
 
 def postgres_to_arrow(
@@ -383,6 +259,7 @@ def postgres_to_arrow(
     params: Any = None,
     batch_rows: int = 1 << 20,
     partitions: int | None = None,
+    partition_on: str | None = None,
     numeric: str = "float64",
     stats: bool = True,
     progress: Callable[[int], None] | None = None,
@@ -397,7 +274,7 @@ def postgres_to_arrow(
 
     Parameters
     ----------
-    conninfo, query, table, columns, where, params, partitions, numeric, progress
+    conninfo, query, table, columns, where, params, partitions, partition_on, numeric, progress
         As for :func:`read_postgres`.
     path
         The file to write; it is replaced only once complete.
@@ -421,6 +298,7 @@ def postgres_to_arrow(
         where=where,
         params=params,
         partitions=partitions,
+        partition_on=partition_on,
         numeric=numeric,
         device="cpu",
         progress=progress,
