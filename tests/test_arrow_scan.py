@@ -118,3 +118,65 @@ def test_bad_where_is_a_clear_error(tmp_path, device):
         pystrom.read_arrow(path, where="nope > 1", device=device)
     with pytest.raises(pystrom.Error):
         pystrom.read_arrow(path, where="__import__('os').system('true')", device=device)
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+
+def _utc(text: str) -> pa.Scalar:
+    return pa.array([np.datetime64(text, "us")]).cast(pa.timestamp("us", tz="UTC"))[0]
+
+
+def _events(n: int) -> pa.Table:
+    rng = np.random.default_rng(11)
+    start = np.datetime64("2024-01-01T00:00:00", "us")
+    ts = start + np.sort(rng.integers(0, 365 * 86_400_000_000, n)).astype("timedelta64[us]")
+    return pa.table({
+        "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+        "v": pa.array(rng.standard_normal(n), mask=rng.random(n) < 0.1),
+        "tag": pa.array([f"t{k % 13}" for k in range(n)]),
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("footer_stats", [False, True])
+def test_sorted_timestamps_skip_batches_and_stay_exact(tmp_path, device, footer_stats):
+    table = _events(200_000)
+    path = tmp_path / "events.arrow"
+    pystrom.write_arrow(table, path, batch_rows=5000, footer_stats=footer_stats)
+    where = "ts between '2024-03-01' and '2024-03-03 12:00' and v > 0"
+    scan = pystrom.scan_arrow(path, where=where, device=device)
+    got = to_host(scan.collect())
+    lo, hi = _utc("2024-03-01T00:00:00"), _utc("2024-03-03T12:00:00")
+    mask = pc.and_(
+        pc.and_(pc.greater_equal(table["ts"], lo), pc.less_equal(table["ts"], hi)), pc.greater(table["v"], 0)
+    )
+    want = table.filter(mask).combine_chunks()
+    assert got.equals(want) and want.num_rows > 0
+    s = scan.stats
+    assert s.batches == 40
+    assert s.batches_skipped >= 36  # 2.5 days of 365 lie in one or two batches
+    assert s.bytes_read <= 0.1 * s.bytes
+    assert s.rows_matched == want.num_rows
+    assert "skipped by statistics" in str(s)
+
+
+def test_files_without_statistics_are_read_whole(tmp_path, device):
+    table = _events(20_000)
+    path = tmp_path / "plain.arrow"
+    pystrom.write_arrow(table, path, batch_rows=1000, stats=False)
+    scan = pystrom.scan_arrow(path, where="ts < '2024-01-02'", device=device)
+    got = to_host(scan.collect())
+    lo = _utc("2024-01-02T00:00:00")
+    assert got.equals(table.filter(pc.less(table["ts"], lo)).combine_chunks())
+    assert scan.stats.batches_skipped == 0 and scan.stats.batches == 20
+
+
+def test_string_statistics_skip_batches(tmp_path, device):
+    n = 30_000
+    table = pa.table({"name": pa.array([f"k{k:06d}" for k in range(n)]), "x": np.arange(n, dtype=np.int32)})
+    path = tmp_path / "names.arrow"
+    pystrom.write_arrow(table, path, batch_rows=1000)
+    scan = pystrom.scan_arrow(path, where="name = 'k012345'", device=device)
+    got = to_host(scan.collect())
+    assert got.column("x").to_pylist() == [12345]
+    assert scan.stats.batches_skipped == 29

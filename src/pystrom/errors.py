@@ -32,6 +32,7 @@ __all__ = [
     "FileError",
     "DataError",
     "NotFittedError",
+    "ExpressionError",
 ]
 
 
@@ -147,3 +148,18 @@ class DataError(Error, ValueError):
 
 class NotFittedError(Error, ValueError, AttributeError):
     """A model used before ``fit`` (like scikit-learn's, it is both a ValueError and an AttributeError)."""
+
+
+class ExpressionError(Error, ValueError):
+    """A ``where`` expression that does not parse or does not type-check against the schema.
+
+    The message names the bad token or column and its position (``position`` holds the 0-based
+    character offset into the expression text, or None when the problem is not at one place).
+    """
+
+    def __init__(self, message: str, position: int | None = None):
+        super().__init__(message, position)
+        self.position = position
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

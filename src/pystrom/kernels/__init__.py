@@ -11,7 +11,7 @@ import functools
 from importlib import resources
 from typing import Any
 
-__all__ = ["kernel", "launch", "sm_count"]
+__all__ = ["kernel", "launch", "sm_count", "generated", "launch_function"]
 
 _THREADS = 256
 
@@ -47,8 +47,34 @@ def launch(source_name: str, function: str, ordinal: int, work_items: int, args:
     """Launch a grid-stride kernel over ``work_items`` items on the current stream of GPU ``ordinal``."""
     if work_items <= 0:
         return
+    launch_function(kernel(source_name, function, ordinal), ordinal, work_items, args)
+
+
+def launch_function(function: Any, ordinal: int, work_items: int, args: tuple) -> None:
+    """Launch a compiled grid-stride kernel (from :func:`kernel` or :func:`generated`) over ``work_items``."""
+    if work_items <= 0:
+        return
     import cupy
 
     blocks = min((work_items + _THREADS - 1) // _THREADS, _max_blocks(ordinal))
     with cupy.cuda.Device(ordinal):
-        kernel(source_name, function, ordinal)((blocks,), (_THREADS,), args)
+        function((blocks,), (_THREADS,), args)
+
+
+# Generated sources (one per predicate and schema) are many but each is asked for again on every
+# batch of a scan: keep the most recent ones compiled, keyed by the source text itself.
+@functools.lru_cache(maxsize=256)
+def generated(
+    source: str, function: str, ordinal: int, helpers: tuple[str, ...] = (), options: tuple[str, ...] = ("--std=c++17",)
+) -> Any:
+    """Compile generated CUDA ``source`` for GPU ``ordinal``, after the hand-written ``<helpers>.cu`` files.
+
+    Memoised per (source text, function, device, helpers, NVRTC options): callers build the source
+    once (per predicate and schema), never in a hot path, and may then ask for the kernel on every call.
+    """
+    import cupy
+
+    parts = [resources.files(__package__).joinpath(f"{name}.cu").read_text(encoding="utf-8") for name in helpers]
+    with cupy.cuda.Device(ordinal):
+        module = cupy.RawModule(code="\n".join([*parts, source]), options=options)
+        return module.get_function(function)
