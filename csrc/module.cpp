@@ -1,6 +1,7 @@
 // pystrom._core: declarations and conversions only. Each binding checks its buffers, releases the GIL
 // and calls plain C++ (bits.cpp). Defaults and documentation live in the Python modules that wrap these.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -8,6 +9,8 @@
 
 #include "bits.hpp"
 #include "gather.hpp"
+#include "pg_decode.hpp"
+#include "pg_pump.hpp"
 
 namespace py = pybind11;
 
@@ -89,5 +92,58 @@ PYBIND11_MODULE(_core, m) {
                                      reinterpret_cast<const int32_t*>(dofs.ptr), dd.ptr, dd.size);
     }
     if (!ok) throw std::out_of_range("gather_varbinary: a row index or string offset lies out of range");
+  });
+
+  // -- PostgreSQL: the COPY pump and the CPU decoder (pystrom/io/_pq.py wraps these) ------------------
+  py::register_exception<pystrom::pg::ServerError>(m, "PgServerError", PyExc_RuntimeError);
+  py::register_exception<pystrom::pg::ProtocolError>(m, "PgProtocolError", PyExc_RuntimeError);
+
+  m.def("pg_load_libpq", [](const std::string& path) { return pystrom::pg::load_libpq(path); });
+
+  py::class_<pystrom::pg::CopyPump>(m, "CopyPump")
+      .def(py::init<uintptr_t, int>())
+      .def("start",
+           [](pystrom::pg::CopyPump& self, const std::string& sql) {
+             py::gil_scoped_release nogil;
+             self.start(sql);
+           })
+      .def("fill",
+           [](pystrom::pg::CopyPump& self, py::buffer buf, py::buffer offsets, py::buffer nulls, py::buffer bytes) {
+             Bytes b = request(buf, true, "buf");
+             Bytes o = request(offsets, true, "offsets");
+             Bytes n = request(nulls, true, "nulls");
+             Bytes s = request(bytes, true, "bytes");
+             pystrom::pg::FillResult r;
+             {
+               py::gil_scoped_release nogil;
+               r = self.fill(b.ptr, b.size, reinterpret_cast<int64_t*>(o.ptr), o.size / sizeof(int64_t),
+                             reinterpret_cast<int64_t*>(n.ptr), reinterpret_cast<int64_t*>(s.ptr));
+             }
+             return py::make_tuple(r.nbytes, r.nrows, r.done, r.need);
+           })
+      .def("abort",
+           [](pystrom::pg::CopyPump& self) {
+             py::gil_scoped_release nogil;
+             self.abort();
+           })
+      .def_property_readonly("active", &pystrom::pg::CopyPump::active)
+      .def_property_readonly("command_status", &pystrom::pg::CopyPump::command_status);
+
+  m.def("pg_decode", [](py::buffer buf, py::buffer offsets, int64_t nrows, int64_t row_base, py::buffer desc) {
+    Bytes b = request(buf, false, "buf");
+    Bytes o = request(offsets, false, "offsets");
+    Bytes d = request(desc, false, "desc");
+    const int ncols = static_cast<int>(d.size / (sizeof(int64_t) * pystrom::pg::kDescSlots));
+    if (nrows < 0 || static_cast<std::size_t>(nrows) > o.size / sizeof(int64_t)) {
+      throw std::out_of_range("pg_decode: more rows than offsets");
+    }
+    if (ncols > 1664) throw std::out_of_range("pg_decode: too many columns");
+    pystrom::pg::DecodeError e;
+    {
+      py::gil_scoped_release nogil;
+      e = pystrom::pg::decode_rows(b.ptr, reinterpret_cast<const int64_t*>(o.ptr), nrows, row_base,
+                                   reinterpret_cast<const int64_t*>(d.ptr), ncols);
+    }
+    return py::make_tuple(e.code, e.row, e.column);
   });
 }

@@ -6,6 +6,8 @@ import pytest
 
 from pystrom._backend import cuda_device_count
 
+pytest_plugins = ["fix_pg"]  # a throwaway real PostgreSQL cluster (fixtures pg_cluster, pg)
+
 HAVE_GPU = cuda_device_count() > 0
 needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy in this environment")
 

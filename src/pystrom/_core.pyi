@@ -15,3 +15,33 @@ def gather_varbinary(
     src_offsets: Buffer, src_data: Buffer, rows: Buffer, dst_offsets: Buffer, dst_data: Buffer
 ) -> None:
     """Copy the bytes of string rows ``rows`` (int64) into ``dst_data`` at ``dst_offsets`` (int32 prefix sums)."""
+
+# -- PostgreSQL (csrc/pg_pump.cpp, csrc/pg_decode.cpp; wrapped by pystrom/io/_pq.py) ----------------
+
+class PgServerError(RuntimeError):
+    """libpq or the server reported a failure (the message is theirs)."""
+
+class PgProtocolError(RuntimeError):
+    """Bytes that do not follow the binary COPY format."""
+
+def pg_load_libpq(path: str) -> str:
+    """Resolve libpq's functions from the copy already loaded (``path``, or found among loaded objects if empty)."""
+
+class CopyPump:
+    """One ``COPY ... TO STDOUT (FORMAT BINARY)`` on a ``PGconn*`` that psycopg opened."""
+
+    def __init__(self, pgconn: int, ncols: int) -> None: ...
+    def start(self, sql: str) -> None:
+        """Send the COPY and wait for COPY OUT (GIL released)."""
+    def fill(self, buf: Buffer, offsets: Buffer, nulls: Buffer, bytes: Buffer) -> tuple[int, int, bool, int]:
+        """Append whole rows to ``buf`` and their int64 starts to ``offsets``, adding per-column NULL and byte
+        counts; returns ``(nbytes, nrows, done, need)`` (GIL released)."""
+    def abort(self) -> None:
+        """Cancel on the server (PQcancel) and drain, leaving the connection idle or clearly failed."""
+    @property
+    def active(self) -> bool: ...
+    @property
+    def command_status(self) -> str: ...
+
+def pg_decode(buf: Buffer, offsets: Buffer, nrows: int, row_base: int, desc: Buffer) -> tuple[int, int, int]:
+    """Decode staged rows into the table memory the int64 descriptors point at; ``(failure, row, column)``."""

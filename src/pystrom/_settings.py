@@ -55,6 +55,20 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 4096,
         "Bytes per pinned staging slot (each copy thread has two).",
     ),
+    "pg_partitions": _Option(
+        "PYSTROM_PG_PARTITIONS",
+        int,
+        0,
+        lambda v: isinstance(v, int) and v >= 0,
+        "Most connections read_postgres(partitions=None) opens for one table; 0 picks from the server's cores.",
+    ),
+    "pg_staging_chunk": _Option(
+        "PYSTROM_PG_STAGING_CHUNK",
+        int,
+        64 << 20,
+        lambda v: isinstance(v, int) and v >= 4096,
+        "Largest staging buffer (bytes) the PostgreSQL COPY pump fills before starting the next one.",
+    ),
     "io_threads": _Option(
         "PYSTROM_IO_THREADS",
         int,

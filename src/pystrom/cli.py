@@ -135,6 +135,31 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pg2arrow(args: argparse.Namespace) -> int:
+    from .io.postgres import postgres_to_arrow
+
+    table = None
+    if args.table is not None:
+        table = (args.schema, args.table) if args.schema else args.table
+    start = time.perf_counter()
+    summary = postgres_to_arrow(
+        args.dsn,
+        args.output,
+        args.query,
+        table=table,
+        batch_rows=args.batch_rows,
+        partitions=args.partitions,
+        partition_on=args.partition_on,
+        numeric=args.numeric,
+        stats=not args.no_stats,
+    )
+    print(
+        f"{summary.path}: {summary.num_rows:,} rows in {summary.num_batches} record batch(es), "
+        f"{summary.bytes_written:,} bytes, {time.perf_counter() - start:.2f} s"
+    )
+    return 0
+
+
 # -- serve ------------------------------------------------------------------------------------------
 
 
@@ -161,6 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     info = sub.add_parser("info", help="versions, GPUs and settings")
     info.set_defaults(run=_info)
+    pg2arrow = sub.add_parser("pg2arrow", help="write a PostgreSQL query result or table to an Arrow IPC file")
+    pg2arrow.add_argument("-d", "--dsn", required=True, help="libpq connection string or URI")
+    source = pg2arrow.add_mutually_exclusive_group(required=True)
+    source.add_argument("-c", "--command", dest="query", help="SQL query whose result is written")
+    source.add_argument("-t", "--table", help="table to write (one identifier; schema.name with --schema)")
+    pg2arrow.add_argument("--schema", default=None, help="schema of --table")
+    pg2arrow.add_argument("-o", "--output", required=True, help="Arrow file to write")
+    pg2arrow.add_argument("--batch-rows", type=_positive_int, default=1 << 20, help="rows per record batch")
+    pg2arrow.add_argument("--partitions", type=_positive_int, default=None, help="connections for a --table read")
+    pg2arrow.add_argument("--partition-on", default=None, help="integer column splitting a -c query over connections")
+    pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
+    pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
+    pg2arrow.set_defaults(run=_pg2arrow)
     serve = sub.add_parser("serve", help="run the store daemon that keeps named tables in GPU memory")
     serve.add_argument("--socket", default=None, help="socket path (default: a per-user runtime directory)")
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present)")

@@ -17,6 +17,8 @@ __all__ = [
     "DeviceError",
     "ClosedError",
     "OutOfMemoryError",
+    "PostgresError",
+    "InvalidArgumentError",
     "InvalidHandleError",
     "IPCError",
     "ExporterGoneError",
@@ -74,6 +76,18 @@ class ClosedError(Error, ValueError):
 
 class OutOfMemoryError(Error, MemoryError):
     """The device (or host) could not provide an allocation."""
+
+
+class PostgresError(Error, RuntimeError):
+    """PostgreSQL refused or broke off a read: connection, SQL, permission, a lost server.
+
+    The message carries the server's own text; ``__cause__`` holds psycopg's exception when there
+    was one (with its ``sqlstate``).
+    """
+
+
+class InvalidArgumentError(Error, ValueError):
+    """An argument of a public call that makes no sense (wrong type, conflicting options)."""
 
 
 # -- sharing between processes (pystrom.ipc) ------------------------------------------------------

@@ -10,6 +10,7 @@ re-aligned across chunks, string offsets rebased) are prepared on the host first
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ import numpy as np
 
 from .. import _core
 from .._backend import Backend, Block
-from .._layout import ColumnPlan, ColumnSpec, plan_table
+from .._layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 from .._types import ColumnType, Layout
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
     from ..table import Table
 
-__all__ = ["HostColumn", "DeviceColumn", "build_table"]
+__all__ = ["HostColumn", "DeviceColumn", "build_table", "build_table_in_place"]
 
 
 @dataclass
@@ -150,10 +151,6 @@ def build_table(
     ``allocate(nbytes)`` replaces ``backend.allocate``: the store uses it to build a table straight
     into daemon-owned memory (``Store.put_arrow``; loaders can pass it the same way).
     """
-    import pyarrow as pa
-
-    from ..table import Table
-
     plan = plan_table([c.spec() for c in columns])
     block = (allocate or backend.allocate)(plan.nbytes)
     writer = _Writer(block)
@@ -163,7 +160,41 @@ def build_table(
         else:
             _fill_device(block, col_plan, col)
     writer.flush()
-    schema = pa.schema([c.field for c in columns], metadata=metadata)
     if num_rows is None:  # a table without columns still has a row count when it comes from Arrow
         num_rows = plan.columns[0].length if plan.columns else 0
-    return Table._wrap(block, plan, schema, num_rows)
+    return _wrap(block, plan, [c.field for c in columns], metadata, num_rows)
+
+
+def build_table_in_place(
+    backend: Backend,
+    fields: Sequence[pa.Field],
+    specs: Sequence[ColumnSpec],
+    fill: Callable[[Block, TablePlan], None],
+    num_rows: int,
+    metadata: Any = None,
+    allocate: Callable[[int], Block] | None = None,
+) -> Table:
+    """Allocate one block for columns known only by their specs, let ``fill(block, plan)`` write every
+    buffer (producers that decode straight into place, like the PostgreSQL loader), wrap it.
+
+    If ``fill`` raises, the block is dropped with it: nothing stays allocated.
+    """
+    plan = plan_table(specs)
+    block = (allocate or backend.allocate)(plan.nbytes)
+    try:
+        fill(block, plan)
+    except BaseException as exc:
+        # The traceback's frames hold views of the block (and scratch device arrays): clear their
+        # locals so the memory goes back now, not when the caller drops the exception.
+        traceback.clear_frames(exc.__traceback__)
+        del block
+        raise
+    return _wrap(block, plan, fields, metadata, num_rows)
+
+
+def _wrap(block: Block, plan: TablePlan, fields: Sequence[pa.Field], metadata: Any, num_rows: int) -> Table:
+    import pyarrow as pa
+
+    from ..table import Table
+
+    return Table._wrap(block, plan, pa.schema(list(fields), metadata=metadata), num_rows)

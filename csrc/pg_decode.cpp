@@ -1,0 +1,259 @@
+#include "pg_decode.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace pystrom::pg {
+
+namespace {
+
+inline uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>((p[0] << 8) | p[1]); }
+inline uint32_t be32(const uint8_t* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+}
+inline uint64_t be64(const uint8_t* p) { return (uint64_t(be32(p)) << 32) | be32(p + 4); }
+
+// PostgreSQL counts days and microseconds from 2000-01-01, Arrow from 1970-01-01.
+constexpr int32_t kDateShift = 10957;
+constexpr int64_t kTimestampShift = 946684800000000LL;
+
+constexpr uint16_t kNumericNeg = 0x4000, kNumericNaN = 0xC000, kNumericPInf = 0xD000, kNumericNInf = 0xF000;
+
+// Exact powers of ten representable in a double.
+constexpr double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+// m * 10^e for an exact integer m held as m_hi + m_lo: one exact power of ten at a time with an
+// FMA-corrected product/quotient, so a value with up to 19 significant digits and |e| <= 22 comes out
+// correctly rounded but for near-ties; beyond, each further step may add half an ulp.
+inline double scale10(double hi, double lo, int e) {
+  while (e != 0) {
+    const int k = e > 0 ? (e > 22 ? 22 : e) : (e < -22 ? 22 : -e);
+    const double pw = kPow10[k];
+    if (e > 0) {
+      const double p = hi * pw;
+      lo = std::fma(hi, pw, -p) + lo * pw;
+      hi = p;
+      e -= k;
+    } else {
+      const double q = hi / pw;
+      lo = (std::fma(-q, pw, hi) + lo) / pw;
+      hi = q;
+      e += k;
+    }
+    if (!std::isfinite(hi)) return hi;
+    const double s = hi + lo;  // renormalise the pair
+    lo = lo - (s - hi);
+    hi = s;
+  }
+  return hi + lo;
+}
+
+// numeric -> float64 from its first 19 significant digits (exact in a uint64).
+int64_t numeric_f64(const uint8_t* p, int32_t len, double* out) {
+  if (len < 8) return BAD_LENGTH;
+  const int ndigits = static_cast<int16_t>(be16(p));
+  const int weight = static_cast<int16_t>(be16(p + 2));
+  const uint16_t sign = be16(p + 4);
+  if (sign == kNumericNaN) { *out = std::numeric_limits<double>::quiet_NaN(); return OK; }
+  if (sign == kNumericPInf) { *out = std::numeric_limits<double>::infinity(); return OK; }
+  if (sign == kNumericNInf) { *out = -std::numeric_limits<double>::infinity(); return OK; }
+  if (ndigits < 0 || len != 8 + 2 * ndigits) return BAD_LENGTH;
+  if (ndigits == 0) { *out = 0.0; return OK; }
+  // Whole groups while they fit, then single digits up to 19 (the rest is below the last bit).
+  uint64_t m = 0;
+  int e = 0;
+  for (int i = 0; i < ndigits; ++i) {
+    const uint32_t g = be16(p + 8 + 2 * i);
+    if (m < 1000000000000000ULL) {
+      m = m * 10000 + g;
+      e = 4 * (weight - i);
+      continue;
+    }
+    const uint32_t div[4] = {1000, 100, 10, 1};
+    for (int j = 0; j < 4 && m < 1000000000000000000ULL; ++j) {
+      m = m * 10 + (g / div[j]) % 10;
+      e = 4 * (weight - i) + 3 - j;
+    }
+    break;
+  }
+  const double hi = static_cast<double>(m);
+  const double lo = static_cast<double>(static_cast<int64_t>(m - static_cast<uint64_t>(hi)));
+  const double v = scale10(hi, lo, e);
+  *out = sign == kNumericNeg ? -v : v;
+  return OK;
+}
+
+// 128-bit unsigned magnitude as four 32-bit limbs, least significant first.
+struct U128 {
+  uint32_t w[4];
+};
+// 10^38: decimal128's largest precision is 38 digits.
+constexpr U128 kDecimalLimit = {{0x00000000u, 0x098A2240u, 0x5A86C47Au, 0x4B3B4CA8u}};
+
+inline bool less(const U128& a, const U128& b) {
+  for (int i = 3; i >= 0; --i) {
+    if (a.w[i] != b.w[i]) return a.w[i] < b.w[i];
+  }
+  return false;
+}
+// a = a * k + add; false when the result leaves 128 bits.
+inline bool mul_add(U128& a, uint32_t k, uint32_t add) {
+  uint64_t carry = add;
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t t = uint64_t(a.w[i]) * k + carry;
+    a.w[i] = static_cast<uint32_t>(t);
+    carry = t >> 32;
+  }
+  return carry == 0;
+}
+// a = a / k; returns the remainder.
+inline uint32_t div_small(U128& a, uint32_t k) {
+  uint64_t rem = 0;
+  for (int i = 3; i >= 0; --i) {
+    const uint64_t cur = (rem << 32) | a.w[i];
+    a.w[i] = static_cast<uint32_t>(cur / k);
+    rem = cur % k;
+  }
+  return static_cast<uint32_t>(rem);
+}
+
+// numeric -> decimal128 at `scale`: exact, or a failure code (never a wrapped value).
+int64_t numeric_dec128(const uint8_t* p, int32_t len, int scale, uint8_t* out) {
+  if (len < 8) return BAD_LENGTH;
+  const int ndigits = static_cast<int16_t>(be16(p));
+  const int weight = static_cast<int16_t>(be16(p + 2));
+  const uint16_t sign = be16(p + 4);
+  if (sign == kNumericNaN || sign == kNumericPInf || sign == kNumericNInf) return DECIMAL_SPECIAL;
+  if (ndigits < 0 || len != 8 + 2 * ndigits) return BAD_LENGTH;
+  U128 v = {{0, 0, 0, 0}};
+  for (int i = 0; i < ndigits; ++i) {
+    if (!mul_add(v, 10000, be16(p + 8 + 2 * i))) return DECIMAL_OVERFLOW;
+  }
+  // v * 10^e is the unscaled value; e < 0 drops digits that must be zeros.
+  int e = 4 * (weight - ndigits + 1) + scale;
+  for (; e > 0; --e) {
+    if (!mul_add(v, 10, 0) || !less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
+  }
+  for (; e < 0; ++e) {
+    if (div_small(v, 10) != 0) return DECIMAL_SCALE;
+  }
+  if (!less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
+  if (sign == kNumericNeg) {  // two's complement
+    uint64_t carry = 1;
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t t = uint64_t(static_cast<uint32_t>(~v.w[i])) + carry;
+      v.w[i] = static_cast<uint32_t>(t);
+      carry = t >> 32;
+    }
+  }
+  std::memcpy(out, v.w, 16);  // little-endian limbs, as Arrow stores decimal128
+  return OK;
+}
+
+inline void clear_bit(uint8_t* bitmap, int64_t row) {
+  __atomic_fetch_and(bitmap + (row >> 3), static_cast<uint8_t>(~(1u << (row & 7))), __ATOMIC_RELAXED);
+}
+
+template <typename T>
+inline T* at(int64_t address) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(address));
+}
+
+}  // namespace
+
+DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrows, int64_t row_base,
+                        const int64_t* desc, int ncols) {
+  // String columns: bytes written so far in this chunk, per column.
+  int64_t written[1664] = {0};
+  for (int64_t r = 0; r < nrows; ++r) {
+    const uint8_t* p = buf + offsets[r] + 2;  // skip the field count (checked by the pump)
+    const int64_t row = row_base + r;
+    for (int c = 0; c < ncols; ++c) {
+      const int64_t* d = desc + c * kDescSlots;
+      const int32_t len = static_cast<int32_t>(be32(p));
+      p += 4;
+      const int64_t kind = d[0];
+      if (len < 0) {  // NULL
+        if (d[2] == 0) return {UNEXPECTED_NULL, r, c};
+        clear_bit(at<uint8_t>(d[2]), row);
+        switch (kind) {
+          case BOOL: at<uint8_t>(d[1])[row] = 0; break;
+          case INT2: at<int16_t>(d[1])[row] = 0; break;
+          case INT4: case FLOAT4: case DATE: case OID: at<int32_t>(d[1])[row] = 0; break;
+          case INT8: case FLOAT8: case NUMERIC_F64: case TIMESTAMP: at<int64_t>(d[1])[row] = 0; break;
+          case NUMERIC_DEC128: case UUID: std::memset(at<uint8_t>(d[1]) + row * 16, 0, 16); break;
+          case VARLEN: at<int32_t>(d[1])[row] = static_cast<int32_t>(d[4] + written[c]); break;
+        }
+        continue;
+      }
+      int64_t failure = OK;
+      switch (kind) {
+        case BOOL:
+          if (len != 1) failure = BAD_LENGTH; else at<uint8_t>(d[1])[row] = p[0] != 0;
+          break;
+        case INT2:
+          if (len != 2) failure = BAD_LENGTH; else at<int16_t>(d[1])[row] = static_cast<int16_t>(be16(p));
+          break;
+        case INT4: case FLOAT4: case OID:
+          if (len != 4) failure = BAD_LENGTH; else at<uint32_t>(d[1])[row] = be32(p);
+          break;
+        case INT8: case FLOAT8:
+          if (len != 8) failure = BAD_LENGTH; else at<uint64_t>(d[1])[row] = be64(p);
+          break;
+        case DATE:
+          if (len != 4) {
+            failure = BAD_LENGTH;
+          } else {
+            const int32_t v = static_cast<int32_t>(be32(p));
+            // +-infinity are INT32_MAX/MIN in PostgreSQL: kept as the same sentinels.
+            const bool inf = v == std::numeric_limits<int32_t>::max() || v == std::numeric_limits<int32_t>::min();
+            at<int32_t>(d[1])[row] = inf ? v : v + kDateShift;
+          }
+          break;
+        case TIMESTAMP:
+          if (len != 8) {
+            failure = BAD_LENGTH;
+          } else {
+            const int64_t v = static_cast<int64_t>(be64(p));
+            const bool inf = v == std::numeric_limits<int64_t>::max() || v == std::numeric_limits<int64_t>::min();
+            if (!inf && v > std::numeric_limits<int64_t>::max() - kTimestampShift) {
+              failure = TIMESTAMP_RANGE;  // after 294247 AD: past int64 microseconds since 1970
+            } else {
+              at<int64_t>(d[1])[row] = inf ? v : v + kTimestampShift;
+            }
+          }
+          break;
+        case NUMERIC_F64:
+          failure = numeric_f64(p, len, at<double>(d[1]) + row);
+          break;
+        case NUMERIC_DEC128:
+          failure = numeric_dec128(p, len, static_cast<int>(d[5]), at<uint8_t>(d[1]) + row * 16);
+          break;
+        case UUID:
+          if (len != 16) failure = BAD_LENGTH; else std::memcpy(at<uint8_t>(d[1]) + row * 16, p, 16);
+          break;
+        case VARLEN: {
+          const int64_t dst = d[4] + written[c];
+          at<int32_t>(d[1])[row] = static_cast<int32_t>(dst);
+          std::memcpy(at<uint8_t>(d[3]) + dst, p, static_cast<std::size_t>(len));
+          written[c] += len;
+          break;
+        }
+        default:
+          failure = BAD_LENGTH;
+      }
+      if (failure != OK) return {failure, r, c};
+      p += len;
+    }
+  }
+  // Close each string column's offsets: the row after this chunk starts where this chunk ended.
+  for (int c = 0; c < ncols; ++c) {
+    const int64_t* d = desc + c * kDescSlots;
+    if (d[0] == VARLEN) at<int32_t>(d[1])[row_base + nrows] = static_cast<int32_t>(d[4] + written[c]);
+  }
+  return {OK, 0, 0};
+}
+
+}  // namespace pystrom::pg

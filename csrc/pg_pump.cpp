@@ -1,0 +1,271 @@
+#include "pg_pump.hpp"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+namespace pystrom::pg {
+
+namespace {
+
+// The few libpq entry points the pump needs, with libpq's own signatures (PGconn*/PGresult* opaque).
+struct Libpq {
+  int (*PQsendQuery)(void*, const char*);
+  void* (*PQgetResult)(void*);
+  int (*PQresultStatus)(const void*);
+  char* (*PQresultErrorMessage)(const void*);
+  char* (*PQerrorMessage)(const void*);
+  char* (*PQcmdStatus)(void*);
+  void (*PQclear)(void*);
+  int (*PQgetCopyData)(void*, char**, int);
+  void (*PQfreemem)(void*);
+  void* (*PQgetCancel)(void*);
+  int (*PQcancel)(void*, char*, int);
+  void (*PQfreeCancel)(void*);
+  int (*PQstatus)(const void*);
+  int (*PQtransactionStatus)(const void*);
+};
+
+// ExecStatusType / ConnStatusType / PGTransactionStatusType values (stable parts of libpq's ABI).
+constexpr int PGRES_COMMAND_OK = 1;
+constexpr int PGRES_COPY_OUT = 3;
+constexpr int CONNECTION_OK = 0;
+constexpr int PQTRANS_ACTIVE = 1;
+
+Libpq g_pq{};
+std::string g_path;
+std::mutex g_mutex;
+
+int find_loaded(dl_phdr_info* info, size_t, void* out) {
+  const char* name = info->dlpi_name;
+  if (name == nullptr || *name == '\0') return 0;
+  const char* base = std::strrchr(name, '/');
+  base = base ? base + 1 : name;
+  if (std::strncmp(base, "libpq", 5) == 0 && (base[5] == '.' || base[5] == '-')) {
+    static_cast<std::vector<std::string>*>(out)->push_back(name);
+  }
+  return 0;
+}
+
+template <typename F>
+void resolve(void* handle, const char* symbol, F& fn, const std::string& path) {
+  fn = reinterpret_cast<F>(dlsym(handle, symbol));
+  if (fn == nullptr) throw std::runtime_error("libpq at " + path + " has no symbol " + symbol);
+}
+
+uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>((p[0] << 8) | p[1]); }
+int32_t be32(const uint8_t* p) {
+  return static_cast<int32_t>((uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3]);
+}
+
+const uint8_t kSignature[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', 0xFF, '\r', '\n', 0};
+
+}  // namespace
+
+std::string load_libpq(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_path.empty()) return g_path;
+  std::vector<std::string> candidates;
+  if (!path.empty()) {
+    candidates.push_back(path);
+  } else {
+    dl_iterate_phdr(find_loaded, &candidates);
+  }
+  if (candidates.empty()) {
+    throw std::runtime_error("no libpq is loaded in this process (psycopg must be imported and connected first)");
+  }
+  for (const std::string& candidate : candidates) {
+    // RTLD_NOLOAD: only take a library that is already mapped, never load a second libpq.
+    void* handle = dlopen(candidate.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr || dlsym(handle, "PQgetCopyData") == nullptr) continue;
+    Libpq pq{};
+    resolve(handle, "PQsendQuery", pq.PQsendQuery, candidate);
+    resolve(handle, "PQgetResult", pq.PQgetResult, candidate);
+    resolve(handle, "PQresultStatus", pq.PQresultStatus, candidate);
+    resolve(handle, "PQresultErrorMessage", pq.PQresultErrorMessage, candidate);
+    resolve(handle, "PQerrorMessage", pq.PQerrorMessage, candidate);
+    resolve(handle, "PQcmdStatus", pq.PQcmdStatus, candidate);
+    resolve(handle, "PQclear", pq.PQclear, candidate);
+    resolve(handle, "PQgetCopyData", pq.PQgetCopyData, candidate);
+    resolve(handle, "PQfreemem", pq.PQfreemem, candidate);
+    resolve(handle, "PQgetCancel", pq.PQgetCancel, candidate);
+    resolve(handle, "PQcancel", pq.PQcancel, candidate);
+    resolve(handle, "PQfreeCancel", pq.PQfreeCancel, candidate);
+    resolve(handle, "PQstatus", pq.PQstatus, candidate);
+    resolve(handle, "PQtransactionStatus", pq.PQtransactionStatus, candidate);
+    g_pq = pq;
+    g_path = candidate;
+    return g_path;  // the handle stays open for the life of the process, like psycopg's own
+  }
+  throw std::runtime_error("none of the loaded libraries named libpq* exports PQgetCopyData");
+}
+
+CopyPump::CopyPump(uintptr_t pgconn, int ncols) : conn_(reinterpret_cast<void*>(pgconn)), ncols_(ncols) {
+  if (g_path.empty()) throw std::runtime_error("libpq is not resolved: call load_libpq first");
+  if (conn_ == nullptr) throw std::invalid_argument("null PGconn pointer");
+  if (ncols < 0 || ncols > 1664) throw std::invalid_argument("column count out of range");
+}
+
+CopyPump::~CopyPump() {
+  abort();
+}
+
+void CopyPump::start(const std::string& sql) {
+  if (g_pq.PQstatus(conn_) != CONNECTION_OK) throw ServerError(g_pq.PQerrorMessage(conn_));
+  if (g_pq.PQtransactionStatus(conn_) == PQTRANS_ACTIVE) {
+    throw std::runtime_error("the connection is busy with another command");
+  }
+  if (!g_pq.PQsendQuery(conn_, sql.c_str())) throw ServerError(g_pq.PQerrorMessage(conn_));
+  void* res = g_pq.PQgetResult(conn_);
+  if (res == nullptr) throw ServerError(g_pq.PQerrorMessage(conn_));
+  const int status = g_pq.PQresultStatus(res);
+  if (status == PGRES_COPY_OUT) {
+    g_pq.PQclear(res);
+    active_ = true;
+    return;
+  }
+  std::string message = g_pq.PQresultErrorMessage(res);
+  g_pq.PQclear(res);
+  // Drain the remaining results so the connection is idle again before reporting.
+  while ((res = g_pq.PQgetResult(conn_)) != nullptr) g_pq.PQclear(res);
+  if (message.empty()) message = "the server did not start COPY OUT (status " + std::to_string(status) + ")";
+  throw ServerError(message);
+}
+
+void CopyPump::release_pending() noexcept {
+  if (pending_ != nullptr) g_pq.PQfreemem(pending_);
+  pending_ = nullptr;
+  pending_len_ = 0;
+}
+
+FillResult CopyPump::fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, std::size_t max_rows, int64_t* nulls,
+                          int64_t* bytes) {
+  FillResult out{0, 0, false, 0};
+  if (!active_) {
+    out.done = true;
+    return out;
+  }
+  std::vector<std::size_t> starts;  // row starts inside the current message
+  std::vector<int64_t> msg_nulls(ncols_), msg_bytes(ncols_);
+  for (;;) {
+    if (pending_ == nullptr) {
+      char* data = nullptr;
+      const int len = g_pq.PQgetCopyData(conn_, &data, 0);
+      if (len == -1) {  // end of COPY: collect the final result (the server's error, if any)
+        finish();
+        out.done = true;
+        return out;
+      }
+      if (len < 0) {  // -2: the connection failed
+        std::string message = g_pq.PQerrorMessage(conn_);
+        abort();
+        throw ServerError(message.empty() ? "COPY failed" : message);
+      }
+      pending_ = data;
+      pending_len_ = len;
+    }
+    // Parse the message: the first one starts with the header, the last is the trailer (-1).
+    const uint8_t* msg = reinterpret_cast<const uint8_t*>(pending_);
+    const std::size_t len = static_cast<std::size_t>(pending_len_);
+    std::size_t p = 0;
+    if (!header_seen_) {
+      if (len < 19 || std::memcmp(msg, kSignature, 11) != 0) throw ProtocolError("missing binary COPY header");
+      if (be32(msg + 11) & (1 << 16)) throw ProtocolError("binary COPY with OIDs is not supported");
+      const int32_t ext = be32(msg + 15);
+      if (ext < 0 || std::size_t(ext) > len - 19) throw ProtocolError("bad binary COPY header extension");
+      p = 19 + static_cast<std::size_t>(ext);
+    }
+    const std::size_t body = p;
+    starts.clear();
+    std::fill(msg_nulls.begin(), msg_nulls.end(), 0);
+    std::fill(msg_bytes.begin(), msg_bytes.end(), 0);
+    bool trailer = false;
+    while (p < len) {
+      if (len - p < 2) throw ProtocolError("truncated row header");
+      const int16_t nf = static_cast<int16_t>(be16(msg + p));
+      if (nf == -1) {
+        trailer = true;
+        p += 2;
+        if (p != len) throw ProtocolError("data after the binary COPY trailer");
+        break;
+      }
+      if (nf != ncols_) {
+        throw ProtocolError("a row has " + std::to_string(nf) + " fields, expected " + std::to_string(ncols_));
+      }
+      starts.push_back(p - body);
+      p += 2;
+      for (int c = 0; c < ncols_; ++c) {
+        if (len - p < 4) throw ProtocolError("truncated field length");
+        const int32_t flen = be32(msg + p);
+        p += 4;
+        if (flen == -1) {
+          ++msg_nulls[c];
+        } else if (flen < 0 || std::size_t(flen) > len - p) {
+          throw ProtocolError("field length out of range");
+        } else {
+          msg_bytes[c] += flen;
+          p += static_cast<std::size_t>(flen);
+        }
+      }
+    }
+    const std::size_t size = trailer ? 0 : len - body;
+    if (out.nbytes + size > capacity || out.nrows + starts.size() > max_rows) {
+      if (out.nbytes == 0 && out.nrows == 0) out.need = size;  // even an empty buffer is too small
+      return out;                                             // keep the message for the next buffer
+    }
+    std::memcpy(buf + out.nbytes, msg + body, size);
+    for (std::size_t s : starts) offsets[out.nrows++] = static_cast<int64_t>(out.nbytes + s);
+    for (int c = 0; c < ncols_; ++c) {
+      nulls[c] += msg_nulls[c];
+      bytes[c] += msg_bytes[c];
+    }
+    out.nbytes += size;
+    header_seen_ = true;
+    trailer_seen_ = trailer_seen_ || trailer;
+    release_pending();
+  }
+}
+
+void CopyPump::finish() {
+  active_ = false;
+  release_pending();
+  std::string message;
+  void* res;
+  while ((res = g_pq.PQgetResult(conn_)) != nullptr) {
+    const int status = g_pq.PQresultStatus(res);
+    if (status == PGRES_COMMAND_OK) {
+      status_ = g_pq.PQcmdStatus(res);
+    } else if (message.empty()) {
+      message = g_pq.PQresultErrorMessage(res);
+      if (message.empty()) message = "COPY ended with status " + std::to_string(status);
+    }
+    g_pq.PQclear(res);
+  }
+  if (!message.empty()) throw ServerError(message);
+  if (g_pq.PQstatus(conn_) != CONNECTION_OK) throw ServerError(g_pq.PQerrorMessage(conn_));
+  if (!trailer_seen_) throw ProtocolError("the COPY ended without its trailer");
+}
+
+void CopyPump::abort() noexcept {
+  release_pending();
+  if (!active_) return;
+  active_ = false;
+  if (g_pq.PQstatus(conn_) == CONNECTION_OK) {
+    if (void* cancel = g_pq.PQgetCancel(conn_)) {
+      char err[256];
+      g_pq.PQcancel(cancel, err, sizeof err);
+      g_pq.PQfreeCancel(cancel);
+    }
+  }
+  // Read what the server still sends until it acknowledges the end (or the connection fails).
+  char* data = nullptr;
+  int len;
+  while ((len = g_pq.PQgetCopyData(conn_, &data, 0)) > 0) g_pq.PQfreemem(data);
+  void* res;
+  while ((res = g_pq.PQgetResult(conn_)) != nullptr) g_pq.PQclear(res);
+}
+
+}  // namespace pystrom::pg

@@ -1,0 +1,76 @@
+// The COPY pump: drains `COPY ... TO STDOUT (FORMAT BINARY)` from a libpq connection that psycopg opened,
+// into caller-provided staging buffers, recording where each row starts and what the decoder will need
+// to size the table (NULLs and bytes per column). Pure C++, no Python: module.cpp binds it.
+//
+// libpq is never linked: its functions are resolved from the copy psycopg already loaded into the
+// process (psycopg-binary bundles its own libpq; a second one would have different PGconn internals).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pystrom::pg {
+
+// A failure the server or libpq reported (SQL errors, lost connections); carries libpq's message.
+struct ServerError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Bytes that do not follow the binary COPY format (or a row with the wrong number of fields).
+struct ProtocolError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Resolve libpq's functions once per process. `path` names an already loaded libpq (ctypes
+// implementation of psycopg); empty means "find the one loaded by psycopg's C extension".
+// Returns the path of the library used.
+std::string load_libpq(const std::string& path);
+
+// Where one fill() stopped.
+struct FillResult {
+  std::size_t nbytes;  // bytes written into the buffer
+  std::size_t nrows;   // rows whose start offsets were written
+  bool done;           // the COPY finished (and the connection is idle again)
+  std::size_t need;    // when not done and nothing fit: the buffer size the next message needs
+};
+
+class CopyPump {
+ public:
+  CopyPump(uintptr_t pgconn, int ncols);
+  ~CopyPump();
+  CopyPump(const CopyPump&) = delete;
+  CopyPump& operator=(const CopyPump&) = delete;
+
+  // Send the COPY statement and wait for the server to enter COPY OUT.
+  void start(const std::string& sql);
+
+  // Append whole rows to buf[0, capacity) and their start offsets (relative to buf) to offsets,
+  // adding per-column NULL counts and field bytes to nulls[ncols] / bytes[ncols]. Blocks on the
+  // network; call without the GIL.
+  FillResult fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, std::size_t max_rows, int64_t* nulls,
+                  int64_t* bytes);
+
+  // Ask the server to cancel, then drain what is left so the connection is usable (or clearly
+  // failed) afterwards. Never throws.
+  void abort() noexcept;
+
+  bool active() const { return active_; }
+  const std::string& command_status() const { return status_; }
+
+ private:
+  void finish();              // after COPY's end: consume results, throw the server's error if any
+  void release_pending() noexcept;
+
+  void* conn_;
+  int ncols_;
+  bool active_ = false;
+  bool header_seen_ = false;
+  bool trailer_seen_ = false;
+  char* pending_ = nullptr;  // a message that did not fit the last buffer
+  int pending_len_ = 0;
+  std::string status_;
+};
+
+}  // namespace pystrom::pg

@@ -1,0 +1,199 @@
+"""Connections, snapshots and partition planning for the PostgreSQL loader (psycopg's public API only).
+
+Partitions of one read all run in REPEATABLE READ READ ONLY on the snapshot the first connection
+exports (``pg_export_snapshot()`` / ``SET TRANSACTION SNAPSHOT``), so together they equal a single
+read whatever others write meanwhile. A ``table=`` read splits by ctid ranges over the relation's
+pages (the last range open-ended); a ``query=`` read with ``partition_on=`` splits an integer
+column's [min, max] into equal ranges (ConnectorX's scheme; NULL keys go to the first range).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .._settings import defaults
+from ..errors import PostgresError
+
+__all__ = ["Plan", "psycopg_module", "connect", "run_sql", "copy_sql", "table_range_jobs", "key_range_jobs"]
+
+_PAGES_PER_PARTITION = 1024  # 8 MiB of heap at least per connection: below that a connection costs more than it saves
+_MAX_AUTO_PARTITIONS = 16
+_LOCAL_HOSTS = ("", "localhost", "127.0.0.1", "::1")
+
+
+@dataclass
+class Plan:
+    select: Any  # psycopg.sql.Composable: the SELECT without partition predicates
+    table: Any = None  # psycopg.sql.Identifier of the relation (table= reads)
+    columns: Any = None  # composed column list
+    where: Any = None  # composed user predicate or None
+
+
+def psycopg_module() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise PostgresError("read_postgres needs psycopg: pip install 'psycopg[binary]'") from None
+    return psycopg
+
+
+def _masked(conninfo: str) -> str:
+    """The conninfo without its password, for messages."""
+    psycopg = psycopg_module()
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return "<unparsable conninfo>"
+    params.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "<defaults>"
+
+
+def connect(conninfo: str) -> Any:
+    psycopg = psycopg_module()
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        raise PostgresError(f"cannot connect to PostgreSQL ({_masked(conninfo)}): {_flat(exc)}") from exc
+
+
+def _flat(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def run_sql(conn: Any, what: str, statement: Any, args: Any = None) -> Any:
+    psycopg = psycopg_module()
+    try:
+        return conn.execute(statement, args)
+    except psycopg.Error as exc:
+        raise PostgresError(f"PostgreSQL, while {what}: {_flat(exc)}") from exc
+
+
+def copy_sql(conn: Any, select: Any) -> str:
+    from psycopg import sql
+
+    return sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(select).as_string(conn)
+
+
+def auto_partitions(conn: Any, pages: int | None) -> int:
+    """Connections for a read of ``pages`` heap pages (None: unknown, a query): the server's cores
+    (this machine's for a local server, else max_worker_processes), at most 16, at least 8 MiB each,
+    and no more than the free connection slots."""
+    limit = defaults.pg_partitions
+    if limit == 0:
+        host = conn.info.host or ""
+        if host in _LOCAL_HOSTS or host.startswith("/"):
+            limit = min(os.cpu_count() or 1, _MAX_AUTO_PARTITIONS)  # the server shares this machine's cores
+        else:
+            row = run_sql(conn, "reading max_worker_processes", "SELECT current_setting('max_worker_processes')::int")
+            limit = min(int(row.fetchone()[0]), _MAX_AUTO_PARTITIONS)
+    row = run_sql(
+        conn,
+        "counting free connections",
+        "SELECT current_setting('max_connections')::int - (SELECT count(*) FROM pg_stat_activity)",
+    ).fetchone()
+    free = int(row[0]) - 3  # leave a few for others (superuser slots are not ours to take)
+    by_size = pages // _PAGES_PER_PARTITION if pages is not None else limit
+    return max(1, min(limit, by_size, free))
+
+
+def _ranges(pages: int, n: int) -> list[tuple[int, int | None]]:
+    """``n`` ctid page ranges covering the relation; the last is open-ended (pages added later)."""
+    bounds = [pages * i // n for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1] if i + 1 < n else None) for i in range(n)]
+
+
+def _partition_select(plan: Plan, start: int, stop: int | None) -> Any:
+    from psycopg import sql
+
+    preds = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({start},0)"))]
+    if stop is not None:
+        preds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({stop},0)")))
+    if plan.where is not None:
+        preds.append(sql.SQL("({})").format(plan.where))
+    return sql.SQL("SELECT {} FROM {} WHERE {}").format(plan.columns, plan.table, sql.SQL(" AND ").join(preds))
+
+
+def table_range_jobs(conninfo: str, main: Any, plan: Plan, partitions: int | None, extra: list) -> list | None:
+    """Open the extra connections on the main one's snapshot; None when one stream is all it takes."""
+    from psycopg import sql
+
+    row = run_sql(
+        main,
+        "sizing the table",
+        sql.SQL(
+            "SELECT c.relkind, pg_relation_size(c.oid) / current_setting('block_size')::bigint "
+            "FROM pg_class c WHERE c.oid = {}::regclass"
+        ).format(sql.Literal(plan.table.as_string(main))),
+    ).fetchone()
+    relkind, pages = row[0], int(row[1])
+    if relkind not in ("r", "m"):  # views and foreign tables have no ctid to split on
+        return None
+    n = partitions if partitions is not None else auto_partitions(main, pages)
+    n = max(1, min(n, max(pages, 1)))
+    if n == 1:
+        return None
+    conns = _join_snapshot(conninfo, main, n, extra)
+    return [(c, copy_sql(main, _partition_select(plan, a, b))) for c, (a, b) in zip(conns, _ranges(pages, n))]
+
+
+def key_range_jobs(conninfo: str, main: Any, plan: Plan, key: str, partitions: int | None, extra: list) -> list | None:
+    """Split a query on an integer column's [min, max] (ConnectorX's scheme); None when one stream is all it takes."""
+    from psycopg import sql
+
+    q = sql.SQL("({}) AS _pystrom_q").format(plan.select)
+    col = sql.SQL("_pystrom_q.{}").format(sql.Identifier(key))
+    lo, hi = run_sql(
+        main, f"finding the range of {key!r}", sql.SQL("SELECT min({}), max({}) FROM {}").format(col, col, q)
+    ).fetchone()
+    if lo is None:  # no rows, or only NULL keys
+        return None
+    lo, hi = int(lo), int(hi)
+    n = partitions if partitions is not None else auto_partitions(main, None)
+    n = max(1, min(n, hi - lo + 1))
+    if n == 1:
+        return None
+    bounds = [lo + (hi - lo + 1) * i // n for i in range(n + 1)]
+    jobs = []
+    conns = _join_snapshot(conninfo, main, n, extra)
+    for i, conn in enumerate(conns):
+        preds = [sql.SQL("{} >= {}").format(col, sql.Literal(bounds[i]))]
+        if i + 1 < n:
+            preds.append(sql.SQL("{} < {}").format(col, sql.Literal(bounds[i + 1])))
+        cond = sql.SQL(" AND ").join(preds)
+        if i == 0:
+            cond = sql.SQL("({}) OR {} IS NULL").format(cond, col)
+        select = sql.SQL("SELECT * FROM {} WHERE {}").format(q, cond)
+        jobs.append((conn, copy_sql(main, select)))
+    return jobs
+
+
+def _join_snapshot(conninfo: str, main: Any, n: int, extra: list) -> list:
+    """``main`` plus n - 1 new connections on the snapshot ``main`` exports (all appended to ``extra``
+    as they open, so the caller closes every one even when another failed)."""
+    from psycopg import sql
+
+    snapshot = run_sql(main, "exporting the snapshot", "SELECT pg_export_snapshot()").fetchone()[0]
+
+    def join(_: int) -> Any:
+        conn = connect(conninfo)
+        try:
+            run_sql(conn, "starting a partition transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            run_sql(
+                conn, "importing the snapshot", sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot))
+            )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    with ThreadPoolExecutor(max_workers=n - 1) as pool:
+        futures = [pool.submit(join, i) for i in range(n - 1)]
+        for f in futures:
+            if f.exception() is None:
+                extra.append(f.result())
+        for f in futures:
+            f.result()
+    return [main, *extra]

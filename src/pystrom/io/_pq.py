@@ -1,0 +1,142 @@
+"""The one module that touches libpq and psycopg internals: the native COPY pump and the CPU decoder.
+
+Everything above this module speaks psycopg's public API; here the connection's ``PGconn*`` goes to
+the C++ pump (``pystrom._core.CopyPump``), which resolves libpq's functions from the copy psycopg has
+already loaded (never a second libpq) and drains ``COPY ... TO STDOUT (FORMAT BINARY)`` with the GIL
+released into staging buffers, recording where each row starts, how many NULLs and how many bytes
+each column has. Those counts size the table before any value is decoded.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import _core
+from ..errors import PostgresError
+
+__all__ = ["Kind", "Staged", "CopyStream", "decode_cpu", "DESC_SLOTS", "FAILURES"]
+
+DESC_SLOTS = 8  # int64 slots per column descriptor (csrc/pg_decode.hpp, kernels/pg_decode.cu)
+
+
+class Kind:
+    """Column kinds of the decoders (csrc/pg_decode.hpp)."""
+
+    BOOL = 0
+    INT2 = 1
+    INT4 = 2
+    INT8 = 3
+    FLOAT4 = 4
+    FLOAT8 = 5
+    NUMERIC_F64 = 6
+    NUMERIC_DEC128 = 7
+    DATE = 8
+    TIMESTAMP = 9
+    VARLEN = 10
+    UUID = 11
+    OID = 12
+
+
+# Decoder failure codes (csrc/pg_decode.hpp) and what they mean to a user.
+FAILURES = {
+    1: "a value whose length does not fit its type",
+    2: "a numeric value that needs more than 38 digits at the column's scale (decimal128 would overflow)",
+    3: "NaN or Infinity, which decimal128 cannot hold (use numeric='float64' or filter them out)",
+    4: "a numeric value with more fractional digits than the column's scale",
+    5: "a NULL the planner did not count",
+    6: "a timestamp after 294247 AD, which int64 microseconds since 1970 cannot hold (filter or cast it)",
+}
+
+
+@functools.cache
+def _load_libpq() -> str:
+    import psycopg
+
+    path = ""
+    if psycopg.pq.__impl__ == "python":  # the ctypes implementation knows the file it loaded
+        from psycopg.pq import _pq_ctypes
+
+        path = _pq_ctypes.pq._name
+    try:
+        return _core.pg_load_libpq(path)
+    except RuntimeError as exc:
+        raise PostgresError(f"cannot use psycopg's libpq: {exc}") from None
+
+
+def _server_message(exc: BaseException) -> str:
+    return " ".join(str(exc).split())  # libpq messages end in newlines and may span lines
+
+
+@dataclass
+class Staged:
+    """Raw COPY bytes of consecutive rows, as the pump left them (host memory, pinned for a GPU)."""
+
+    buf: np.ndarray  # uint8: the rows' bytes, each row starting with its int16 field count
+    nbytes: int
+    offsets: np.ndarray  # int64: row starts inside buf
+    nrows: int
+    nulls: np.ndarray  # int64 per column
+    bytes: np.ndarray  # int64 per column: field bytes (the string bytes of text columns)
+
+
+class CopyStream:
+    """One ``COPY ... TO STDOUT (FORMAT BINARY)`` on a psycopg connection, drained into Staged chunks.
+
+    ``allocate(nbytes)`` returns a writable uint8 host array (pinned memory when the target is a GPU).
+    The stream is closed (the COPY finished or cancelled, the connection idle again) when ``read``
+    returns or raises.
+    """
+
+    def __init__(self, conn: Any, ncols: int, allocate: Callable[[int], np.ndarray], chunk_bytes: int):
+        _load_libpq()
+        self._conn = conn
+        self._ncols = ncols
+        self._allocate = allocate
+        self._chunk_bytes = chunk_bytes
+        self._pump = _core.CopyPump(conn.pgconn.pgconn_ptr, ncols)
+
+    def read(self, sql: str, on_chunk: Callable[[Staged], None] | None = None) -> list[Staged]:
+        chunks: list[Staged] = []
+        # Grow from small buffers so a few rows cost little; large reads settle at chunk_bytes.
+        size = min(1 << 20, self._chunk_bytes)
+        min_row = 2 + 4 * max(self._ncols, 1)
+        try:
+            self._pump.start(sql)
+            done = False
+            while not done:
+                buf = self._allocate(size)
+                offsets = self._allocate(8 * max(1, size // min_row + 1)).view(np.int64)
+                nulls = np.zeros(self._ncols, dtype=np.int64)
+                nbytes_col = np.zeros(self._ncols, dtype=np.int64)
+                nbytes, nrows, done, need = self._pump.fill(buf, offsets, nulls, nbytes_col)
+                if nrows:
+                    chunk = Staged(buf, nbytes, offsets, nrows, nulls, nbytes_col)
+                    chunks.append(chunk)
+                    if on_chunk is not None:
+                        on_chunk(chunk)
+                if need:
+                    size = max(size, need)  # one row larger than the buffer: the next one fits it
+                else:
+                    size = min(size * 2, self._chunk_bytes) if size < self._chunk_bytes else size
+        except _core.PgServerError as exc:
+            raise PostgresError(f"PostgreSQL: {_server_message(exc)}") from None
+        except _core.PgProtocolError as exc:
+            raise PostgresError(f"unexpected data in the binary COPY stream: {exc}") from None
+        finally:
+            if self._pump.active:  # an exception (or Ctrl-C) between buffers: cancel on the server
+                self._pump.abort()
+        return chunks
+
+    def abort(self) -> None:
+        self._pump.abort()
+
+
+def decode_cpu(chunk: Staged, row_base: int, desc: np.ndarray) -> tuple[int, int, int]:
+    """Decode one chunk with the C++ decoder into the table memory ``desc`` points at; returns
+    ``(failure, row, column)`` (failure 0: fine)."""
+    return _core.pg_decode(chunk.buf, chunk.offsets, chunk.nrows, row_base, desc)

@@ -1,0 +1,278 @@
+// PostgreSQL binary COPY rows -> Arrow-layout buffers, one thread per row. CPU twin: csrc/pg_decode.cpp
+// (same descriptors and failure codes; the tests compare the two on the same staged bytes).
+//
+// Descriptor: 8 long longs per column: kind, values/offsets address, validity address (0: none),
+// string data address, this chunk's first string byte, decimal scale, unused, unused.
+// Strings take two launches: pg_decode_rows writes each row's length at offsets[row + 1], the host
+// scans them into offsets, then pg_copy_strings copies the bytes.
+
+enum Kind { BOOL = 0, INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC_F64, NUMERIC_DEC128, DATE, TIMESTAMP, VARLEN, UUID,
+            OID };
+enum Failure { OK = 0, BAD_LENGTH, DECIMAL_OVERFLOW, DECIMAL_SPECIAL, DECIMAL_SCALE, UNEXPECTED_NULL, TIMESTAMP_RANGE };
+
+__device__ __forceinline__ unsigned int be16(const unsigned char* p) { return (p[0] << 8) | p[1]; }
+__device__ __forceinline__ unsigned int be32(const unsigned char* p) {
+  return ((unsigned int)p[0] << 24) | ((unsigned int)p[1] << 16) | ((unsigned int)p[2] << 8) | p[3];
+}
+__device__ __forceinline__ unsigned long long be64(const unsigned char* p) {
+  return ((unsigned long long)be32(p) << 32) | be32(p + 4);
+}
+
+#define DATE_SHIFT 10957
+#define TIMESTAMP_SHIFT 946684800000000LL
+#define INT32_MAXV 2147483647
+#define INT32_MINV (-2147483647 - 1)
+#define INT64_MAXV 9223372036854775807LL
+#define INT64_MINV (-9223372036854775807LL - 1)
+
+__device__ const double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                      1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+__device__ double scale10(double hi, double lo, int e) {
+  while (e != 0) {
+    const int k = e > 0 ? (e > 22 ? 22 : e) : (e < -22 ? 22 : -e);
+    const double pw = kPow10[k];
+    if (e > 0) {
+      const double p = hi * pw;
+      lo = fma(hi, pw, -p) + lo * pw;
+      hi = p;
+      e -= k;
+    } else {
+      const double q = hi / pw;
+      lo = (fma(-q, pw, hi) + lo) / pw;
+      hi = q;
+      e += k;
+    }
+    if (!isfinite(hi)) return hi;
+    const double s = hi + lo;
+    lo = lo - (s - hi);
+    hi = s;
+  }
+  return hi + lo;
+}
+
+__device__ int numeric_f64(const unsigned char* p, int len, double* out) {
+  if (len < 8) return BAD_LENGTH;
+  const int ndigits = (short)be16(p);
+  const int weight = (short)be16(p + 2);
+  const unsigned int sign = be16(p + 4);
+  if (sign == 0xC000) { *out = __longlong_as_double(0x7ff8000000000000LL); return OK; }
+  if (sign == 0xD000) { *out = __longlong_as_double(0x7ff0000000000000LL); return OK; }
+  if (sign == 0xF000) { *out = __longlong_as_double(0xfff0000000000000LL); return OK; }
+  if (ndigits < 0 || len != 8 + 2 * ndigits) return BAD_LENGTH;
+  if (ndigits == 0) { *out = 0.0; return OK; }
+  unsigned long long m = 0;
+  int e = 0;
+  for (int i = 0; i < ndigits; ++i) {
+    const unsigned int g = be16(p + 8 + 2 * i);
+    if (m < 1000000000000000ULL) {
+      m = m * 10000 + g;
+      e = 4 * (weight - i);
+      continue;
+    }
+    const unsigned int div[4] = {1000, 100, 10, 1};
+    for (int j = 0; j < 4 && m < 1000000000000000000ULL; ++j) {
+      m = m * 10 + (g / div[j]) % 10;
+      e = 4 * (weight - i) + 3 - j;
+    }
+    break;
+  }
+  const double hi = (double)m;
+  const double lo = (double)(long long)(m - (unsigned long long)hi);
+  const double v = scale10(hi, lo, e);
+  *out = sign == 0x4000 ? -v : v;
+  return OK;
+}
+
+struct U128 {
+  unsigned int w[4];
+};
+
+__device__ __forceinline__ bool below_limit(const U128& a) {  // a < 10^38
+  const unsigned int lim[4] = {0x00000000u, 0x098A2240u, 0x5A86C47Au, 0x4B3B4CA8u};
+  for (int i = 3; i >= 0; --i) {
+    if (a.w[i] != lim[i]) return a.w[i] < lim[i];
+  }
+  return false;
+}
+__device__ __forceinline__ bool mul_add(U128& a, unsigned int k, unsigned int add) {
+  unsigned long long carry = add;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned long long t = (unsigned long long)a.w[i] * k + carry;
+    a.w[i] = (unsigned int)t;
+    carry = t >> 32;
+  }
+  return carry == 0;
+}
+__device__ __forceinline__ unsigned int div_small(U128& a, unsigned int k) {
+  unsigned long long rem = 0;
+  for (int i = 3; i >= 0; --i) {
+    const unsigned long long cur = (rem << 32) | a.w[i];
+    a.w[i] = (unsigned int)(cur / k);
+    rem = cur % k;
+  }
+  return (unsigned int)rem;
+}
+
+__device__ int numeric_dec128(const unsigned char* p, int len, int scale, unsigned char* out) {
+  if (len < 8) return BAD_LENGTH;
+  const int ndigits = (short)be16(p);
+  const int weight = (short)be16(p + 2);
+  const unsigned int sign = be16(p + 4);
+  if (sign == 0xC000 || sign == 0xD000 || sign == 0xF000) return DECIMAL_SPECIAL;
+  if (ndigits < 0 || len != 8 + 2 * ndigits) return BAD_LENGTH;
+  U128 v = {{0, 0, 0, 0}};
+  for (int i = 0; i < ndigits; ++i) {
+    if (!mul_add(v, 10000, be16(p + 8 + 2 * i))) return DECIMAL_OVERFLOW;
+  }
+  int e = 4 * (weight - ndigits + 1) + scale;
+  for (; e > 0; --e) {
+    if (!mul_add(v, 10, 0) || !below_limit(v)) return DECIMAL_OVERFLOW;
+  }
+  for (; e < 0; ++e) {
+    if (div_small(v, 10) != 0) return DECIMAL_SCALE;
+  }
+  if (!below_limit(v)) return DECIMAL_OVERFLOW;
+  if (sign == 0x4000) {
+    unsigned long long carry = 1;
+    for (int i = 0; i < 4; ++i) {
+      const unsigned long long t = (unsigned long long)(unsigned int)(~v.w[i]) + carry;
+      v.w[i] = (unsigned int)t;
+      carry = t >> 32;
+    }
+  }
+  unsigned int* o = (unsigned int*)out;  // 16-byte values at 16-byte strides of a 64-byte aligned buffer
+  o[0] = v.w[0];
+  o[1] = v.w[1];
+  o[2] = v.w[2];
+  o[3] = v.w[3];
+  return OK;
+}
+
+__device__ __forceinline__ void clear_bit(unsigned char* bitmap, long long row) {
+  // 32-bit atomics on the bitmap's words (it starts on a 64-byte boundary).
+  unsigned int* word = (unsigned int*)(bitmap) + (row >> 5);
+  atomicAnd(word, ~(1u << (row & 31)));
+}
+
+__device__ __forceinline__ void fail(long long* error, int code, long long row, int column) {
+  if (atomicCAS((unsigned long long*)error, 0ULL, (unsigned long long)code) == 0ULL) {
+    error[1] = row;
+    error[2] = column;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T* at(long long address) {
+  return (T*)address;
+}
+
+extern "C" __global__ void pg_decode_rows(const unsigned char* __restrict__ buf, const long long* __restrict__ offsets,
+                                          long long nrows, long long row_base, const long long* __restrict__ desc,
+                                          int ncols, long long* error) {
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < nrows; r += stride) {
+    const unsigned char* p = buf + offsets[r] + 2;
+    const long long row = row_base + r;
+    for (int c = 0; c < ncols; ++c) {
+      const long long* d = desc + c * 8;
+      const int len = (int)be32(p);
+      p += 4;
+      const int kind = (int)d[0];
+      if (len < 0) {
+        if (d[2] == 0) { fail(error, UNEXPECTED_NULL, r, c); return; }
+        clear_bit(at<unsigned char>(d[2]), row);
+        switch (kind) {
+          case BOOL: at<unsigned char>(d[1])[row] = 0; break;
+          case INT2: at<short>(d[1])[row] = 0; break;
+          case INT4: case FLOAT4: case DATE: case OID: at<int>(d[1])[row] = 0; break;
+          case INT8: case FLOAT8: case NUMERIC_F64: case TIMESTAMP: at<long long>(d[1])[row] = 0; break;
+          case NUMERIC_DEC128: case UUID: {
+            unsigned int* o = at<unsigned int>(d[1]) + row * 4;
+            o[0] = o[1] = o[2] = o[3] = 0;
+            break;
+          }
+          case VARLEN: at<int>(d[1])[row + 1] = 0; break;  // a NULL string is empty
+        }
+        continue;
+      }
+      int failure = OK;
+      switch (kind) {
+        case BOOL:
+          if (len != 1) failure = BAD_LENGTH; else at<unsigned char>(d[1])[row] = p[0] != 0;
+          break;
+        case INT2:
+          if (len != 2) failure = BAD_LENGTH; else at<short>(d[1])[row] = (short)be16(p);
+          break;
+        case INT4: case FLOAT4: case OID:
+          if (len != 4) failure = BAD_LENGTH; else at<unsigned int>(d[1])[row] = be32(p);
+          break;
+        case INT8: case FLOAT8:
+          if (len != 8) failure = BAD_LENGTH; else at<unsigned long long>(d[1])[row] = be64(p);
+          break;
+        case DATE:
+          if (len != 4) {
+            failure = BAD_LENGTH;
+          } else {
+            const int v = (int)be32(p);
+            at<int>(d[1])[row] = (v == INT32_MAXV || v == INT32_MINV) ? v : v + DATE_SHIFT;
+          }
+          break;
+        case TIMESTAMP:
+          if (len != 8) {
+            failure = BAD_LENGTH;
+          } else {
+            const long long v = (long long)be64(p);
+            const bool inf = v == INT64_MAXV || v == INT64_MINV;
+            if (!inf && v > INT64_MAXV - TIMESTAMP_SHIFT) {
+              failure = TIMESTAMP_RANGE;
+            } else {
+              at<long long>(d[1])[row] = inf ? v : v + TIMESTAMP_SHIFT;
+            }
+          }
+          break;
+        case NUMERIC_F64:
+          failure = numeric_f64(p, len, at<double>(d[1]) + row);
+          break;
+        case NUMERIC_DEC128:
+          failure = numeric_dec128(p, len, (int)d[5], at<unsigned char>(d[1]) + row * 16);
+          break;
+        case UUID:
+          if (len != 16) {
+            failure = BAD_LENGTH;
+          } else {
+            unsigned char* o = at<unsigned char>(d[1]) + row * 16;
+            for (int k = 0; k < 16; ++k) o[k] = p[k];
+          }
+          break;
+        case VARLEN:
+          at<int>(d[1])[row + 1] = len;  // lengths first; the host turns them into offsets
+          break;
+        default:
+          failure = BAD_LENGTH;
+      }
+      if (failure != OK) { fail(error, failure, r, c); return; }
+      p += len;
+    }
+  }
+}
+
+extern "C" __global__ void pg_copy_strings(const unsigned char* __restrict__ buf, const long long* __restrict__ offsets,
+                                           long long nrows, long long row_base, const long long* __restrict__ desc,
+                                           int ncols) {
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < nrows; r += stride) {
+    const unsigned char* p = buf + offsets[r] + 2;
+    for (int c = 0; c < ncols; ++c) {
+      const long long* d = desc + c * 8;
+      const int len = (int)be32(p);
+      p += 4;
+      if (len < 0) continue;
+      if (d[0] == VARLEN) {
+        unsigned char* dst = at<unsigned char>(d[3]) + at<int>(d[1])[row_base + r];
+        for (int k = 0; k < len; ++k) dst[k] = p[k];
+      }
+      p += len;
+    }
+  }
+}

@@ -1,0 +1,550 @@
+"""read_postgres against a real PostgreSQL (tests/fix_pg.py): values equal psycopg's, partitions on one
+snapshot, identifiers, and every failure leaves no table, no device memory and a usable connection."""
+
+from __future__ import annotations
+
+import decimal
+import math
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+import pystrom
+from pystrom import InvalidArgumentError, PostgresError, UnsupportedTypeError
+
+psycopg = pytest.importorskip("psycopg")
+from psycopg import sql  # noqa: E402
+
+pytestmark = pytest.mark.postgres
+
+
+def _ident(name: str) -> sql.Identifier:
+    return sql.Identifier(name)
+
+
+def _device_memory(device: str) -> int:
+    if device == "cpu":
+        return 0
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return cupy.get_default_memory_pool().used_bytes()
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(b, decimal.Decimal) and isinstance(a, float):
+        return a == float(b) or (math.isnan(a) and b.is_nan())
+    return a == b
+
+
+TYPES_DDL = """(id int4, b bool, i2 int2, i4 int4, i8 int8, f4 float4, f8 float8, n numeric, d date, ts timestamp,
+ tz timestamptz, s text, vc varchar(10), bp char(4), nm name, u uuid, o oid, by bytea)"""
+
+TYPES_ROWS = """
+(1, true, -32768, -2147483648, -9223372036854775808, 'NaN', 'NaN', 'NaN', '4713-01-01 BC', '4713-01-01 00:00:00 BC',
+ '1970-01-01 00:00:00+00', '', '', '', '', '00000000-0000-0000-0000-000000000000', 0, ''),
+(2, false, 32767, 2147483647, 9223372036854775807, 'Infinity', 'Infinity', 'Infinity', '5874897-12-31',
+ '294246-12-31 23:59:59.999999', '2024-02-29 23:59:59.999999+05:30', 'héllo wörld 日本語 😀', 'ünïcødé', 'ab',
+ 'a_name', 'ffffffff-ffff-ffff-ffff-ffffffffffff', 4294967295, '\\x00ff10'),
+(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+(4, true, 0, 0, 0, '-Infinity', '-Infinity', '-Infinity', '1999-12-31', '2000-01-01 00:00:00',
+ '1969-12-31 23:59:59.5-08', 'x', 'y', 'zzzz', 'n', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 1, '\\x'),
+(5, false, -1, -1, -1, -0.0, 1e-310, '-123456789012.345', '2000-01-01', '1900-06-15 12:34:56.789',
+ '2262-04-11 23:47:16+00', repeat('long ', 200), 'tenletters', 'a', 'x', gen_random_uuid(), 42, '\\xdeadbeef'),
+(6, true, 1, 1, 1, 3.4028235e38, 1.7976931348623157e308, '0.000000000000000000001234', '2000-01-02',
+ '2000-01-01 00:00:00.000001', '2000-01-01 00:00:00+00', 'tab\there', 'nul?', 'b', 'y', gen_random_uuid(), 7, '\\x01'),
+(7, false, 2, 2, 2, 1.5, 0.1, '12345678901234567890123456789012345678.5', '1970-01-01', '1970-01-01', NULL, 'z',
+ NULL, NULL, NULL, NULL, NULL, NULL)
+"""
+
+
+@pytest.fixture
+def types_table(pg):
+    name = pg.name("types")
+    pg.execute(sql.SQL("CREATE TABLE {} " + TYPES_DDL).format(_ident(name)))
+    pg.execute(sql.SQL("INSERT INTO {} VALUES " + TYPES_ROWS).format(_ident(name)))
+    return name
+
+
+def _compare_with_psycopg(pg, query: str, device: str) -> int:
+    table = pystrom.read_postgres(pg.conninfo, query, device=device)
+    assert table.device.startswith(device)
+    got = table.to_arrow().to_pylist()
+    cur = pg.conn.execute(query)
+    names = [d.name for d in cur.description]
+    want = cur.fetchall()
+    assert table.column_names == names
+    assert len(got) == len(want)
+    for grow, wrow in zip(got, want):
+        for name, w in zip(names, wrow):
+            g = grow[name]
+            if name == "f4" and g is not None:  # psycopg reads float4 from text: compare as float32
+                g, w = np.float32(g).item(), np.float32(w).item()
+            assert _same(g, w), (name, grow.get("id"), g, w)
+    return len(got)
+
+
+def test_types_with_nulls_and_edges_equal_psycopg(pg, types_table, device):
+    before = _device_memory(device)
+    # Rows 1 and 2 hold dates Python cannot represent (psycopg refuses them): checked in the next tests.
+    everything = sql.SQL("SELECT * FROM {} WHERE id NOT IN (1, 2) ORDER BY id").format(_ident(types_table))
+    assert _compare_with_psycopg(pg, everything.as_string(pg.conn), device) == 5
+    no_dates = sql.SQL("SELECT id, b, i2, i4, i8, f4, f8, n, s, vc, bp, nm, u, o, by FROM {} ORDER BY id")
+    assert _compare_with_psycopg(pg, no_dates.format(_ident(types_table)).as_string(pg.conn), device) == 7
+    assert _device_memory(device) == before
+
+
+def test_schema_of_each_type(pg, types_table):
+    import pyarrow as pa
+
+    table = pystrom.read_postgres(pg.conninfo, table=types_table, device="cpu")
+    types = dict(zip(table.column_names, table.schema.types))
+    assert types["b"] == pa.bool_() and types["i2"] == pa.int16() and types["i8"] == pa.int64()
+    assert types["o"] == pa.uint32() and types["f4"] == pa.float32() and types["n"] == pa.float64()
+    assert types["d"] == pa.date32() and types["ts"] == pa.timestamp("us")
+    assert types["tz"] == pa.timestamp("us", tz="UTC")
+    assert types["s"] == pa.utf8() and types["bp"] == pa.utf8() and types["by"] == pa.binary()
+    assert getattr(types["u"], "storage_type", types["u"]) == pa.binary(16)
+
+
+def test_infinities_and_far_dates(pg, types_table, device):
+    t = pystrom.read_postgres(pg.conninfo, table=types_table, where="id in (1, 2, 4)", device=device)
+    t = t.to_arrow().sort_by("id")
+    days = t["d"].cast("int32").to_pylist()
+    micros = t["ts"].cast("int64").to_pylist()
+    # 4713-01-01 BC (Julian day 0), 5874897-12-31 (the last date, Julian day 2147483494), 1999-12-31
+    want = pg.fetch(
+        sql.SQL(
+            "SELECT d - '1970-01-01'::date, extract(epoch from ts)::numeric * 1000000 FROM {} "
+            "WHERE id IN (1, 2, 4) ORDER BY id"
+        ).format(_ident(types_table))
+    )
+    assert days == [w[0] for w in want]
+    assert micros == [int(w[1]) for w in want]
+    assert micros[2] == 946684800000000
+    f8 = t["f8"].to_pylist()
+    assert math.isnan(f8[0]) and f8[1] == math.inf and f8[2] == -math.inf
+    n = t["n"].to_pylist()
+    assert math.isnan(n[0]) and n[1] == math.inf and n[2] == -math.inf
+    pg.execute("SET TIME ZONE 'UTC'")
+    inf = pystrom.read_postgres(
+        pg.conninfo,
+        "SELECT 'infinity'::date AS d, '-infinity'::date AS nd, 'infinity'::timestamp AS ts, "
+        "'-infinity'::timestamptz AS nts",
+        device=device,
+    )
+    assert inf.column("d").values.tolist() == [2**31 - 1]
+    assert inf.column("nd").values.tolist() == [-(2**31)]
+    assert inf.column("ts").values.tolist() == [2**63 - 1]
+    assert inf.column("nts").values.tolist() == [-(2**63)]
+
+
+def test_timestamp_beyond_int64_raises(pg, device):
+    with pytest.raises(PostgresError, match=r"column 'late'.*row 1: a timestamp after 294247 AD"):
+        pystrom.read_postgres(
+            pg.conninfo,
+            "SELECT '2000-01-01'::timestamp AS late UNION ALL SELECT '294276-12-31'::timestamp",
+            device=device,
+        )
+
+
+def test_dates_and_timestamps_vs_epoch(pg, device):
+    t = pystrom.read_postgres(
+        pg.conninfo,
+        "SELECT '1970-01-01'::date AS a, '4714-11-24 BC'::date AS b, "
+        "'1970-01-01 00:00:01.5+00'::timestamptz AS c, '1960-01-01'::timestamp AS e",
+        device=device,
+    )
+    assert int(t.column("a").values[0]) == 0
+    assert int(t.column("b").values[0]) == -2440588  # Julian day 0
+    assert int(t.column("c").values[0]) == 1_500_000
+    assert int(t.column("e").values[0]) == -315619200 * 1_000_000
+
+
+def test_numeric_float64_random_values_match_psycopg(pg, device):
+    import random
+
+    rnd = random.Random(7)
+    vals = []
+    for _ in range(3000):
+        digits = rnd.randint(1, 38)
+        vals.append(decimal.Decimal(rnd.randrange(10**digits)).scaleb(rnd.randint(-40, 40)) * rnd.choice([1, -1]))
+    vals += [decimal.Decimal(1) / 3, decimal.Decimal("0.1"), decimal.Decimal("1e-300"), decimal.Decimal("9e300")]
+    name = pg.name("num")
+    pg.execute(sql.SQL("CREATE TABLE {} (k serial, x numeric)").format(_ident(name)))
+    with pg.conn.cursor().copy(sql.SQL("COPY {} (x) FROM STDIN").format(_ident(name))) as copy:
+        for v in vals:
+            copy.write_row((v,))
+    query = sql.SQL("SELECT x FROM {} ORDER BY k").format(_ident(name)).as_string(pg.conn)
+    got = np.asarray(
+        pystrom.read_postgres(pg.conninfo, query, device="cpu" if device == "cpu" else device)
+        .to_arrow()["x"]
+        .to_numpy()
+    )
+    want = np.array([float(r[0]) for r in pg.fetch(query)])
+    exact = np.array([len(v.as_tuple().digits) <= 15 and -22 <= v.as_tuple().exponent <= 22 for v in vals])
+    np.testing.assert_array_equal(got[exact], want[exact])
+    np.testing.assert_allclose(got, want, rtol=4.5e-16, atol=0)  # within one unit in the last place
+
+
+def test_numeric_as_decimal128(pg, device):
+    name = pg.name("dec")
+    pg.execute(sql.SQL("CREATE TABLE {} (k int, x numeric(38, 4), y numeric(5, 0))").format(_ident(name)))
+    vals = ["0", "-0.0001", "12345678901234567890123456789012.3456", "-99999999999999999999999999999999.9999", "1.5"]
+    for k, v in enumerate(vals):
+        pg.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(_ident(name)), (k, v, k * -7))
+    pg.execute(sql.SQL("INSERT INTO {} VALUES (99, NULL, NULL)").format(_ident(name)))
+    t = pystrom.read_postgres(pg.conninfo, table=name, numeric="decimal", device=device).to_arrow().sort_by("k")
+    assert str(t.schema.field("x").type) == "decimal128(38, 4)"
+    with decimal.localcontext(prec=60):
+        want = [decimal.Decimal(v).quantize(decimal.Decimal("0.0001")) for v in vals] + [None]
+    assert t["x"].to_pylist() == want
+    assert t["y"].to_pylist() == [decimal.Decimal(k * -7) for k in range(5)] + [None]
+
+
+def test_decimal_refuses_nan_and_unconstrained(pg, device):
+    name = pg.name("decnan")
+    pg.execute(sql.SQL("CREATE TABLE {} (x numeric(10, 2), free numeric)").format(_ident(name)))
+    pg.execute(sql.SQL("INSERT INTO {} VALUES (1.5, 1), ('NaN', 2)").format(_ident(name)))
+    before = _device_memory(device)
+    with pytest.raises(PostgresError, match=r"column 'x'.*NaN"):
+        pystrom.read_postgres(pg.conninfo, table=name, columns=["x"], numeric="decimal", device=device)
+    with pytest.raises(UnsupportedTypeError, match=r"'free'.*numeric\(18, 6\)"):
+        pystrom.read_postgres(pg.conninfo, table=name, numeric="decimal", device=device)
+    assert _device_memory(device) == before
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_zero_and_one_row(pg, types_table, rows, device):
+    t = pystrom.read_postgres(pg.conninfo, table=types_table, where=f"id <= {rows}", device=device)
+    assert t.num_rows == rows and t.num_columns == 18
+    assert t.to_arrow().num_rows == rows
+    if rows:
+        assert t.to_arrow()["i4"].to_pylist() == [-2147483648]
+    empty = pystrom.read_postgres(pg.conninfo, "SELECT 1 AS a, 'x'::text AS b WHERE false", device=device)
+    assert empty.num_rows == 0 and empty.column_names == ["a", "b"]
+
+
+def _rows(table) -> list[tuple]:
+    return sorted(tuple(r.values()) for r in table.to_arrow().to_pylist())
+
+
+@pytest.fixture
+def wide_table(pg):
+    name = pg.name("wide")
+    pg.execute(sql.SQL("CREATE TABLE {} (id int, v float8, s text)").format(_ident(name)))
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT i, i * 0.25, CASE WHEN i % 7 = 0 THEN NULL ELSE md5(i::text) END "
+            "FROM generate_series(1, 30000) i"
+        ).format(_ident(name))
+    )
+    return name
+
+
+def test_partitions_equal_one_stream(pg, wide_table, device):
+    one = pystrom.read_postgres(pg.conninfo, table=wide_table, partitions=1, device=device)
+    eight = pystrom.read_postgres(pg.conninfo, table=wide_table, partitions=8, device=device)
+    auto = pystrom.read_postgres(pg.conninfo, table=wide_table, device=device)
+    assert one.num_rows == eight.num_rows == auto.num_rows == 30000
+    assert _rows(one) == _rows(eight) == _rows(auto)
+    assert eight.column("s").null_count == 30000 // 7
+
+
+def test_partitions_on_one_snapshot_under_concurrent_writes(pg, pg_cluster, device):
+    # Every writer transaction deletes 50 rows and inserts 50 with the same total: any consistent
+    # snapshot sees exactly N rows summing to S; partitions on different snapshots would not.
+    name = pg.name("busy")
+    pg.execute(sql.SQL("CREATE TABLE {} (id bigserial, grp int, v int, pad text)").format(_ident(name)))
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {} (grp, v, pad) SELECT i % 100, 1, repeat('p', 100) FROM generate_series(1, 20000) i"
+        ).format(_ident(name))
+    )
+    stop = threading.Event()
+    writes = [0]
+
+    def writer():
+        with pg_cluster.connect() as conn:
+            while not stop.is_set():
+                with conn.transaction():
+                    conn.execute(
+                        sql.SQL("DELETE FROM {} WHERE id IN (SELECT id FROM {} ORDER BY random() LIMIT 50)").format(
+                            _ident(name), _ident(name)
+                        )
+                    )
+                    conn.execute(
+                        sql.SQL(
+                            "INSERT INTO {} (grp, v, pad) SELECT i % 100, 1, repeat('q', 100) "
+                            "FROM generate_series(1, 50) i"
+                        ).format(_ident(name))
+                    )
+                writes[0] += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        query = sql.SQL("SELECT id, v FROM {}").format(_ident(name)).as_string(pg.conn)
+        for parts in (8, 8, 1, 8, "key"):
+            if parts == "key":  # a query split on a key column shares the snapshot the same way
+                t = pystrom.read_postgres(pg.conninfo, query, partition_on="id", partitions=8, device=device)
+            else:
+                t = pystrom.read_postgres(pg.conninfo, table=name, columns=["id", "v"], partitions=parts, device=device)
+            arrow = t.to_arrow()
+            assert arrow.num_rows == 20000
+            assert sum(arrow["v"].to_pylist()) == 20000
+            assert len(set(arrow["id"].to_pylist())) == 20000
+    finally:
+        stop.set()
+        thread.join()
+    assert writes[0] > 0
+
+
+def test_partitions_on_empty_and_one_page_tables(pg, device):
+    empty = pg.name("empty")
+    pg.execute(sql.SQL("CREATE TABLE {} (a int, s text)").format(_ident(empty)))
+    t = pystrom.read_postgres(pg.conninfo, table=empty, partitions=8, device=device)
+    assert t.num_rows == 0 and t.column_names == ["a", "s"]
+    small = pg.name("small")
+    pg.execute(sql.SQL("CREATE TABLE {} (a int, s text)").format(_ident(small)))
+    pg.execute(sql.SQL("INSERT INTO {} SELECT i, i::text FROM generate_series(1, 10) i").format(_ident(small)))
+    t8 = pystrom.read_postgres(pg.conninfo, table=small, partitions=8, device=device)
+    t1 = pystrom.read_postgres(pg.conninfo, table=small, partitions=1, device=device)
+    assert _rows(t8) == _rows(t1) == [(i, str(i)) for i in range(1, 11)]
+
+
+def test_identifiers_weird_qualified_unicode(pg, device):
+    weird = pg.name('we"ird name')
+    pg.execute(sql.SQL('CREATE TABLE {} ("a""b" int, "größe" text)').format(_ident(weird)))
+    pg.execute(sql.SQL("INSERT INTO {} VALUES (1, 'ü'), (2, NULL)").format(_ident(weird)))
+    t = pystrom.read_postgres(
+        pg.conninfo, table=weird, columns=["größe", 'a"b'], where='"a""b" > %s', params=(1,), device=device
+    )
+    assert t.column_names == ["größe", 'a"b'] and t.to_arrow().to_pylist() == [{"größe": None, 'a"b': 2}]
+    schema = pg.name("sch")
+    pg.execute(sql.SQL("CREATE SCHEMA {}").format(_ident(schema)))
+    try:
+        pg.execute(sql.SQL("CREATE TABLE {}.{} (x int)").format(_ident(schema), _ident("données")))
+        pg.execute(sql.SQL("INSERT INTO {}.{} VALUES (5)").format(_ident(schema), _ident("données")))
+        t = pystrom.read_postgres(pg.conninfo, table=(schema, "données"), device=device)
+        assert t.to_arrow().to_pylist() == [{"x": 5}]
+        with pytest.raises(PostgresError, match="does not exist"):
+            pystrom.read_postgres(pg.conninfo, table=f"{schema}.données", device=device)
+    finally:
+        pg.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(_ident(schema)))
+
+
+def test_injection_attempts_fail_as_errors(pg, wide_table):
+    victim = pg.name("victim")
+    pg.execute(sql.SQL("CREATE TABLE {} (a int)").format(_ident(victim)))
+    for bad in [f"{wide_table}; DROP TABLE {victim}", f'{wide_table}"; DROP TABLE {victim}; --']:
+        with pytest.raises(PostgresError, match="does not exist"):
+            pystrom.read_postgres(pg.conninfo, table=bad, device="cpu")
+    with pytest.raises(PostgresError, match="does not exist"):
+        pystrom.read_postgres(pg.conninfo, table=wide_table, columns=[f'id" FROM x; DROP TABLE {victim}; --'])
+    t = pystrom.read_postgres(pg.conninfo, "SELECT %s::text AS v", params=(f"'; DROP TABLE {victim}; --",))
+    assert t.to_arrow()["v"].to_pylist() == [f"'; DROP TABLE {victim}; --"]
+    assert pg.fetch(sql.SQL("SELECT count(*) FROM {}").format(_ident(victim))) == [(0,)]
+
+
+def test_user_connection_is_used_and_left_usable(pg, wide_table, device):
+    with psycopg.connect(pg.conninfo) as conn:
+        conn.execute("CREATE TEMP TABLE only_here AS SELECT 1 AS x")  # visible only in this session
+        t = pystrom.read_postgres(conn, table="only_here", device=device)
+        assert t.to_arrow().to_pylist() == [{"x": 1}]
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+        with pytest.raises(PostgresError, match="division by zero"):
+            pystrom.read_postgres(conn, "SELECT 1 / (i - 20000) AS q FROM generate_series(1, 30000) i", device=device)
+        conn.rollback()
+        assert conn.execute("SELECT 3").fetchone() == (3,)
+        t = pystrom.read_postgres(conn, table=wide_table, partitions=4, device=device)  # one stream on a user conn
+        assert t.num_rows == 30000
+
+
+def test_bad_dsn(pg_cluster):
+    with pytest.raises(PostgresError, match="cannot connect") as info:
+        pystrom.read_postgres(f"host=127.0.0.1 port={pg_cluster.port + 1} user=nobody password=s3cret", "SELECT 1")
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(PostgresError, match="cannot connect"):
+        pystrom.read_postgres("this is = not a dsn", "SELECT 1")
+
+
+def test_missing_table_column_and_permission(pg, wide_table):
+    with pytest.raises(PostgresError, match="does not exist"):
+        pystrom.read_postgres(pg.conninfo, table="no_such_table")
+    with pytest.raises(PostgresError, match='column "nope" does not exist'):
+        pystrom.read_postgres(pg.conninfo, table=wide_table, columns=["id", "nope"])
+    role = pg.name("reader")
+    pg.execute(sql.SQL("CREATE ROLE {} LOGIN").format(_ident(role)))
+    try:
+        conninfo = pg.conninfo.replace("user=postgres", f"user={role}")
+        with pytest.raises(PostgresError, match="permission denied"):
+            pystrom.read_postgres(conninfo, table=wide_table)
+    finally:
+        pg.execute(sql.SQL("DROP ROLE {}").format(_ident(role)))
+
+
+def test_unsupported_type_names_column_and_cast(pg):
+    with pytest.raises(UnsupportedTypeError, match=r"'span'.*interval.*extract\(epoch from span\)"):
+        pystrom.read_postgres(pg.conninfo, "SELECT 1 AS ok, interval '1 day' AS span")
+    with pytest.raises(UnsupportedTypeError, match=r"'doc'.*jsonb.*doc::text"):
+        pystrom.read_postgres(pg.conninfo, "SELECT '{}'::jsonb AS doc")
+
+
+def test_bad_arguments(pg, wide_table):
+    for kwargs in [
+        {"query": "SELECT 1", "table": wide_table},
+        {},
+        {"table": wide_table, "partitions": 0},
+        {"table": wide_table, "numeric": "text"},
+        {"table": 42},
+        {"table": wide_table, "columns": "id"},
+        {"query": "SELECT 1", "where": "true"},
+        {"query": "   ;"},
+    ]:
+        with pytest.raises(InvalidArgumentError):
+            pystrom.read_postgres(pg.conninfo, **kwargs)
+    with pytest.raises(InvalidArgumentError):
+        pystrom.read_postgres(12345, "SELECT 1")
+    with pytest.raises(pystrom.SchemaMismatchError, match="two columns named 'a'"):
+        pystrom.read_postgres(pg.conninfo, "SELECT 1 AS a, 2 AS a")
+
+
+def _big_query() -> str:
+    return "SELECT i, md5(i::text) AS s FROM generate_series(1, 50000000) i"
+
+
+def test_backend_terminated_mid_copy(pg, device):
+    before = _device_memory(device)
+    killed = []
+
+    def kill(rows: int) -> None:
+        if not killed:
+            pids = pg.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE 'COPY (SELECT i, md5%%' AND pid <> pg_backend_pid()"
+            )
+            for (pid,) in pids:
+                pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            killed.append(len(pids))
+
+    with psycopg.connect(pg.conninfo) as conn:
+        with pytest.raises(PostgresError, match="terminat|closed|lost"):
+            pystrom.read_postgres(conn, _big_query(), device=device, progress=kill)
+        assert killed == [1]
+        with pytest.raises(psycopg.OperationalError):  # clearly failed, not silently half-usable
+            conn.execute("SELECT 1")
+    with pytest.raises(PostgresError, match="terminat|closed|lost"):
+        killed.clear()
+        pystrom.read_postgres(pg.conninfo, _big_query(), device=device, progress=kill)
+    assert _device_memory(device) == before
+
+
+def test_interrupt_cancels_on_the_server(pg, device):
+    def interrupt(rows: int) -> None:
+        raise KeyboardInterrupt
+
+    with psycopg.connect(pg.conninfo, autocommit=True) as conn:
+        with pytest.raises(KeyboardInterrupt):
+            pystrom.read_postgres(conn, _big_query(), device=device, progress=interrupt)
+        assert conn.execute("SELECT 42").fetchone() == (42,)  # the COPY was cancelled and drained
+    active = pg.fetch(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY (SELECT i, md5%%' "
+        "AND state = 'active' AND pid <> pg_backend_pid()"
+    )
+    assert active == [(0,)]
+
+
+def test_server_stopped_mid_read(pg, pg_cluster, device):
+    before = _device_memory(device)
+    stopped = []
+
+    def stop(rows: int) -> None:
+        if not stopped:
+            stopped.append(rows)
+            pg_cluster.stop("fast")
+
+    try:
+        with pytest.raises(PostgresError):
+            pystrom.read_postgres(pg_cluster.conninfo, _big_query(), device=device, progress=stop)
+        assert stopped
+    finally:
+        pg_cluster.start()
+        pg.conn = pg_cluster.connect(autocommit=True)
+    assert _device_memory(device) == before
+    assert pystrom.read_postgres(pg_cluster.conninfo, "SELECT 1 AS x", device=device).num_rows == 1
+
+
+def test_uuid_values_and_progress(pg, device):
+    seen = []
+    t = pystrom.read_postgres(
+        pg.conninfo,
+        "SELECT i, ('00000000-0000-0000-0000-' || lpad(to_hex(i), 12, '0'))::uuid AS u FROM generate_series(1, 5) i",
+        device=device,
+        progress=seen.append,
+    )
+    assert seen and seen[-1] == 5
+    assert t.to_arrow()["u"].to_pylist() == [uuid.UUID(int=i) for i in range(1, 6)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("conftest").HAVE_GPU, reason="no CUDA GPU with CuPy in this environment")
+def test_gpu_decoder_matches_cpu_twin(pg):
+    # Many small chunks over 4 partitions: chunk boundaries, string scans and bitmaps across chunks.
+    name = pg.name("twin")
+    pg.execute(
+        sql.SQL(
+            "CREATE TABLE {} (i int8, f float4, n numeric, dn numeric(30, 6), d date, ts timestamptz, "
+            "s text, u uuid, b bool)"
+        ).format(_ident(name))
+    )
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT CASE WHEN i % 11 = 0 THEN NULL ELSE i * 7919 END, i / 3.0, "
+            "(random() * 10 ^ (i % 40 - 20))::numeric, round((random() * 1e12)::numeric, 6) * (1 - 2 * (i % 2)), "
+            "'2000-01-01'::date + (i % 100000 - 50000), now() - i * interval '1 second', "
+            "CASE WHEN i % 5 = 0 THEN NULL ELSE repeat(chr(945 + i % 20), i % 17) END, "
+            "CASE WHEN i % 3 = 0 THEN NULL ELSE gen_random_uuid() END, i % 2 = 0 "
+            "FROM generate_series(1, 40000) i"
+        ).format(_ident(name))
+    )
+    with pystrom.defaults.set(pg_staging_chunk=65536):
+        for numeric, columns in [("float64", None), ("decimal", ["i", "dn", "s", "b"])]:
+            kw = {"table": name, "columns": columns, "partitions": 4, "numeric": numeric}
+            cpu = pystrom.read_postgres(pg.conninfo, device="cpu", **kw)
+            gpu = pystrom.read_postgres(pg.conninfo, device="cuda", **kw)
+            assert gpu.device.startswith("cuda")
+            assert gpu.to_arrow().equals(cpu.to_arrow())
+            for column in cpu.column_names:
+                assert gpu.column(column).null_count == cpu.column(column).null_count
+
+
+def test_query_partition_on_equals_one_stream(pg, wide_table, device):
+    query = sql.SQL("SELECT id % 1000 - 300 AS k, v, s FROM {} UNION ALL SELECT NULL, 0, 'null key'").format(
+        _ident(wide_table)
+    )
+    text = query.as_string(pg.conn)
+    one = pystrom.read_postgres(pg.conninfo, text, device=device)
+    split = pystrom.read_postgres(pg.conninfo, text, partition_on="k", partitions=6, device=device)
+    auto = pystrom.read_postgres(pg.conninfo, text, partition_on="k", device=device)
+    assert one.num_rows == split.num_rows == auto.num_rows == 30001
+    key = lambda r: tuple((x is None, x) for x in r)  # noqa: E731 (NULL keys sort first)
+    rows = sorted((tuple(r.values()) for r in one.to_arrow().to_pylist()), key=key)
+    assert rows == sorted((tuple(r.values()) for r in split.to_arrow().to_pylist()), key=key)
+    assert rows == sorted((tuple(r.values()) for r in auto.to_arrow().to_pylist()), key=key)
+    tiny = pystrom.read_postgres(pg.conninfo, "SELECT 5 AS k", partition_on="k", partitions=8, device=device)
+    assert tiny.to_arrow().to_pylist() == [{"k": 5}]
+    empty = pystrom.read_postgres(pg.conninfo, "SELECT 1 AS k WHERE false", partition_on="k", partitions=8)
+    assert empty.num_rows == 0
+
+
+def test_partition_on_errors(pg, wide_table):
+    with pytest.raises(pystrom.UnsupportedTypeError, match="partition_on column 's' has type text"):
+        pystrom.read_postgres(pg.conninfo, f"SELECT * FROM {wide_table}", partition_on="s")
+    with pytest.raises(pystrom.ColumnNotFoundError, match="'nope' is not in the result"):
+        pystrom.read_postgres(pg.conninfo, f"SELECT * FROM {wide_table}", partition_on="nope")
+    with pytest.raises(InvalidArgumentError, match="partition_on"):
+        pystrom.read_postgres(pg.conninfo, table=wide_table, partition_on="id")
