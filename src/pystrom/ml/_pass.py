@@ -107,7 +107,7 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
         resid = s * (yc - mu)
         Xr = Xc * r[:, None]
         H[:k, :k] += Xc.T @ Xr
-        H[:k, k] += Xr.sum(axis=0)
+        H[:k, k] += Xc.T @ r  # a matrix-vector product: CuPy's axis-0 sum of Xr took 1.5 ms per chunk, this 0.07
         H[k, k] += r.sum()
         g[:k] += Xc.T @ resid
         g[k] += resid.sum()
