@@ -12,111 +12,15 @@ that runs SQL as the superuser and drops what the test created).
 
 from __future__ import annotations
 
-import glob
 import itertools
 import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
+from pystrom._embedded_pg import EmbeddedPostgres as PgCluster
+from pystrom._embedded_pg import find_server_binaries as _find_bindir
 
-def _find_bindir() -> Path | None:
-    env = os.environ.get("PYSTROM_PG_BINDIR")
-    if env:
-        return Path(env)
-    initdb = shutil.which("initdb")
-    if initdb:
-        return Path(initdb).resolve().parent
-    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[-3]), reverse=True)
-    if debian:
-        return Path(debian[0]).parent
-    import importlib.util
-
-    spec = importlib.util.find_spec("pgserver")  # found, not imported: only its bundled binaries are used
-    if spec is None or spec.origin is None:
-        return None
-    bindir = Path(spec.origin).parent / "pginstall" / "bin"
-    return bindir if (bindir / "initdb").exists() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _system_user() -> str | None:
-    """None when not root; else an unprivileged user to run the server as."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "pystrom-pg"):
-        try:
-            pwd.getpwnam(name)
-            return name
-        except KeyError:
-            pass
-    subprocess.run(["useradd", "--system", "--no-create-home", "pystrom-pg"], check=True, capture_output=True)
-    return "pystrom-pg"
-
-
-class PgCluster:
-    """One PostgreSQL server in a temporary directory."""
-
-    def __init__(self, bindir: Path):
-        self.bindir = bindir
-        self.user = _system_user()
-        self.root = Path(tempfile.mkdtemp(prefix="pystrom-pg-"))
-        self.datadir = self.root / "data"
-        self.port = _free_port()
-        self.conninfo = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
-        if self.user is not None:
-            self.root.chmod(0o777)  # the server's user writes its socket, log and data here
-            if not str(bindir).startswith("/usr/"):  # e.g. pgserver's tree, unpacked by root: let the user in
-                for parent in bindir.parents:
-                    if parent != Path("/") and parent.is_dir():
-                        parent.chmod(parent.stat().st_mode | 0o055)
-                for dirpath, _, files in os.walk(bindir.parent):
-                    os.chmod(dirpath, os.stat(dirpath).st_mode | 0o055)
-                    for f in files:
-                        path = os.path.join(dirpath, f)
-                        mode = os.stat(path).st_mode
-                        os.chmod(path, mode | 0o044 | (0o011 if mode & 0o100 else 0))
-        self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-        self.start()
-
-    def _run(self, exe: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(self.bindir / exe), *args], user=self.user, check=check, capture_output=True, text=True, timeout=120
-        )
-
-    def start(self) -> None:
-        opts = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off -c synchronous_commit=off "
-            "-c full_page_writes=off -c max_connections=120 -c shared_buffers=128MB"
-        )
-        res = self._run(
-            "pg_ctl", "-D", str(self.datadir), "-o", opts, "-l", str(self.root / "log"), "-w", "start", check=False
-        )
-        if res.returncode != 0:
-            log = (self.root / "log").read_text() if (self.root / "log").exists() else ""
-            raise RuntimeError(f"pg_ctl start failed: {res.stderr}\n{log[-2000:]}")
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop", check=False)
-
-    def destroy(self) -> None:
-        self.stop("immediate")
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def connect(self, **kwargs):
-        import psycopg
-
-        return psycopg.connect(self.conninfo, **kwargs)
+__all__ = ["PgCluster", "_find_bindir", "pg_cluster", "pg"]
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from ._backend import iter_devices
+from ._embedded_pg import EmbeddedPostgres
 
-__all__ = ["available_devices", "to_host", "assert_tables_equal", "assert_same_on_all_devices"]
+__all__ = ["available_devices", "to_host", "assert_tables_equal", "assert_same_on_all_devices", "EmbeddedPostgres"]
 
 
 def available_devices() -> list[str]:
