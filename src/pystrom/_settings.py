@@ -90,6 +90,13 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 0,
         "Rows shown by repr() and the notebook view of a Table.",
     ),
+    "progress_delay": _Option(
+        "PYSTROM_PROGRESS_DELAY",
+        float,
+        2.0,
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf"),
+        "Seconds a load runs before its automatic progress bar (progress=None, stderr a terminal) appears.",
+    ),
 }
 
 

@@ -50,8 +50,12 @@ def read_batches(
     columns: Sequence[str],
     types: dict[str, ColumnType | None],
     backend: Backend,
+    progress: Any = None,
 ) -> tuple[Any, int]:
-    """The selected batches and columns as one Table on ``backend``; also the file bytes read."""
+    """The selected batches and columns as one Table on ``backend``; also the file bytes read.
+
+    ``progress``, if given, is called with the bytes read so far as the reads complete.
+    """
     from ..table import Table
 
     schema = file.schema
@@ -67,7 +71,7 @@ def read_batches(
             chunks = pa.chunked_array([hb.column(i) for hb in host_batches], type=field.type)
             host[name] = host_column(name, field, chunks)
 
-    with RangeReader(file.path, backend) as reader, backend.activate():
+    with RangeReader(file.path, backend, progress) as reader, backend.activate():
         xp = backend.xp
         strings = {
             name: _string_sizes(file, reader, xp, batches, name)

@@ -91,10 +91,11 @@ def _host_pool() -> cf.ThreadPoolExecutor:
 class RangeReader:
     """Submit reads of (file offset, size) into destination arrays; :meth:`wait` checks them all."""
 
-    def __init__(self, path: str, backend: Any):
+    def __init__(self, path: str, backend: Any, progress: Any = None):
         self.path = path
         self.backend = backend
         self.bytes_read = 0
+        self._progress = progress  # called with bytes_read as reads complete
         self._futures: list[tuple[Any, int, int]] = []
         if backend.kind == "cuda":
             kvikio = _configure_kvikio()
@@ -134,6 +135,8 @@ class RangeReader:
                     f"{self.path!r}: expected {size} bytes at offset {offset}, the file gave {got} (truncated?)"
                 )
             self.bytes_read += got
+            if self._progress is not None and error is None:
+                self._progress(self.bytes_read)
         if error is not None:
             if isinstance(error, FileFormatError):
                 raise error

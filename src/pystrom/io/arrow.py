@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._backend import resolve_device
+from .._progress import check_progress, reporter
 from ..errors import PerformanceWarning, SchemaMismatchError
 from ._direct import read_batches
 from ._ipc_layout import ArrowFile, BatchLayout, direct_types, open_arrow_file, resolve_columns
@@ -85,7 +86,9 @@ class ArrowScan:
     Each ``iter()`` starts a fresh pass over the files; :attr:`stats` describes the latest pass.
     """
 
-    def __init__(self, paths: Any, columns=None, where=None, batch_rows=None, device=None):
+    def __init__(self, paths: Any, columns=None, where=None, batch_rows=None, device=None, progress=None):
+        check_progress(progress)
+        self.progress = progress
         self.paths = _expand_paths(paths)
         self.backend = resolve_device(device)
         if batch_rows is not None and (isinstance(batch_rows, bool) or not isinstance(batch_rows, int)
@@ -166,16 +169,17 @@ class ArrowScan:
         stats = self.stats = ScanStats()
         start = time.perf_counter()
         tasks = self._tasks(stats)
-        with cf.ThreadPoolExecutor(1, thread_name_prefix="pystrom-scan") as pool:
+        report = reporter(self.progress, unit="B", desc="scan_arrow")  # bytes read, per group of batches
+        with report, cf.ThreadPoolExecutor(1, thread_name_prefix="pystrom-scan") as pool:
             pending = None
             try:
                 for file, group in tasks:
                     ahead = pool.submit(self._load, file, group)
                     if pending is not None:
-                        yield self._collect_one(pending, stats, start)
+                        yield self._collect_one(pending, stats, start, report)
                     pending = ahead
                 if pending is not None:
-                    yield self._collect_one(pending, stats, start)
+                    yield self._collect_one(pending, stats, start, report)
                     pending = None
             finally:
                 if pending is not None:
@@ -187,9 +191,10 @@ class ArrowScan:
                 tasks.close()
                 stats.seconds = time.perf_counter() - start
 
-    def _collect_one(self, future: cf.Future, stats: ScanStats, start: float) -> Any:
+    def _collect_one(self, future: cf.Future, stats: ScanStats, start: float, report: Any) -> Any:
         table, nbytes = future.result()
         stats.bytes_read += nbytes
+        report(stats.bytes_read)
         out = self._finish(table, stats)
         stats.seconds = time.perf_counter() - start
         return out
@@ -236,7 +241,7 @@ def _empty_table(schema: pa.Schema, backend: Any) -> Any:
 
 
 def scan_arrow(paths: Any, columns: Sequence[str] | None = None, where: str | None = None,
-               batch_rows: int | None = None, device: Any = None) -> ArrowScan:  # fmt: skip
+               batch_rows: int | None = None, device: Any = None, progress: Any = None) -> ArrowScan:  # fmt: skip
     """Scan Arrow IPC files a group of record batches at a time, filtering on the device.
 
     Parameters
@@ -256,6 +261,11 @@ def scan_arrow(paths: Any, columns: Sequence[str] | None = None, where: str | No
         1,048,576); the memory a step needs is about one group, twice (double buffering).
     device : str or int, optional
         Where the Tables live: "cpu", "cuda", "cuda:N" (default: a GPU if one is visible).
+    progress : None, bool or callable, optional
+        None (default): a progress bar on stderr (bytes read) when stderr is a terminal and a pass
+        runs longer than ``pystrom.defaults.progress_delay`` seconds (2). True: a bar from the
+        start, wherever stderr goes. False: none. A callable: called with the bytes read so far in
+        this pass, after each group of batches (no bar).
 
     Returns
     -------
@@ -263,10 +273,12 @@ def scan_arrow(paths: Any, columns: Sequence[str] | None = None, where: str | No
         Iterable (again and again) of Tables; ``.stats`` reports batches and bytes read and skipped,
         ``.collect()`` returns all matching rows as one Table.
     """
-    return ArrowScan(paths, columns, where, batch_rows, device)
+    return ArrowScan(paths, columns, where, batch_rows, device, progress)
 
 
-def read_arrow(path: Any, columns: Sequence[str] | None = None, where: str | None = None, device: Any = None) -> Any:
+def read_arrow(
+    path: Any, columns: Sequence[str] | None = None, where: str | None = None, device: Any = None, progress: Any = None
+) -> Any:
     """Read an Arrow IPC file (Feather v2) or stream into one Table, straight into device memory.
 
     Parameters
@@ -280,19 +292,27 @@ def read_arrow(path: Any, columns: Sequence[str] | None = None, where: str | Non
         A predicate (see :func:`scan_arrow`); the result holds the rows where it is true.
     device : str or int, optional
         "cpu", "cuda", "cuda:N" (default: a GPU if one is visible).
+    progress : None, bool or callable, optional
+        None (default): a progress bar on stderr (bytes read) when stderr is a terminal and the
+        read runs longer than ``pystrom.defaults.progress_delay`` seconds (2). True: a bar from
+        the start, wherever stderr goes. False: none. A callable: called with the bytes read so
+        far as reads complete (no bar).
     """
     if where is not None:
         if isinstance(path, (list, tuple)) or (isinstance(path, str) and _glob.has_magic(path)):
             raise TypeError("read_arrow reads one file; use scan_arrow for several")
-        return ArrowScan(path, columns, where, None, device).collect()
+        return ArrowScan(path, columns, where, None, device, progress).collect()
+    check_progress(progress)
     backend = resolve_device(device)
     with open_arrow_file(path) as file:
         names = resolve_columns(file.schema, columns, file.path)
         types = direct_types(file.schema, names)
         layouts = [file.layout(i, names, types) for i in range(file.num_batches)]
         _warn_if_slow(file)
-        with backend.activate():
-            table, _ = read_batches(file, layouts, names, types, backend)
+        total = sum(layout.nbytes for layout in layouts)
+        with reporter(progress, unit="B", desc="read_arrow", total=total) as report, backend.activate():
+            table, nbytes = read_batches(file, layouts, names, types, backend, report if report.active else None)
+            report(max(total, nbytes))  # columns inflated on the host (compressed files) are not counted as read
         return table
 
 

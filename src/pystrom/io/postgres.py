@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._backend import resolve_device
+from .._progress import check_progress, reporter
 from .._settings import defaults
 from ..errors import InvalidArgumentError, PostgresError
 from ..table import Table
@@ -119,6 +120,11 @@ class _Reader:
                 raise
 
 
+def _read_all(backend: Any, ncols: int, jobs: Sequence[tuple[Any, str]], progress: Any) -> list[list[Staged]]:
+    with reporter(progress, unit="rows", desc="read_postgres") as report:
+        return _Reader(backend, ncols, report if report.active else None).read_all(jobs)
+
+
 def _staging_allocator(backend: Any) -> Callable[[int], Any]:
     import numpy as np
 
@@ -146,7 +152,7 @@ def read_postgres(
     partition_on: str | None = None,
     numeric: str = "float64",
     device: str | int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: bool | Callable[[int], None] | None = None,
 ) -> Table:
     """Read a PostgreSQL query result or table into a new Table on ``device``.
 
@@ -184,7 +190,10 @@ def read_postgres(
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or None (``pystrom.defaults.device``, else a GPU if visible).
         On a GPU the raw COPY bytes are staged in pinned memory and decoded by a CUDA kernel.
     progress
-        Called with the number of rows received so far, from the reading threads.
+        None (default): a progress bar on stderr (rows received) when stderr is a terminal and the
+        read runs longer than ``pystrom.defaults.progress_delay`` seconds (2). True: a bar from the
+        start, wherever stderr goes. False: none. A callable: called with the number of rows
+        received so far, from the reading threads (no bar).
 
     Returns
     -------
@@ -212,8 +221,7 @@ def read_postgres(
         raise InvalidArgumentError(f"partitions must be a positive int or None; got {partitions!r}")
     if partition_on is not None and (query is None or not isinstance(partition_on, str) or not partition_on):
         raise InvalidArgumentError(f"partition_on must name an integer column of a query= read; got {partition_on!r}")
-    if progress is not None and not callable(progress):
-        raise InvalidArgumentError("progress must be callable")
+    check_progress(progress)
     backend = resolve_device(device)
 
     if isinstance(conninfo, psycopg.Connection):
@@ -221,7 +229,7 @@ def read_postgres(
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
         plan = _plan(conninfo, query, table, columns, where, params)
         cols = _pg_types.describe(conninfo, plan.select, numeric, run_sql)
-        chunks = _Reader(backend, len(cols), progress).read_all([(conninfo, copy_sql(conninfo, plan.select))])
+        chunks = _read_all(backend, len(cols), [(conninfo, copy_sql(conninfo, plan.select))], progress)
         return _pg_types.assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -241,7 +249,7 @@ def read_postgres(
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = _Reader(backend, len(cols), progress).read_all(jobs)
+        chunks = _read_all(backend, len(cols), jobs, progress)
         return _pg_types.assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:
@@ -262,7 +270,7 @@ def postgres_to_arrow(
     partition_on: str | None = None,
     numeric: str = "float64",
     stats: bool = True,
-    progress: Callable[[int], None] | None = None,
+    progress: bool | Callable[[int], None] | None = None,
 ) -> Any:
     """Write a PostgreSQL query result or table to an Arrow IPC file (PG-Strom's ``pg2arrow``).
 
