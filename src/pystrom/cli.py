@@ -1,4 +1,5 @@
-"""The ``pystrom`` command: ``pystrom demo``, ``pystrom info``, ``pystrom serve``.
+"""The ``pystrom`` command: ``demo``, ``info``, ``pg2arrow``, ``serve``; ``load``, ``ls``, ``drop`` and
+``bench`` live in ``_cli_commands``.
 
 User mistakes end as one line on stderr and exit code 2, never a traceback.
 """
@@ -113,6 +114,9 @@ def _info(args: argparse.Namespace) -> int:
     print(f"pystrom {__version__} on Python {platform.python_version()} ({platform.machine()})")
     for dist in ("numpy", "pyarrow", "cupy-cuda13x", "cupy-cuda12x", "kvikio-cu13", "kvikio-cu12"):
         print(f"  {dist:<14} {version(dist)}")
+    from ._cli_commands import libpq_version
+
+    print(f"  libpq          {libpq_version()}")
     count = cuda_device_count()
     if count:
         for i in range(count):
@@ -208,19 +212,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory", choices=["auto", "vmm", "legacy"], default="auto", help="GPU sharing mechanism (default auto)"
     )
     serve.set_defaults(run=_serve)
+    from ._cli_commands import add_commands
+
+    add_commands(sub, _positive_int)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser, so the line names it ("pystrom load: error: ...")
+        commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+        commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
+        print("pystrom: error: name a command (see the list above)", file=sys.stderr)
         return 2
     try:
         return int(args.run(args))
-    except Error as exc:
-        print(f"pystrom {args.command}: error: {exc}", file=sys.stderr)
+    except (Error, OSError) as exc:  # user mistakes and the environment's refusals (files, sockets, servers)
+        message = " ".join(str(exc).split()) or type(exc).__name__  # one line, whatever the message holds
+        print(f"pystrom {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"pystrom {args.command}: interrupted", file=sys.stderr)

@@ -1,0 +1,293 @@
+"""The store and tooling subcommands of ``pystrom``: ``load``, ``ls``, ``drop``, ``bench``.
+
+``cli.py`` owns the parser and ``main``; this module adds these subcommands to it. Their mistakes
+(a missing option, a file that is not there, a daemon that is not running, an unknown table) are
+raised as pystrom errors or ``OSError`` and end, in ``main``, as one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+__all__ = ["add_commands", "libpq_version"]
+
+
+def _column_list(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",")]
+    if not text.strip() or not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return names
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value")
+    return text
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:,.0f} {unit}" if unit == "bytes" else f"{nbytes:,.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _store(socket: str | None) -> Any:
+    from .ipc.client import Store
+
+    return Store(socket)
+
+
+# -- load -------------------------------------------------------------------------------------------
+
+
+def _check_load(args: argparse.Namespace) -> None:
+    """Option combinations argparse cannot express; one message naming the options at fault."""
+    if args.arrow is not None:
+        wrong = [
+            flag
+            for flag, value in (
+                ("--dsn", args.dsn),
+                ("--schema", args.schema),
+                ("--partitions", args.partitions),
+                ("--partition-on", args.partition_on),
+                ("--numeric", args.numeric),
+            )
+            if value is not None
+        ]
+        if wrong:
+            raise InvalidArgumentError(f"{', '.join(wrong)} go(es) with --query/--table, not with --arrow")
+        if not any(ch in args.arrow for ch in "*?[") and not os.path.isfile(args.arrow):
+            what = "is a directory, not a file" if os.path.isdir(args.arrow) else "does not exist"
+            raise FileNotFoundError(f"Arrow file {args.arrow!r} {what}")
+        return
+    if args.dsn is None:
+        raise InvalidArgumentError("--query and --table read from PostgreSQL: give the connection with --dsn")
+    if args.query is not None and (args.columns is not None or args.where is not None):
+        raise InvalidArgumentError("--columns and --where go with --table or --arrow; put them in the --query")
+    if args.schema is not None and args.table is None:
+        raise InvalidArgumentError("--schema goes with --table")
+    if args.partition_on is not None and args.query is None:
+        raise InvalidArgumentError("--partition-on goes with --query (a --table read is split by pages)")
+
+
+def _load(args: argparse.Namespace) -> int:
+    _check_load(args)
+    with _store(args.socket) as store:  # first, so a daemon that is not running fails before a long read
+        if not args.replace and any(t["name"] == args.name for t in store.list()):
+            from .errors import TableExistsError
+
+            raise TableExistsError(f"the store already has a table named {args.name!r} (add --replace)")
+        device = store.device
+        start = time.perf_counter()
+        if args.arrow is not None:
+            from .io.arrow import read_arrow, scan_arrow
+
+            if any(ch in args.arrow for ch in "*?["):  # a glob: several files, one table
+                scan = scan_arrow(args.arrow, args.columns, args.where, device=device, progress=args.progress)
+                table = scan.collect()
+            else:
+                table = read_arrow(args.arrow, args.columns, args.where, device=device, progress=args.progress)
+            source = args.arrow
+        else:
+            from .io.postgres import read_postgres
+
+            name = None if args.table is None else ((args.schema, args.table) if args.schema else args.table)
+            table = read_postgres(
+                args.dsn,
+                args.query,
+                table=name,
+                columns=args.columns,
+                where=args.where,
+                partitions=args.partitions,
+                partition_on=args.partition_on,
+                numeric=args.numeric or "float64",
+                device=device,
+                progress=args.progress,
+            )
+            source = "PostgreSQL " + (f"table {args.table!r}" if args.table is not None else "query")
+        read_secs = time.perf_counter() - start
+        with table:
+            rows, cols, nbytes = table.num_rows, table.num_columns, table.nbytes
+            store.put(args.name, table, replace=args.replace)
+        secs = time.perf_counter() - start
+    rate = ""
+    if read_secs > 0 and nbytes:
+        per_sec = nbytes / read_secs
+        rate = f", {per_sec / 1e9:.2f} GB/s" if per_sec >= 1e9 else f", {per_sec / 1e6:.1f} MB/s"
+    print(
+        f"{args.name}: {rows:,} rows x {cols} columns, {nbytes:,} bytes from {source} in {secs:.2f} s "
+        f"(read {read_secs:.2f} s{rate}; store {secs - read_secs:.2f} s) -> {store.address} on {device}"
+    )
+    return 0
+
+
+# -- ls / drop --------------------------------------------------------------------------------------
+
+
+def _short_schema(schema: Any, width: int = 60) -> str:
+    parts = [f"{f.name}: {f.type}" for f in schema]
+    text = ""
+    for i, part in enumerate(parts):
+        more = f", ... (+{len(parts) - i})" if i else f"... (+{len(parts)})"
+        candidate = f"{text}, {part}" if text else part
+        if len(candidate) > width and i:
+            return text + more
+        text = candidate
+    return text
+
+
+def _ls(args: argparse.Namespace) -> int:
+    with _store(args.socket) as store:
+        tables = sorted(store.list(), key=lambda t: t["name"])
+        where = f"{store.address} ({store.info.get('device')})"
+    if not tables:
+        print(f"no tables in the store at {where}")
+        return 0
+    rows = [
+        (t["name"], f"{t['num_rows']:,}", _size(t["nbytes"]), str(t["device"]), _short_schema(t["schema"]))
+        for t in tables
+    ]
+    head = ("name", "rows", "bytes", "device", "schema")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    right = {1, 2}  # numbers align right
+    for row in [head, *rows]:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells).rstrip())
+    print(f"{len(tables)} table(s) in the store at {where}")
+    return 0
+
+
+def _drop(args: argparse.Namespace) -> int:
+    with _store(args.socket) as store:
+        store.drop(args.name)
+    print(f"dropped {args.name!r} (its memory is freed once no reader holds a view of it)")
+    return 0
+
+
+# -- bench ------------------------------------------------------------------------------------------
+
+
+def _checkout(start: pathlib.Path) -> pathlib.Path | None:
+    """The pystrom checkout holding ``start`` (a directory with benchmarks/run.py and pystrom's pyproject)."""
+    for directory in [start, *start.parents]:
+        runner, project = directory / "benchmarks" / "run.py", directory / "pyproject.toml"
+        if runner.is_file() and project.is_file():
+            try:
+                if 'name = "pystrom"' in project.read_text(encoding="utf-8", errors="replace"):
+                    return directory
+            except OSError:
+                continue
+    return None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    cwd = pathlib.Path.cwd()
+    root = _checkout(cwd)
+    if root is None:
+        raise InvalidArgumentError(
+            f"no benchmarks/run.py in {cwd} or its parents: run `pystrom bench` inside a pystrom checkout "
+            "(the benchmarks are not part of the installed package)"
+        )
+    bench_dir = root / "benchmarks"
+    if args.only is not None and not (bench_dir / f"bench_{args.only}.py").is_file():
+        known = sorted(p.stem.removeprefix("bench_") for p in bench_dir.glob("bench_*.py"))
+        raise InvalidArgumentError(f"no benchmark {args.only!r} in {bench_dir}; there are: {', '.join(known)}")
+    if args.device is not None:
+        from ._backend import resolve_device
+
+        resolve_device(args.device)  # a bad device is a one-line error here, not a traceback in the runner
+    argv = [sys.executable, str(bench_dir / "run.py")]
+    if args.quick:
+        argv.append("--quick")
+    if args.device is not None:
+        argv += ["--device", args.device]
+    if args.only is not None:
+        argv += ["--only", args.only]
+    print(f"pystrom bench: running {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+    return subprocess.run(argv, cwd=root).returncode
+
+
+# -- info -------------------------------------------------------------------------------------------
+
+
+def libpq_version() -> str:
+    """The libpq that psycopg loaded (the one read_postgres uses), for ``pystrom info``."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg not installed (pip install 'pystrom[postgres]')"
+    except Exception as exc:  # psycopg present but no usable libpq
+        return f"unusable ({type(exc).__name__}: {exc})"
+    version = psycopg.pq.version()  # e.g. 170004 for 17.4 (10 and later: major * 10000 + minor)
+    text = f"{version // 10000}.{version % 10000}" if version >= 100000 else str(version)
+    return f"{text} (psycopg {psycopg.__version__}, {psycopg.pq.__impl__} implementation)"
+
+
+# -- parser wiring ----------------------------------------------------------------------------------
+
+
+def add_commands(sub: Any, positive_int: Any) -> None:
+    """Add ``load``, ``ls``, ``drop`` and ``bench`` to the subparsers of ``pystrom``."""
+    socket_help = "the daemon's socket (default: $PYSTROM_STORE_SOCKET, else the per-user default)"
+
+    load = sub.add_parser(
+        "load",
+        help="load a PostgreSQL query/table or an Arrow file into a named table of the store daemon",
+        description="Load a PostgreSQL query or table, or an Arrow IPC file, into a named table of the store "
+        "daemon (`pystrom serve`), on the daemon's device.",
+    )
+    load.add_argument("--name", required=True, type=_nonempty, help="name of the table in the store")
+    source = load.add_mutually_exclusive_group(required=True)
+    source.add_argument("-c", "--query", type=_nonempty, help="SQL query whose result is loaded (needs --dsn)")
+    source.add_argument("-t", "--table", type=_nonempty, help="PostgreSQL table to load (needs --dsn)")
+    source.add_argument("--arrow", metavar="PATH", type=_nonempty, help="Arrow IPC file (or a glob of files)")
+    load.add_argument("-d", "--dsn", type=_nonempty, help="libpq connection string or URI")
+    load.add_argument("--schema", type=_nonempty, help="schema of --table")
+    load.add_argument("--columns", type=_column_list, help="comma-separated columns (with --table or --arrow)")
+    load.add_argument(
+        "--where",
+        type=_nonempty,
+        help="rows to keep: SQL condition with --table, pystrom expression (docs/where.md) with --arrow",
+    )
+    load.add_argument("--partitions", type=positive_int, help="connections reading --table/--query in parallel")
+    load.add_argument("--partition-on", type=_nonempty, help="integer column splitting --query over connections")
+    load.add_argument("--numeric", choices=("float64", "decimal"), help="numeric columns as (default float64)")
+    load.add_argument("--socket", default=None, help=socket_help)
+    load.add_argument("--replace", action="store_true", help="replace a table of the same name")
+    load.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal and the load takes over 2 s)",
+    )
+    load.set_defaults(run=_load)
+
+    ls = sub.add_parser("ls", help="list the tables of the store daemon", description="List the store's tables.")
+    ls.add_argument("--socket", default=None, help=socket_help)
+    ls.set_defaults(run=_ls)
+
+    drop = sub.add_parser("drop", help="drop a table of the store daemon", description="Drop a table of the store.")
+    drop.add_argument("name", type=_nonempty, help="the table to drop")
+    drop.add_argument("--socket", default=None, help=socket_help)
+    drop.set_defaults(run=_drop)
+
+    bench = sub.add_parser(
+        "bench",
+        help="run the benchmarks (benchmarks/run.py of a checkout)",
+        description="Run benchmarks/run.py of the pystrom checkout around the current directory and print "
+        "one table of ratios against the baselines measured in the same run.",
+    )
+    bench.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes")
+    bench.add_argument("--device", type=_nonempty, help="cpu, cuda or cuda:N (default: a GPU if present)")
+    bench.add_argument("--only", type=_nonempty, help="run only benchmarks/bench_<ONLY>.py")
+    bench.set_defaults(run=_bench)
