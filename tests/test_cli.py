@@ -225,6 +225,8 @@ def test_pg2arrow_writes_a_file(pg, pg_table, tmp_path):
     out = ok(cli("pg2arrow", "-d", pg.conninfo, "-t", pg_table, "-o", str(path), "--batch-rows", "1000"))
     assert out.startswith(f"{path}: 3,000 rows in 3 record batch(es)")
     assert pa.ipc.open_file(path).read_all().sort_by("id")["label"][0].as_py() == "row 1"
+    forced = cli("pg2arrow", "-d", pg.conninfo, "-t", pg_table, "-o", str(path), "--progress")
+    assert forced.returncode == 0 and "read_postgres: 3.00k rows" in forced.stderr, forced.stderr
 
 
 def test_bench_runs_the_checkouts_runner_with_its_arguments(tmp_path):

@@ -156,6 +156,7 @@ def _pg2arrow(args: argparse.Namespace) -> int:
         partition_on=args.partition_on,
         numeric=args.numeric,
         stats=not args.no_stats,
+        progress=args.progress,
     )
     print(
         f"{summary.path}: {summary.num_rows:,} rows in {summary.num_batches} record batch(es), "
@@ -202,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     pg2arrow.add_argument("--partition-on", default=None, help="integer column splitting a -c query over connections")
     pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
     pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
+    pg2arrow.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal and the read takes over 2 s)",
+    )
     pg2arrow.set_defaults(run=_pg2arrow)
     serve = sub.add_parser("serve", help="run the store daemon that keeps named tables in GPU memory")
     serve.add_argument("--socket", default=None, help="socket path (default: a per-user runtime directory)")
