@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,6 +131,8 @@ def test_top_level_help_lists_every_subcommand_and_the_script_entry_point():
     for command in COMMANDS:
         assert f"\n    {command} " in out, command
     script = pathlib.Path(sys.executable).with_name("pystrom")  # the console script pip installed
+    if not script.exists():  # a --user or system install puts it elsewhere on PATH
+        script = pathlib.Path(shutil.which("pystrom") or script)
     assert script.exists(), script
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == out
