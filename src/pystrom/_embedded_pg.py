@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from .errors import FileError, PostgresError
+
 __all__ = ["EmbeddedPostgres", "find_server_binaries", "describe_binaries"]
 
 
@@ -68,7 +70,7 @@ class EmbeddedPostgres:
     def __init__(self, bindir: Path | None = None):
         bindir = bindir if bindir is not None else find_server_binaries()
         if bindir is None:
-            raise FileNotFoundError(
+            raise FileError(
                 "no PostgreSQL server binaries: install Debian's postgresql package (apt-get install postgresql), "
                 "or pip install pgserver, or set PYSTROM_PG_BINDIR"
             )
@@ -93,6 +95,9 @@ class EmbeddedPostgres:
         try:
             self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
             self.start()
+        except subprocess.CalledProcessError as exc:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise PostgresError(f"initdb failed for a throwaway server from {bindir}: {exc.stderr.strip()}") from None
         except BaseException:
             shutil.rmtree(self.root, ignore_errors=True)
             raise
@@ -117,7 +122,7 @@ class EmbeddedPostgres:
         )
         if res.returncode != 0:
             log = (self.root / "log").read_text() if (self.root / "log").exists() else ""
-            raise RuntimeError(f"pg_ctl start failed: {res.stderr}\n{log[-2000:]}")
+            raise PostgresError(f"pg_ctl start failed: {res.stderr}\n{log[-2000:]}")
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop", check=False)
