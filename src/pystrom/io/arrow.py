@@ -45,6 +45,7 @@ class ScanStats:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict (for logging or a DataFrame row)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def __str__(self) -> str:
@@ -107,6 +108,7 @@ class ArrowScan:
 
     @property
     def schema(self) -> pa.Schema:
+        """The schema of the Tables the scan yields (the selected columns, in the order asked for)."""
         return pa.schema([self.file_schema.field(c) for c in self.columns], metadata=self.file_schema.metadata)
 
     def _check_schema(self, file: ArrowFile) -> None:
