@@ -180,3 +180,23 @@ def test_string_statistics_skip_batches(tmp_path, device):
     got = to_host(scan.collect())
     assert got.column("x").to_pylist() == [12345]
     assert scan.stats.batches_skipped == 29
+
+
+def test_several_files_with_host_path_columns(tmp_path, device):
+    # dictionary columns are read through pyarrow on the host, from the reading thread: each file must
+    # stay open until its last group is read, while the next file is already being planned
+    parts = []
+    for i in range(4):
+        t = pa.table({
+            "k": pa.array([f"v{j % 5}" for j in range(3000)]).dictionary_encode(),
+            "x": pa.array(np.arange(3000, dtype=np.int64) + 3000 * i),
+        })  # fmt: skip
+        with ipc.new_file(tmp_path / f"d{i}.arrow", t.schema) as w:
+            w.write_table(t, max_chunksize=700)
+        parts.append(t)
+    scan = pystrom.scan_arrow(sorted(tmp_path.glob("d*.arrow")), batch_rows=1000, where="x % 2 = 0", device=device)
+    got = to_host(scan.collect())
+    want = pa.concat_tables(parts)
+    want = want.filter(pc.equal(pc.bit_wise_and(want["x"], 1), 0))
+    assert got.column("x").to_pylist() == want.column("x").to_pylist()
+    assert got.column("k").to_pylist() == want.column("k").to_pylist()

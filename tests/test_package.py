@@ -57,13 +57,41 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pystrom", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_demo_runs():
+@pytest.mark.postgres
+def test_demo_runs_the_whole_data_path():
+    pytest.importorskip("psycopg")
+    from pystrom._embedded_pg import find_server_binaries
+    from pystrom.testing import EmbeddedPostgres  # noqa: F401  (the demo starts its own server)
+
+    if find_server_binaries() is None:
+        pytest.skip("no PostgreSQL server binaries")
     result = _cli("demo", "--rows", "50000", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "50,000 rows x 5 columns on cpu" in out
-    assert "to_array x1..x4 (zero copy)" in out
-    assert "Table -> Arrow (host)" in out
+    assert "PostgreSQL: a throwaway server from" in out
+    for step in ("generate logreg in PostgreSQL (50,000 rows)", "PostgreSQL -> cpu (read_postgres)",
+                 "-> Arrow file (write_arrow)", "Arrow file -> cpu (read_arrow", "ipc_import in a second process",
+                 "logregr_train there"):  # fmt: skip
+        assert step in out, step
+    assert "logistic regression t ~ x1..x4 on 50,000 rows" in out
+    assert "PerfectSeparationWarning" in out  # the seed's classes are separable
+    assert "std_err" in out and "intercept" in out
+
+
+@pytest.mark.postgres
+def test_demo_with_a_dsn_leaves_the_database_as_it_was(pg):
+    before = pg.fetch("SELECT relname FROM pg_class WHERE relkind = 'r' ORDER BY 1")
+    result = _cli("demo", "--rows", "20000", "--device", "cpu", "--dsn", pg.conninfo)
+    assert result.returncode == 0, result.stderr
+    assert "table pystrom_demo_" in result.stdout
+    assert pg.fetch("SELECT relname FROM pg_class WHERE relkind = 'r' ORDER BY 1") == before
+
+
+def test_demo_with_a_bad_dsn_is_one_line():
+    pytest.importorskip("psycopg")
+    result = _cli("demo", "--rows", "1000", "--device", "cpu", "--dsn", "host=127.0.0.1 port=1 connect_timeout=2")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
 
 
 def test_info_runs():
@@ -95,4 +123,35 @@ def test_cli_mistakes_are_one_line_and_exit_2(args, fragment):
 def test_demo_uses_the_gpu_when_present():
     result = _cli("demo", "--rows", "200000")
     assert result.returncode == 0, result.stderr
-    assert "device: cuda:0" in result.stdout and "on cuda:0" in result.stdout
+    assert "device: cuda:0" in result.stdout and "PostgreSQL -> cuda:0" in result.stdout
+    assert "read_arrow, KvikIO" in result.stdout and "zero copy, cuda:0" in result.stdout
+
+
+@pytest.mark.postgres
+def test_demo_cleans_up_on_ctrl_c():
+    import glob
+    import signal
+    import tempfile
+
+    from pystrom._embedded_pg import find_server_binaries
+
+    if find_server_binaries() is None:
+        pytest.skip("no PostgreSQL server binaries")
+    pattern = os.path.join(tempfile.gettempdir(), "pystrom-*")
+    before = set(glob.glob(pattern))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pystrom", "demo", "--rows", "50000000", "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.startswith("PostgreSQL:"):
+                break
+        proc.send_signal(signal.SIGINT)  # while the server generates the rows
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert set(glob.glob(pattern)) <= before  # server directory and work directory are gone

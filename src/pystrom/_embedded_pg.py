@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from .errors import FileError, PostgresError
+
 __all__ = ["EmbeddedPostgres", "find_server_binaries", "describe_binaries"]
 
 
@@ -63,12 +65,37 @@ def _system_user() -> str | None:
 
 
 class EmbeddedPostgres:
-    """One PostgreSQL server in a temporary directory; a context manager that destroys it on exit."""
+    """One PostgreSQL server in a temporary directory; a context manager that destroys it on exit.
+
+    The constructor runs ``initdb`` and starts the server; ``with EmbeddedPostgres() as pg:`` destroys
+    it when the block ends.
+
+    Parameters
+    ----------
+    bindir
+        The directory holding ``initdb`` and ``pg_ctl``; None finds one as the module says
+        (``PYSTROM_PG_BINDIR``, PATH, Debian's packages, the ``pgserver`` wheel).
+
+    Attributes
+    ----------
+    conninfo : str
+        A libpq connection string for the superuser ``postgres`` on database ``postgres``
+        (127.0.0.1, trust authentication), for ``read_postgres`` or ``psycopg.connect``.
+    port : int
+        The TCP port the server listens on.
+    root : pathlib.Path
+        The temporary directory holding the data directory, the socket and the log.
+
+    Raises
+    ------
+    FileNotFoundError
+        No server binaries were found.
+    """
 
     def __init__(self, bindir: Path | None = None):
         bindir = bindir if bindir is not None else find_server_binaries()
         if bindir is None:
-            raise FileNotFoundError(
+            raise FileError(
                 "no PostgreSQL server binaries: install Debian's postgresql package (apt-get install postgresql), "
                 "or pip install pgserver, or set PYSTROM_PG_BINDIR"
             )
@@ -93,6 +120,9 @@ class EmbeddedPostgres:
         try:
             self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
             self.start()
+        except subprocess.CalledProcessError as exc:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise PostgresError(f"initdb failed for a throwaway server from {bindir}: {exc.stderr.strip()}") from None
         except BaseException:
             shutil.rmtree(self.root, ignore_errors=True)
             raise
@@ -108,6 +138,7 @@ class EmbeddedPostgres:
         )
 
     def start(self) -> None:
+        """Start the server (``pg_ctl start``); the constructor already did, so only after :meth:`stop`."""
         opts = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off -c synchronous_commit=off "
             "-c full_page_writes=off -c max_connections=120 -c shared_buffers=128MB"
@@ -117,16 +148,19 @@ class EmbeddedPostgres:
         )
         if res.returncode != 0:
             log = (self.root / "log").read_text() if (self.root / "log").exists() else ""
-            raise RuntimeError(f"pg_ctl start failed: {res.stderr}\n{log[-2000:]}")
+            raise PostgresError(f"pg_ctl start failed: {res.stderr}\n{log[-2000:]}")
 
     def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``pg_ctl stop -m mode``), keeping its data directory."""
         self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop", check=False)
 
     def destroy(self) -> None:
+        """Stop the server at once and delete its directory (leaving the ``with`` block does this)."""
         self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
 
     def connect(self, **kwargs):
+        """A psycopg connection to the server's ``postgres`` database (keyword arguments go to ``psycopg.connect``)."""
         import psycopg
 
         return psycopg.connect(self.conninfo, **kwargs)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from .errors import Error
 
@@ -33,66 +32,10 @@ def _positive_int(text: str) -> int:
 # -- demo -------------------------------------------------------------------------------------------
 
 
-def _seed_data(rows: int, seed: int = 0) -> Any:
-    """The seed project's `logreg` table: t = 1 + 2 x1 - 3 x2 + x3 + 0.5 x4 > 0 over normal features."""
-    import numpy as np
-    import pyarrow as pa
-
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((4, rows))
-    t = 1 + 2 * x[0] - 3 * x[1] + x[2] + 0.5 * x[3] > 0
-    return pa.table({"t": t, "x1": x[0], "x2": x[1], "x3": x[2], "x4": x[3]})
-
-
-def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    result = fn()
-    sync()
-    return result, time.perf_counter() - start
-
-
 def _demo(args: argparse.Namespace) -> int:
-    from . import Table
-    from ._backend import no_gpu_reason, resolve_device
+    from .demo import run
 
-    backend = resolve_device(args.device)
-    if backend.kind == "cuda":
-        print(f"device: {backend.device} ({backend.name})")
-    else:
-        why = "asked for" if args.device else f"no GPU: {no_gpu_reason()}"
-        print(f"device: cpu ({why}); the same code runs on a GPU with device='cuda'")
-
-    source = _seed_data(args.rows)
-    rows, nbytes = source.num_rows, source.nbytes
-    # One small load first: CUDA context, staging buffers and kernel compilation stay out of the timings.
-    warm = Table.from_arrow(source.slice(0, min(rows, 100_000)), device=backend)
-    warm.filter("t").to_arrow()
-    warm.close()
-    steps: list[tuple[str, float, int]] = []
-
-    table, secs = _timed(lambda: Table.from_arrow(source, device=backend), backend.synchronize)
-    steps.append(("Arrow (host) -> Table", secs, nbytes))
-    features, secs = _timed(lambda: table.to_array(["x1", "x2", "x3", "x4"]), backend.synchronize)
-    zero_copy = backend.array_ptr(features) == backend.array_ptr(table["x1"])
-    steps.append((f"to_array x1..x4 ({'zero copy' if zero_copy else 'copied'})", secs, 0))
-    positives, secs = _timed(lambda: table.filter("t"), backend.synchronize)
-    steps.append(("filter t = true", secs, table.nbytes))
-    back, secs = _timed(table.to_arrow, lambda: None)
-    steps.append(("Table -> Arrow (host)", secs, nbytes))
-    if not back.equals(source):
-        print("error: the round trip changed the data", file=sys.stderr)
-        return 1
-
-    print(f"\n{table!r}\n")
-    print(f"{'step (after one warm-up load)':<32} {'seconds':>9} {'GB/s':>8}")
-    for name, secs, moved in steps:
-        rate = f"{moved / secs / 1e9:8.2f}" if moved and secs > 0 else f"{'-':>8}"
-        print(f"{name:<32} {secs:9.4f} {rate}")
-    print(
-        f"\n{rows:,} rows, {nbytes / 1e6:,.1f} MB; rows with t = true: {positives.num_rows:,}; "
-        f"features array {tuple(features.shape)} {features.dtype} on {table.device}"
-    )
-    return 0
+    return run(rows=args.rows, device=args.device, dsn=args.dsn)
 
 
 # -- info -------------------------------------------------------------------------------------------
@@ -185,9 +128,10 @@ def _serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pystrom", description="PostgreSQL and Arrow data straight into GPU memory.")
     sub = parser.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
-    demo = sub.add_parser("demo", help="build the seed's logreg table on the GPU (or CPU) and show the data path")
-    demo.add_argument("--rows", type=_positive_int, default=1_000_000, help="rows to generate (default 1,000,000)")
+    demo = sub.add_parser("demo", help="the seed's logreg table: PostgreSQL -> GPU -> Arrow file -> another process")
+    demo.add_argument("--rows", type=_positive_int, default=10_000_000, help="rows to generate (default 10,000,000)")
     demo.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present)")
+    demo.add_argument("--dsn", default=None, help="use this database instead of a throwaway PostgreSQL server")
     demo.set_defaults(run=_demo)
     info = sub.add_parser("info", help="versions, GPUs and settings")
     info.set_defaults(run=_info)

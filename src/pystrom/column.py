@@ -51,6 +51,7 @@ class Column:
 
     @property
     def name(self) -> str:
+        """The column's name."""
         return self._plan.name
 
     @property
@@ -60,6 +61,7 @@ class Column:
 
     @property
     def column_type(self) -> ColumnType:
+        """pystrom's description of the type: the Arrow type and how its buffers are laid out."""
         return self._plan.type
 
     @property
@@ -69,6 +71,7 @@ class Column:
 
     @property
     def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
         return self._live_block().backend.device
 
     @property
@@ -81,6 +84,7 @@ class Column:
 
     @property
     def null_count(self) -> int:
+        """Number of NULL rows (exact, also for slices)."""
         if self._null_count is None:
             self._null_count = self._length - _bitmap.count_set(
                 self._live_block().backend, self._base_validity(), self._offset, self._length

@@ -98,6 +98,7 @@ class Table:
 
     @property
     def num_rows(self) -> int:
+        """Number of rows."""
         self._live()
         return self._num_rows
 
@@ -106,10 +107,12 @@ class Table:
 
     @property
     def num_columns(self) -> int:
+        """Number of columns."""
         return len(self._columns)
 
     @property
     def column_names(self) -> list[str]:
+        """The column names, in order."""
         return [c.name for c in self._columns]
 
     @property
@@ -137,10 +140,12 @@ class Table:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` was called (the table can no longer be used)."""
         return self._block is None
 
     @property
     def columns(self) -> list[Column]:
+        """The :class:`Column` objects, in order."""
         self._live()
         return list(self._columns)
 

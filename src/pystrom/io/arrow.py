@@ -46,6 +46,7 @@ class ScanStats:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict (for logging or a DataFrame row)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def __str__(self) -> str:
@@ -110,6 +111,7 @@ class ArrowScan:
 
     @property
     def schema(self) -> pa.Schema:
+        """The schema of the Tables the scan yields (the selected columns, in the order asked for)."""
         return pa.schema([self.file_schema.field(c) for c in self.columns], metadata=self.file_schema.metadata)
 
     def _check_schema(self, file: ArrowFile) -> None:
@@ -141,14 +143,21 @@ class ArrowScan:
         if group:
             yield group
 
-    def _tasks(self, stats: ScanStats) -> Iterator[tuple[ArrowFile, list[BatchLayout]]]:
+    def _tasks(self, stats: ScanStats, opened: list[ArrowFile]) -> Iterator[tuple[ArrowFile, list[BatchLayout], bool]]:
+        """(file, group, last group of that file?), files opened one at a time; the caller closes each
+        file once its last group is loaded (a read of the previous file may still run meanwhile)."""
         for path in self.paths:
-            with open_arrow_file(path) as file:
-                self._check_schema(file)
-                stats.files += 1
-                _warn_if_slow(file)
-                for group in self._groups(file, stats):
-                    yield file, group
+            file = open_arrow_file(path)
+            opened.append(file)
+            self._check_schema(file)
+            stats.files += 1
+            _warn_if_slow(file)
+            groups = list(self._groups(file, stats))  # metadata only
+            if not groups:
+                opened.remove(file)
+                file.close()
+            for i, group in enumerate(groups):
+                yield file, group, i == len(groups) - 1
 
     def _load(self, file: ArrowFile, group: list[BatchLayout]) -> tuple[Any, int]:
         with self.backend.activate():
@@ -168,31 +177,38 @@ class ArrowScan:
     def __iter__(self) -> Iterator[Any]:
         stats = self.stats = ScanStats()
         start = time.perf_counter()
-        tasks = self._tasks(stats)
+        opened: list[ArrowFile] = []
+        tasks = self._tasks(stats, opened)
         report = reporter(self.progress, unit="B", desc="scan_arrow")  # bytes read, per group of batches
         with report, cf.ThreadPoolExecutor(1, thread_name_prefix="pystrom-scan") as pool:
             pending = None
             try:
-                for file, group in tasks:
-                    ahead = pool.submit(self._load, file, group)
+                for file, group, last in tasks:
+                    ahead = (pool.submit(self._load, file, group), file, last)
                     if pending is not None:
-                        yield self._collect_one(pending, stats, start, report)
+                        yield self._collect_one(pending, opened, stats, start, report)
                     pending = ahead
                 if pending is not None:
-                    yield self._collect_one(pending, stats, start, report)
+                    yield self._collect_one(pending, opened, stats, start, report)
                     pending = None
             finally:
                 if pending is not None:
-                    pending.cancel()
+                    pending[0].cancel()
                     try:
-                        pending.result()  # the read must finish before its buffers can go
+                        pending[0].result()  # the read must finish before its buffers and file can go
                     except Exception:
                         pass
                 tasks.close()
+                for file in opened:
+                    file.close()
                 stats.seconds = time.perf_counter() - start
 
-    def _collect_one(self, future: cf.Future, stats: ScanStats, start: float, report: Any) -> Any:
+    def _collect_one(self, pending: tuple, opened: list[ArrowFile], stats: ScanStats, start: float, report: Any) -> Any:
+        future, file, last = pending
         table, nbytes = future.result()
+        if last:
+            opened.remove(file)
+            file.close()
         stats.bytes_read += nbytes
         report(stats.bytes_read)
         out = self._finish(table, stats)

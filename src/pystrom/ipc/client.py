@@ -129,17 +129,17 @@ class Reservation:
 class Store:
     """A connection to the store daemon, which keeps named tables in its device's memory.
 
+    Tables from :meth:`get` are zero-copy views of the daemon's memory. The daemon keeps a table's
+    memory while any connection that fetched it holds a view (dropping it only hides the name), so
+    keep the Store open while using its tables: closing it, or exiting, gives back all its holds.
+    Safe to share between threads (requests are serialised).
+
     Parameters
     ----------
     address
         The daemon's socket path; None: ``$PYSTROM_STORE_SOCKET``, else the per-user default.
     timeout
         Seconds to wait for the connection.
-
-    Tables from :meth:`get` are zero-copy views of the daemon's memory. The daemon keeps a table's
-    memory while any connection that fetched it holds a view (dropping it only hides the name), so
-    keep the Store open while using its tables: closing it, or exiting, gives back all its holds.
-    Safe to share between threads (requests are serialised).
     """
 
     def __init__(self, address: str | None = None, timeout: float | None = 10.0):

@@ -53,16 +53,26 @@ class LogisticRegression:
     Attributes
     ----------
     coef_ : ndarray of shape (1, n_features)
+        The feature coefficients.
     intercept_ : ndarray of shape (1,)
-    classes_ : ndarray of the two labels; ``classes_[1]`` is the positive class
-    n_iter_, converged_ : Newton steps taken, and whether they converged
-    coefficients_ : ndarray, intercept first (MADlib's ``coef``); the statistics below use this order
+        The intercept (0 when ``fit_intercept=False``).
+    classes_ : ndarray of shape (2,)
+        The two labels; ``classes_[1]`` is the positive class.
+    n_iter_ : int
+        Newton steps taken.
+    converged_ : bool
+        Whether they converged.
+    coefficients_ : ndarray
+        Intercept first (MADlib's ``coef``); the statistics below use this order.
     log_likelihood_, std_err_, z_stats_, p_values_, odds_ratios_, condition_no_, variance_covariance_
         MADlib's statistics (``std_err_`` etc. come from the inverse of X^T A X at the solution,
         penalised when ``penalty="l2"``). ``condition_no_`` is the condition number of X^T A X.
-    num_rows_processed_, num_missing_rows_skipped_ : rows used, and rows left out for NULLs
-    n_features_in_, feature_names_in_ : as in scikit-learn (names only for Tables)
-    separation_ : None, "complete" or "quasi-complete" (a PerfectSeparationWarning was issued)
+    num_rows_processed_, num_missing_rows_skipped_ : int
+        Rows used, and rows left out for NULLs.
+    n_features_in_, feature_names_in_
+        As in scikit-learn (names only for Tables).
+    separation_ : {None, "complete", "quasi-complete"}
+        Not None when a PerfectSeparationWarning was issued.
     """
 
     def __init__(
@@ -90,9 +100,11 @@ class LogisticRegression:
         return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's arguments as a dict (scikit-learn's estimator contract)."""
         return {name: getattr(self, name) for name in self._get_param_names()}
 
     def set_params(self, **params: Any) -> LogisticRegression:
+        """Set constructor arguments by name and return the estimator (scikit-learn's contract)."""
         valid = self._get_param_names()
         for name, value in params.items():
             if name not in valid:

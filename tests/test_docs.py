@@ -1,0 +1,111 @@
+"""The documentation builds without a warning, documents the whole public API, and its first session is true.
+
+CI runs only ``./dev test``, so the Sphinx build (warnings as errors) lives here. The getting-started
+page's Python snippets run top to bottom in a fresh interpreter, and each output block on the page
+must be what the snippet before it prints.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+import pystrom
+import pystrom.ml
+import pystrom.testing
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("html")
+    cache = tmp_path_factory.mktemp("doctrees")
+    cmd = [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-W",
+        "--keep-going",
+        "-q",
+        "-b",
+        "html",
+        "-d",
+        str(cache),
+        str(DOCS),
+        str(out),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"sphinx-build failed ({res.returncode}):\n{res.stderr[-6000:]}"
+    return out
+
+
+def _inventory(path: Path) -> dict[str, str]:
+    """{object name: role} from Sphinx's objects.inv (4 header lines, then zlib-compressed text)."""
+    raw = path.read_bytes()
+    lines = raw.split(b"\n", 4)
+    assert lines[0].startswith(b"# Sphinx inventory version 2"), lines[0]
+    body = zlib.decompress(lines[4]).decode()
+    names = {}
+    for line in body.splitlines():
+        m = re.match(r"(.+?)\s+(\S+):(\S+)\s+(-?\d+)\s+(\S*)\s+(.*)", line)
+        if m:
+            names[m.group(1)] = f"{m.group(2)}:{m.group(3)}"
+    return names
+
+
+def test_the_site_builds_with_warnings_as_errors(built):
+    for page in ["index", "getting-started", "concepts", "performance", "table", "ipc", "api/index", "api/io"]:
+        assert (built / f"{page}.html").is_file(), page
+    # the landing page's toctree reaches every page: Sphinx warns about orphans, and -W made that fatal
+
+
+def test_every_public_name_is_in_the_api_reference(built):
+    inv = _inventory(built / "objects.inv")
+    expected = [f"pystrom.{name}" for name in pystrom.__all__ if name not in ("__version__", "ml")]
+    expected += [f"pystrom.ml.{name}" for name in pystrom.ml.__all__]
+    expected += [f"pystrom.testing.{name}" for name in pystrom.testing.__all__]
+    expected += ["pystrom._settings.Settings"]
+    missing = [name for name in expected if name not in inv]
+    assert not missing, f"public names without an API entry: {missing}"
+    assert inv.get("pystrom.ml") == "py:module" and inv.get("pystrom.testing") == "py:module"
+    assert inv["pystrom.defaults"] == "py:data"
+    # the docstrings were really rendered, not just the names
+    io_page = (built / "api" / "io.html").read_text()
+    assert "Every buffer starts on a 64-byte boundary" in io_page  # write_arrow's docstring
+    assert "partition_on" in io_page and "Parameters" in io_page  # read_postgres's, with its sections
+
+
+def _snippets(page: Path) -> list[tuple[str, str | None]]:
+    """(python code, the text block right after it or None) for each ```python block of a page."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```\s*$", page.read_text(), flags=re.M | re.S)
+    pairs = []
+    for i, (lang, body) in enumerate(blocks):
+        if lang == "python":
+            follows = blocks[i + 1] if i + 1 < len(blocks) else None
+            pairs.append((body, follows[1] if follows and follows[0] == "text" else None))
+    return pairs
+
+
+@pytest.mark.postgres
+def test_getting_started_runs_and_prints_what_the_page_says(tmp_path):
+    from pystrom._embedded_pg import find_server_binaries
+
+    if find_server_binaries() is None:
+        pytest.skip("no PostgreSQL server binaries (initdb) and no pgserver: install Debian's postgresql package")
+    snippets = _snippets(DOCS / "getting-started.md")
+    assert len(snippets) >= 6
+    marker = "----- pystrom docs snippet {} -----"
+    script = "\n".join(f"print({marker.format(i)!r}, flush=True)\n{code}" for i, (code, _) in enumerate(snippets))
+    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"a getting-started snippet failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    outputs = re.split(r"^----- pystrom docs snippet \d+ -----\n", res.stdout, flags=re.M)[1:]
+    assert len(outputs) == len(snippets)
+    for (code, shown), printed in zip(snippets, outputs):
+        if shown is not None:
+            assert printed.strip() == shown.strip(), f"the page shows\n{shown}\nbut this prints\n{printed}\nfor\n{code}"
