@@ -144,6 +144,18 @@ def test_no_command_shows_help_and_one_error_line():
     one_line_error(result, "name a command")
 
 
+def test_a_reader_that_leaves_early_is_no_error():  # `pystrom info | head -1`
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pystrom", "info"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == ""
+
+
 # -- the subcommands at work (CPU backend) -----------------------------------------------------------
 
 

@@ -180,7 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pystrom: error: name a command (see the list above)", file=sys.stderr)
         return 2
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at exit
+        return code
+    except BrokenPipeError:  # `pystrom ls | head`: the reader has gone, which is no error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not fail too
+        return 141  # as if killed by SIGPIPE, like other commands in a pipeline
     except (Error, OSError) as exc:  # user mistakes and the environment's refusals (files, sockets, servers)
         message = " ".join(str(exc).split()) or type(exc).__name__  # one line, whatever the message holds
         print(f"pystrom {args.command}: error: {message}", file=sys.stderr)
