@@ -173,14 +173,16 @@ def run(rows: int = 10_000_000, device: str | None = None, dsn: str | None = Non
         steps.append((f"generate logreg in PostgreSQL ({rows:,} rows)", secs, 0))
         # A small first read: CUDA context, staging buffers and kernels stay out of the timings.
         first = sql.SQL("SELECT * FROM {} LIMIT 1000").format(sql.Identifier(name))
-        pystrom.read_postgres(conninfo, first, device=backend).close()
+        pystrom.read_postgres(conninfo, first, device=backend, progress=False).close()
 
-        table, secs = _timed(lambda: pystrom.read_postgres(conninfo, table=name, device=backend), backend.synchronize)
+        table, secs = _timed(
+            lambda: pystrom.read_postgres(conninfo, table=name, device=backend, progress=False), backend.synchronize
+        )
         steps.append((f"PostgreSQL -> {backend.device} (read_postgres)", secs, table.nbytes))
         path = os.path.join(workdir, "logreg.arrow")
         summary, secs = _timed(lambda: pystrom.write_arrow(table, path), lambda: None)
         steps.append(("-> Arrow file (write_arrow)", secs, summary.bytes_written))
-        back, secs = _timed(lambda: pystrom.read_arrow(path, device=backend), backend.synchronize)
+        back, secs = _timed(lambda: pystrom.read_arrow(path, device=backend, progress=False), backend.synchronize)
         reader = "KvikIO" if backend.kind == "cuda" else "threaded pread"
         steps.append((f"Arrow file -> {backend.device} (read_arrow, {reader})", secs, summary.bytes_written))
         if not back.equals(table):
