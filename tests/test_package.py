@@ -69,8 +69,8 @@ def test_demo_runs_the_whole_data_path():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "PostgreSQL: a throwaway server from" in out
-    for step in ("generate logreg in PostgreSQL (50,000 rows)", "PostgreSQL -> cpu (read_postgres)",
-                 "-> Arrow file (write_arrow)", "Arrow file -> cpu (read_arrow", "ipc_import in a second process",
+    for step in ("generate logreg in PostgreSQL (50,000 rows)", "PostgreSQL -> cpu (read_postgres, first load)",
+                 "-> Arrow file (write_arrow)", "Arrow file -> cpu (read_arrow", "ipc_import there (zero copy, cpu)",
                  "logregr_train there"):  # fmt: skip
         assert step in out, step
     assert "logistic regression t ~ x1..x4 on 50,000 rows" in out
@@ -124,7 +124,7 @@ def test_demo_uses_the_gpu_when_present():
     result = _cli("demo", "--rows", "200000")
     assert result.returncode == 0, result.stderr
     assert "device: cuda:0" in result.stdout and "PostgreSQL -> cuda:0" in result.stdout
-    assert "read_arrow, KvikIO" in result.stdout and "zero copy, cuda:0" in result.stdout
+    assert "read_arrow, KvikIO" in result.stdout and "ipc_import there (zero copy, cuda:0)" in result.stdout
 
 
 @pytest.mark.postgres
