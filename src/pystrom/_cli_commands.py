@@ -20,6 +20,16 @@ from .errors import InvalidArgumentError
 __all__ = ["add_commands", "libpq_version"]
 
 
+def add_progress_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--progress/--no-progress``: None (the default) leaves the choice to pystrom's automatic rule."""
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"progress bar on stderr (default: when stderr is a terminal and the {what} takes over 2 s)",
+    )
+
+
 def _column_list(text: str) -> list[str]:
     names = [c.strip() for c in text.split(",")]
     if not text.strip() or not all(names):
@@ -264,12 +274,7 @@ def add_commands(sub: Any, positive_int: Any) -> None:
     load.add_argument("--numeric", choices=("float64", "decimal"), help="numeric columns as (default float64)")
     load.add_argument("--socket", default=None, help=socket_help)
     load.add_argument("--replace", action="store_true", help="replace a table of the same name")
-    load.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar on stderr (default: when stderr is a terminal and the load takes over 2 s)",
-    )
+    add_progress_flag(load, "load")
     load.set_defaults(run=_load)
 
     ls = sub.add_parser("ls", help="list the tables of the store daemon", description="List the store's tables.")

@@ -126,6 +126,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ._cli_commands import add_progress_flag
+
     parser = _Parser(prog="pystrom", description="PostgreSQL and Arrow data straight into GPU memory.")
     sub = parser.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
     demo = sub.add_parser("demo", help="the seed's logreg table: PostgreSQL -> GPU -> Arrow file -> another process")
@@ -147,12 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     pg2arrow.add_argument("--partition-on", default=None, help="integer column splitting a -c query over connections")
     pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
     pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
-    pg2arrow.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar on stderr (default: when stderr is a terminal and the read takes over 2 s)",
-    )
+    add_progress_flag(pg2arrow, "read")
     pg2arrow.set_defaults(run=_pg2arrow)
     serve = sub.add_parser("serve", help="run the store daemon that keeps named tables in GPU memory")
     serve.add_argument("--socket", default=None, help="socket path (default: a per-user runtime directory)")
