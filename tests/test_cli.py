@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from test_progress import run_on_pty
+from test_store import Daemon
 
 import pystrom
 
@@ -53,35 +53,9 @@ def one_line_error(result: subprocess.CompletedProcess, fragment: str) -> str:
     return lines[0]
 
 
-class Daemon:
-    """``pystrom serve --device cpu`` on a socket of its own, stopped with SIGTERM."""
-
-    def __init__(self, path: pathlib.Path):
-        self.path = str(path)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pystrom", "serve", "--device", "cpu", "--socket", self.path],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.banner = self.proc.stdout.readline()
-        if "serving" not in self.banner:
-            self.proc.kill()
-            raise AssertionError(f"the daemon did not start: {self.banner}{self.proc.stderr.read()}")
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            self.proc.kill()
-            self.proc.stdout.close()
-            self.proc.stderr.close()
-
-
 @pytest.fixture
 def daemon(tmp_path):
-    d = Daemon(tmp_path / "run" / "store.sock")
+    d = Daemon(str(tmp_path / "run" / "store.sock"), "cpu")
     try:
         yield d
     finally:
@@ -271,7 +245,7 @@ def test_bench_runs_a_real_benchmark_quickly():  # the cheapest one: a few secon
 
 
 def test_serve_runs_and_stops_on_sigterm(tmp_path):
-    d = Daemon(tmp_path / "s" / "store.sock")
+    d = Daemon(str(tmp_path / "s" / "store.sock"), "cpu")
     try:
         assert d.banner.startswith("pystrom store: serving cpu (memfd memory) on ")
         assert ok(cli("ls", "--socket", d.path)).startswith("no tables")
@@ -387,7 +361,7 @@ def test_mistakes_are_one_line_and_exit_2(args, fragment, request, tmp_path):
 def test_cli_load_progress(tmp_path):
     path = tmp_path / "x.arrow"
     pystrom.write_arrow(pa.table({"x": np.arange(100_000, dtype=np.int64)}), path, batch_rows=25_000)
-    daemon = Daemon(tmp_path / "run" / "store.sock")
+    daemon = Daemon(str(tmp_path / "run" / "store.sock"), "cpu")
     try:
         base = [sys.executable, "-m", "pystrom", "load", "--arrow", str(path), "--socket", daemon.path]
         no_delay = {"PYSTROM_PROGRESS_DELAY": "0"}

@@ -31,6 +31,8 @@ from pystrom.ipc import protocol
 
 
 class Daemon:
+    """``pystrom serve`` in a subprocess (on ``path``, or the default socket when empty), stopped with SIGTERM."""
+
     def __init__(self, path: str, device: str, *extra: str, env: dict | None = None):
         self.path = path
         argv = [sys.executable, "-m", "pystrom", "serve", "--device", device, *extra]
@@ -55,6 +57,8 @@ class Daemon:
             return self.proc.wait(timeout=30)
         finally:
             self.proc.kill()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
 
 
 @pytest.fixture
