@@ -20,6 +20,13 @@ from .errors import InvalidArgumentError
 __all__ = ["add_commands", "libpq_version"]
 
 
+def table_name(args: argparse.Namespace) -> str | tuple[str, str] | None:
+    """``--table`` qualified by ``--schema`` as read_postgres takes it, or None without ``--table``."""
+    if args.table is None:
+        return None
+    return (args.schema, args.table) if args.schema else args.table
+
+
 def add_progress_flag(parser: argparse.ArgumentParser, what: str) -> None:
     """``--progress/--no-progress``: None (the default) leaves the choice to pystrom's automatic rule."""
     parser.add_argument(
@@ -111,11 +118,10 @@ def _load(args: argparse.Namespace) -> int:
         else:
             from .io.postgres import read_postgres
 
-            name = None if args.table is None else ((args.schema, args.table) if args.schema else args.table)
             table = read_postgres(
                 args.dsn,
                 args.query,
-                table=name,
+                table=table_name(args),
                 columns=args.columns,
                 where=args.where,
                 partitions=args.partitions,

@@ -83,17 +83,15 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _pg2arrow(args: argparse.Namespace) -> int:
+    from ._cli_commands import table_name
     from .io.postgres import postgres_to_arrow
 
-    table = None
-    if args.table is not None:
-        table = (args.schema, args.table) if args.schema else args.table
     start = time.perf_counter()
     summary = postgres_to_arrow(
         args.dsn,
         args.output,
         args.query,
-        table=table,
+        table=table_name(args),
         batch_rows=args.batch_rows,
         partitions=args.partitions,
         partition_on=args.partition_on,
