@@ -47,7 +47,7 @@ def concat(tables: Sequence[Table]) -> Table:
         if t.column_names != first.column_names or [f.type for f in t.schema] != [f.type for f in first.schema]:
             raise SchemaMismatchError(f"table {i} has schema {t.schema}, table 0 has {first.schema}")
     if len(tables) == 1:
-        return first.select(first.column_names) if first.num_rows else first
+        return first.select(first.column_names)  # a view: closing it leaves the input open
     backend = first._backend
     xp = backend.xp
     num_rows = sum(t.num_rows for t in tables)
