@@ -7,7 +7,8 @@ parallel sessions. Baselines, measured in the same run:
 - the server alone: ``COPY (...) TO '/dev/null' (FORMAT BINARY)`` with 1 backend, and with as many
   backends over ctid ranges as read_postgres's automatic choice opens (the floor for each),
 - ADBC ``fetch_arrow_table`` + one ``xp.asarray`` per column,
-- psycopg's binary COPY iterated row by row (no decoding at all).
+- psycopg's binary COPY iterated row by row (no decoding at all),
+- on a GPU, the seed's whole pipeline (table -> GPU -> logregr_train) against ADBC + CuPy + naive IRLS.
 
 ``PYSTROM_BENCH_PG_ROWS`` overrides the sizes (comma-separated). Full mode: 10M rows with every
 baseline, then 40M rows with the fast pair only (the slow baselines would take minutes there).
@@ -108,6 +109,39 @@ def _auto_partitions(conninfo: str) -> int:
         return auto(conn, int(pages))
 
 
+def _pipeline(conninfo: str, uri: str, xp: Any, sync: Any, label: str, nbytes: int, device: str) -> list[Result]:
+    """The seed's whole job: the table into GPU memory, then MADlib's logregr_train (20 iterations at
+    most). The seed's data is separable, so pystrom stops early with a PerfectSeparationWarning; the
+    baseline (what users write today: ADBC, CuPy, the textbook IRLS) runs its 20 iterations regardless."""
+    import warnings
+
+    from bench_logistic import naive_irls
+
+    import pystrom
+    from pystrom.ml import logregr_train
+
+    def ours():
+        table = pystrom.read_postgres(conninfo, table="logreg", device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return logregr_train(table, "t", ["1", "x1", "x2", "x3", "x4"], max_iter=20)
+
+    def baseline():
+        cols = _adbc(uri, xp)
+        X = xp.stack([cols[f"x{j}"] for j in range(1, 5)], axis=1)
+        return naive_irls(xp, X, cols["t"], 20)
+
+    model = ours()
+    print(f"  pipeline {label}: logregr_train stopped after {model.n_iter_} iteration(s) ({model.separation_})")
+    t_ours = measure(ours, sync, 2)
+    try:
+        t_base = measure(baseline, sync, 1)
+    except ImportError as exc:
+        print(f"  pipeline baseline skipped: {exc}")
+        return []
+    return [Result(f"pg {label} -> GPU -> logregr_train", "ADBC + CuPy naive IRLS 20 it", t_ours, t_base, nbytes)]
+
+
 def run(device: str, quick: bool) -> list[Result]:
     import pystrom
     from pystrom._backend import resolve_device
@@ -154,6 +188,8 @@ def run(device: str, quick: bool) -> list[Result]:
             results.append(
                 Result(f"pg logreg {label} auto ({n} conns)", f"server COPY /dev/null x{n}", t_auto, t_server_n, nbytes)
             )
+            if backend.kind == "cuda":
+                results.extend(_pipeline(conninfo, uri, xp, sync, label, nbytes, device))
             if rows > _SLOW_LIMIT:
                 continue
             t_one = measure(one, sync, repeat)

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pyarrow as pa
 import pytest
+from test_logistic_kernel import assert_pass_close
 
 import pystrom
 from pystrom import Table
@@ -183,8 +184,10 @@ def test_noisy_seed_converges_and_float32_is_not_upcast(device):
     m32 = LogisticRegression().fit(on(device, X32), on(device, t))
     m64 = LogisticRegression().fit(on(device, X32.astype(np.float64)), on(device, t))
     assert m32.converged_ and m64.converged_
-    # the same float32 values read as float32 or as float64: sums are float64 either way
-    np.testing.assert_allclose(m32.coefficients_, m64.coefficients_, rtol=1e-9)
+    # the same float32 values read as float32 or as float64: the float32 pass takes its sigmoids and
+    # logs in float32 (sums stay float64), which moves the fit by a few 1e-9 here
+    np.testing.assert_allclose(m32.coefficients_, m64.coefficients_, rtol=1e-7)
+    assert not np.array_equal(m32.coefficients_, m64.coefficients_)  # float32 arithmetic really ran
     ref = statsmodels_fit(X32.astype(np.float64), t.astype(float))
     np.testing.assert_allclose(m32.coefficients_, ref.params, rtol=RTOL)
 
@@ -365,7 +368,7 @@ def test_kernel_equals_numpy_twin(device):
                 with backend.activate():
                     got = batch_pass(backend, on(device, X), on(device, y), None if sw is None else on(device, sw),
                                      (0.7, 1.3), w)  # fmt: skip
-                np.testing.assert_allclose(_host(got), ref, rtol=1e-10, atol=1e-9, err_msg=f"k={k} {dtype} {order}")
+                assert_pass_close(_host(got), ref, dtype, n, f"k={k} {dtype} {order}")
 
 
 def test_logregr_functions(device):

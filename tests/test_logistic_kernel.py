@@ -33,6 +33,8 @@ static Dim3 threadIdx = {0, 0, 0};
 #define __launch_bounds__(threads, blocks)
 #define LOGIT_ONE_THREAD_BLOCKS
 static inline void __syncthreads() {}
+#define __expf(x) expf(x)
+#define __fdividef(a, b) ((a) / (b))
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
 """
 
@@ -42,10 +44,13 @@ DRIVER = r"""
                                        const unsigned char* y, const double* sw, int has_sw, double cw0,   \
                                        double cw1, const double* w, double* partials, int blocks,          \
                                        double* out) {                                                       \
+    double v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};                                                             \
+    for (int j = 0; j <= K; ++j) v[j] = w[j];                                                               \
     gridDim.x = blocks;                                                                                     \
     for (unsigned b = 0; b < (unsigned)blocks; ++b) {                                                       \
       blockIdx.x = b;                                                                                       \
-      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, cw0, cw1, w, partials);                        \
+      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, cw0, cw1, v[0], v[1], v[2], v[3], v[4], v[5],  \
+                                v[6], v[7], v[8], partials);                                                \
     }                                                                                                       \
     const int m = Layout<K>::M;                                                                             \
     for (int j = 0; j < m; ++j) {                                                                           \
@@ -58,6 +63,21 @@ DRIVE_BOTH(1) DRIVE_BOTH(2) DRIVE_BOTH(3) DRIVE_BOTH(4) DRIVE_BOTH(5) DRIVE_BOTH
 """
 
 
+def assert_pass_close(got: np.ndarray, ref: np.ndarray, dtype: type, n: int, what: str) -> None:
+    """Kernel and twin agree: to rounding in float64; for float32 input to the float32 math's ulps.
+
+    Both evaluate the sigmoid and log in float32 for float32 input, but with different libraries
+    (CUDA's or the C library's expf/log1pf against NumPy's), so single rows may differ by an ulp or
+    two of float32; every sum stays within that times the number of rows. Counts and the margin
+    (float64 arithmetic on the same eta) agree exactly up to float64 rounding either way.
+    """
+    if dtype == np.float64:
+        np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-10, err_msg=what)
+        return
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=4 * 2.0**-23 * n, err_msg=what)
+    np.testing.assert_allclose(got[-6:], ref[-6:], rtol=1e-6, atol=1e-9, err_msg=what)  # log-lik., counts, margin
+
+
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
@@ -66,11 +86,12 @@ def emulated(tmp_path_factory):
     source = resources.files("pystrom.kernels").joinpath("logistic.cu").read_text(encoding="utf-8")
     work = tmp_path_factory.mktemp("logit_kernel")
     (work / "k.cpp").write_text(SHIM + source + DRIVER)
-    subprocess.run(
+    built = subprocess.run(
         [cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(work / "k.so"), str(work / "k.cpp")],
-        check=True,
         capture_output=True,
+        text=True,
     )
+    assert built.returncode == 0, f"the kernel source does not compile as C++:\n{built.stderr[-3000:]}"
     return ctypes.CDLL(str(work / "k.so"))
 
 
@@ -102,4 +123,4 @@ def test_kernel_source_matches_numpy_twin(emulated):
                         P(w.ctypes.data), P(partials.ctypes.data), ctypes.c_int(blocks), P(out.ctypes.data),
                     )  # fmt: skip
                     what = f"k={k} {tname} {order} weighted={weighted} n={n} blocks={blocks}"
-                    np.testing.assert_allclose(out, ref, rtol=1e-11, atol=1e-10, err_msg=what)
+                    assert_pass_close(out, ref, dtype, n, what)

@@ -58,6 +58,9 @@ class IRLSSolver:
         Whether the intercept (index k) is a free parameter; otherwise it stays 0.
     l2
         1 / C for ``penalty="l2"``, 0 for none. The intercept is never penalised.
+    ll_rounding
+        ``() -> (rtol, atol)``: how exact a pass's log-likelihood is, relative to its size and per unit
+        of row weight (0 for float64 per-row arithmetic); asked for after the first pass.
     max_iter, tol
         At most ``max_iter`` Newton steps; converged when the relative change of the (penalised)
         log-likelihood is at most ``tol`` and so is the gradient's norm in the metric of the Hessian
@@ -73,8 +76,10 @@ class IRLSSolver:
         l2: float,
         max_iter: int,
         tol: float,
+        ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
     ):
         self.evaluate = evaluate
+        self.ll_rounding = ll_rounding
         self.k = n_features
         self.fit_intercept = fit_intercept
         self.l2 = float(l2)
@@ -97,9 +102,11 @@ class IRLSSolver:
 
     def penalized(self, w: np.ndarray, t: PassTotals) -> tuple[np.ndarray, np.ndarray]:
         """Gradient and negative Hessian of the objective over the free parameters."""
-        a = self.active
-        g = t.gradient[a].copy()
-        H = t.hessian[np.ix_(a, a)].copy()
+        if self.fit_intercept:  # every parameter is free
+            g, H = t.gradient.copy(), t.hessian.copy()
+        else:
+            a = self.active
+            g, H = t.gradient[a].copy(), t.hessian[np.ix_(a, a)].copy()
         if self.l2:
             nf = self.k  # the features come first in `active`
             g[:nf] -= self.l2 * w[:nf]
@@ -110,8 +117,7 @@ class IRLSSolver:
         """The Newton step (full length, k + 1 values) and the decrement g^T H^-1 g, by Cholesky in float64."""
         g, H = self.penalized(w, t)
         try:
-            L = np.linalg.cholesky(H)
-            step_a = np.linalg.solve(L.T, np.linalg.solve(L, g))
+            step_a = _cholesky_solve(np.linalg.cholesky(H), g)
         except np.linalg.LinAlgError:
             if not self._warned_fallback:
                 warnings.warn(
@@ -130,7 +136,10 @@ class IRLSSolver:
     def line_search(self, w: np.ndarray, step: np.ndarray, t: PassTotals) -> tuple[np.ndarray, PassTotals, bool]:
         """Take the step, halving it while the objective gets worse. Returns (w, totals, improved)."""
         f0 = self.objective(w, t)
-        slack = 1e-13 * max(1.0, abs(f0))  # rounding in a sum over many rows, not a real decrease
+        # Not a real decrease: rounding in a sum over many rows, and, for float32 input, the float32
+        # logs of the pass (either evaluation may err by that much; _pass.F32_LL_RTOL says why).
+        rtol, atol = self.ll_rounding()
+        slack = 1e-13 * max(1.0, abs(f0)) + 2.0 * (rtol * abs(t.log_likelihood) + atol * t.weight_sum)
         scale = 1.0
         for _ in range(_MAX_HALVINGS + 1):
             w_new = w + scale * step
@@ -209,3 +218,22 @@ class IRLSSolver:
     def _pass(self, w: np.ndarray) -> PassTotals:
         self.passes += 1
         return self.evaluate(w)
+
+
+def _cholesky_solve(L: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Solve (L L^T) x = g by forward and back substitution.
+
+    For the few parameters of a typical fit, plain Python on lists beats NumPy's general solver,
+    whose call overhead alone (twice per Newton step) is several times the arithmetic.
+    """
+    p = len(g)
+    if p > 16:
+        return np.linalg.solve(L.T, np.linalg.solve(L, g))
+    rows = L.tolist()
+    z = g.tolist()
+    for i in range(p):
+        r = rows[i]
+        z[i] = (z[i] - sum(r[j] * z[j] for j in range(i))) / r[i]
+    for i in reversed(range(p)):
+        z[i] = (z[i] - sum(rows[j][i] * z[j] for j in range(i + 1, p))) / rows[i][i]
+    return np.array(z)

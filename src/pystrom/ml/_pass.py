@@ -18,15 +18,24 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_KERNEL_FEATURES", "PassTotals", "layout_size", "xp_pass", "kernel_pass", "batch_pass"]
+__all__ = ["MAX_KERNEL_FEATURES", "PassTotals", "layout_size", "xp_pass", "KernelPass", "kernel_pass", "batch_pass"]
 
 MAX_KERNEL_FEATURES = 8  # the fused kernel keeps P(P+1)/2 + P + 6 float64 sums per thread in registers
 SATURATED_MARGIN = 20.0  # fitted probability within 2e-9 of the observed class
+# Float32 input is evaluated with float32 sigmoids and logs (kernels/logistic.cu says why): the
+# log-likelihood of a pass is then exact only to about this, relative to its size, plus at most
+# F32_LL_ATOL per unit of row weight (rounding eta to float32 and the kernel's __expf each move
+# e^-|eta| by up to about 1.2 |eta| ulps, and |eta| e^-|eta| <= 1/e). The line search must not read
+# differences below that as a real decrease.
+F32_LL_RTOL = 6 * 2.0**-23
+F32_LL_ATOL = 0.37 * 2.5 * 2.0**-23
 _THREADS = 128  # LOGIT_THREADS in logistic.cu
 # Rows x features upcast to float64 at a time by the NumPy/CuPy path: on the CPU small enough that the
 # temporaries stay in cache (1M x 4 float32, one pass on 2 shared cores: 0.23 s with 2^24, 0.07 s with
-# 2^18), on a GPU large enough that each chunk's matrix products fill it.
-_CHUNK_ELEMENTS = {"numpy": 1 << 18, "cupy": 1 << 24}
+# 2^18), on a GPU large enough that each chunk's matrix products fill it and few launches and host
+# waits are paid per pass (1M x 256 float32, one pass on an H200: 68.6 ms with 2^22 elements, 18.1
+# with 2^24, 8.5 with 2^26, 7.0 with 2^28). 2^27 float64 elements are 1 GiB per temporary (two live).
+_CHUNK_ELEMENTS = {"numpy": 1 << 18, "cupy": 1 << 27}
 
 
 def layout_size(k: int) -> int:
@@ -51,12 +60,17 @@ class PassTotals:
     def unpack(cls, vec: np.ndarray, k: int) -> PassTotals:
         p = k + 1
         nt = p * (p + 1) // 2
-        iu = np.triu_indices(p)
-        h = np.zeros((p, p))
-        h[iu] = vec[:nt]
-        h = h + np.triu(h, 1).T
-        s = vec[nt + p :]
-        return cls(h, vec[nt : nt + p].copy(), float(s[0]), float(s[1]), float(s[2]), int(s[3]), int(s[4]), float(s[5]))
+        rows, cols = _triangle(p)
+        h = np.empty((p, p))
+        h[rows, cols] = vec[:nt]
+        h[cols, rows] = vec[:nt]
+        s = vec[nt + p :].tolist()
+        return cls(h, vec[nt : nt + p].copy(), s[0], s[1], s[2], int(s[3]), int(s[4]), s[5])
+
+
+@functools.cache
+def _triangle(p: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(p)
 
 
 def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -100,24 +114,24 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
             Xc, yc, s, eta = Xc[live], yc[live], s[live], eta[live]
         if eta.shape[0] == 0:
             continue
-        e = xp.exp(-xp.abs(eta))
-        inv = 1.0 / (1.0 + e)
+        e, inv, l1p = _row_math(xp, eta, X.dtype == np.float32)
         mu = xp.where(eta >= 0, inv, e * inv)
         r = s * e * inv * inv
         resid = s * (yc - mu)
-        Xr = Xc * r[:, None]
-        H[:k, :k] += Xc.T @ Xr
-        H[:k, k] += Xc.T @ r  # a matrix-vector product: CuPy's axis-0 sum of Xr took 1.5 ms per chunk, this 0.07
+        H[:k, :k] += Xc.T @ (Xc * r[:, None])
+        # Both matrix-vector products in one read of the chunk (CuPy's axis-0 sum of X r was 20x slower)
+        both = Xc.T @ xp.stack([r, resid], axis=1)
+        H[:k, k] += both[:, 0]
         H[k, k] += r.sum()
-        g[:k] += Xc.T @ resid
+        g[:k] += both[:, 1]
         g[k] += resid.sum()
         margin = xp.where(yc > 0, eta, -eta)
-        scal[0] += (s * (yc * eta - (xp.maximum(eta, 0.0) + xp.log1p(e)))).sum()
+        scal[0] += (s * (yc * eta - (xp.maximum(eta, 0.0) + l1p))).sum()
         scal[1] += s.sum()
         scal[2] += (s * yc).sum()
         scal[4] += (margin > SATURATED_MARGIN).sum()
         min_margin = min(min_margin, float(margin.min()))
-    iu = np.triu_indices(p)
+    iu = _triangle(p)
     out = xp.empty(nt + p + 6, dtype=np.float64)
     out[:nt] = H[xp.asarray(iu[0]), xp.asarray(iu[1])]
     out[nt : nt + p] = g
@@ -126,32 +140,71 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
     return out
 
 
+def _row_math(xp: Any, eta: Any, single: bool) -> tuple[Any, Any, Any]:
+    """exp(-|eta|), 1 / (1 + that) and log(1 + that), in float32 for float32 input (as the kernel does)."""
+    if not single:
+        e = xp.exp(-xp.abs(eta))
+        return e, 1.0 / (1.0 + e), xp.log1p(e)
+    ef = xp.exp(-xp.abs(eta).astype(np.float32))
+    one = np.float32(1.0)
+    return ef.astype(np.float64), (one / (one + ef)).astype(np.float64), xp.log1p(ef).astype(np.float64)
+
+
+class KernelPass:
+    """The fused CUDA pass over one array (k <= MAX_KERNEL_FEATURES), set up once and run every pass.
+
+    An in-memory fit makes some twenty passes of well under a millisecond each over the same array,
+    so what a pass costs on the host counts: the kernel, its grid, the partial sums and a pinned
+    result buffer are made here once; a pass is then two launches (the weights go as scalar
+    arguments) and one small copy into pinned memory.
+    """
+
+    def __init__(self, X: Any, y: Any, sw: Any | None, ordinal: int):
+        import cupy
+
+        from ..kernels import kernel, sm_count
+
+        n, k = X.shape
+        self.m = m = layout_size(k)
+        item = X.dtype.itemsize
+        tname = "f32" if X.dtype == np.float32 else "f64"
+        self.fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
+        self.finish = kernel("logistic", "logit_finish", ordinal)
+        self.blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(self.fn, k)))
+        self.partials = cupy.empty((self.blocks, m), dtype=np.float64)
+        self.out = cupy.empty(m, dtype=np.float64)
+        self.host: Any = None  # pinned, made on the first waited-for pass
+        has_sw = sw is not None
+        self.data_args = (X, np.int64(n), np.int64(X.strides[0] // item), np.int64(X.strides[1] // item), y,
+                          sw if has_sw else self.out, np.int32(has_sw))  # fmt: skip
+        self.finish_args = (self.partials, np.int32(self.blocks), np.int32(m), self.out)
+
+    def launch(self, cw: tuple[float, float], w: np.ndarray) -> Any:
+        """Queue the pass on the current stream; returns the device vector (valid once the stream is)."""
+        weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
+        args = (*self.data_args, np.float64(cw[0]), np.float64(cw[1]), *weights, self.partials)
+        self.fn((self.blocks,), (_THREADS,), args)
+        self.finish((self.m,), (256,), self.finish_args)
+        return self.out
+
+    def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
+        """One pass, waited for: the flat float64 vector on the host."""
+        if self.host is None:
+            import cupyx
+
+            self.host = cupyx.empty_pinned(self.m, dtype=np.float64)
+        self.launch(cw, w).get(out=self.host)
+        return np.array(self.host)
+
+
 def kernel_pass(X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray, ordinal: int) -> Any:
-    """The fused CUDA pass (k <= MAX_KERNEL_FEATURES): a device vector, not synchronised."""
-    import cupy
+    """One fused CUDA pass over one batch: a fresh device vector, not synchronised."""
+    return KernelPass(X, y, sw, ordinal).launch(cw, w)
 
-    from ..kernels import kernel, sm_count
 
-    n, k = X.shape
-    m = layout_size(k)
-    item = X.dtype.itemsize
-    rs, cs = X.strides[0] // item, X.strides[1] // item
-    tname = "f32" if X.dtype == np.float32 else "f64"
-    fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
-    blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(fn, k)))
-    partials = cupy.empty((blocks, m), dtype=np.float64)
-    out = cupy.empty(m, dtype=np.float64)
-    wd = cupy.asarray(np.ascontiguousarray(w, dtype=np.float64))
-    has_sw = sw is not None
-    swd = sw if has_sw else wd  # any valid pointer; not read when has_sw is 0
-    fn(
-        (blocks,),
-        (_THREADS,),
-        (X, np.int64(n), np.int64(rs), np.int64(cs), y, swd, np.int32(has_sw), np.float64(cw[0]),
-         np.float64(cw[1]), wd, partials),
-    )  # fmt: skip
-    kernel("logistic", "logit_finish", ordinal)((m,), (256,), (partials, np.int32(blocks), np.int32(m), out))
-    return out
+def uses_kernel(backend: Any, X: Any) -> bool:
+    k = X.shape[1]
+    return backend.kind == "cuda" and 1 <= k <= MAX_KERNEL_FEATURES and X.dtype in (np.float32, np.float64)
 
 
 @functools.cache
@@ -178,6 +231,6 @@ def batch_pass(backend: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, fl
         out = backend.xp.zeros(layout_size(k), dtype=np.float64)
         out[-1] = np.inf
         return out
-    if backend.kind == "cuda" and 1 <= k <= MAX_KERNEL_FEATURES and X.dtype in (np.float32, np.float64):
+    if uses_kernel(backend, X):
         return kernel_pass(X, y, sw, cw, w, backend.ordinal)
     return xp_pass(backend.xp, X, y, sw, cw, w)

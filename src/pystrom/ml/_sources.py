@@ -15,7 +15,7 @@ import numpy as np
 from .._backend import Backend
 from ..errors import DataError
 from ._data import Batch, locate_nonfinite, prefetch
-from ._pass import PassTotals, batch_pass, combine, layout_size
+from ._pass import F32_LL_ATOL, F32_LL_RTOL, KernelPass, PassTotals, batch_pass, combine, layout_size, uses_kernel
 
 __all__ = ["Source", "ArraySource", "ScanSource"]
 
@@ -28,6 +28,11 @@ class Source:
     rows: int = 0  # rows used, known after the first pass
     skipped: int = 0  # rows left out for NULLs, known after the first pass
     passes: int = 0
+    single_precision: bool = False  # some batch was float32: the pass used float32 sigmoids and logs
+
+    def ll_rounding(self) -> tuple[float, float]:
+        """How exact a pass's log-likelihood is: (relative, per unit of row weight)."""
+        return (F32_LL_RTOL, F32_LL_ATOL) if self.single_precision else (0.0, 0.0)
 
     def batches(self) -> Iterable[Batch]:
         raise NotImplementedError
@@ -76,6 +81,8 @@ class ArraySource(Source):
         self.names = batch.names
         self.rows = batch.X.shape[0]
         self.skipped = batch.skipped
+        self.single_precision = batch.X.dtype == np.float32
+        self._kernel: KernelPass | None = None
 
     def batches(self) -> Iterable[Batch]:
         return [self.batch]
@@ -83,6 +90,10 @@ class ArraySource(Source):
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
         b = self.batch
         with self.backend.activate():
+            if b.X.shape[0] and uses_kernel(self.backend, b.X):
+                if self._kernel is None:
+                    self._kernel = KernelPass(b.X, b.y, b.sw, self.backend.ordinal)
+                return self._kernel(self.class_weight, w)
             out = batch_pass(self.backend, b.X, b.y, b.sw, self.class_weight, w)
             return np.asarray(self.backend.to_host(out), dtype=np.float64)
 
@@ -124,6 +135,7 @@ class ScanSource(Source):
                         f"a batch of the scan has {batch.X.shape[1]} feature columns, the first had {self.n_features}"
                     )
                 rows += batch.X.shape[0]
+                self.single_precision = self.single_precision or batch.X.dtype == np.float32
                 skipped += batch.skipped
                 out = batch_pass(backend, batch.X, batch.y, batch.sw, self.class_weight, w)
                 total = out if total is None else _combine_device(backend, total, out)

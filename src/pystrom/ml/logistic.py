@@ -163,7 +163,9 @@ class LogisticRegression:
         source.class_weight = cw
         k = source.n_features
         l2 = 1.0 / float(self.C) if self.penalty == "l2" else 0.0
-        solver = IRLSSolver(source.evaluate, k, bool(self.fit_intercept), l2, int(self.max_iter), float(self.tol))
+        solver = IRLSSolver(
+            source.evaluate, k, bool(self.fit_intercept), l2, int(self.max_iter), float(self.tol), source.ll_rounding
+        )
         res = solver.solve()
         self._set_learned(res, source, classes, l2)
         return self
