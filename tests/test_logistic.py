@@ -530,3 +530,16 @@ def test_ml_is_lazy_attribute():
 
 def _host(a):
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def test_cholesky_solve_every_size():
+    """The Newton step's substitution (lists, NumPy, blocks of rows, by size) equals a general solve."""
+    from pystrom.ml._irls import _cholesky_solve
+
+    rng = np.random.default_rng(7)
+    for p in (1, 2, 5, 8, 9, 31, 32, 33, 63, 64, 65, 100, 257):
+        A = rng.normal(size=(p + 5, p))
+        H = A.T @ A + np.eye(p)
+        g = rng.normal(size=p)
+        np.testing.assert_allclose(_cholesky_solve(np.linalg.cholesky(H), g), np.linalg.solve(H, g), rtol=1e-9,
+                                   atol=1e-12, err_msg=f"p={p}")  # fmt: skip
