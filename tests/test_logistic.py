@@ -12,6 +12,7 @@ from test_logistic_kernel import assert_pass_close
 import pystrom
 from pystrom import Table
 from pystrom.ml import (
+    ConvergenceWarning,
     LogisticRegression,
     PerfectSeparationWarning,
     logregr_predict,
@@ -188,6 +189,12 @@ def test_noisy_seed_converges_and_float32_is_not_upcast(device):
     # logs in float32 (sums stay float64), which moves the fit by a few 1e-9 here
     np.testing.assert_allclose(m32.coefficients_, m64.coefficients_, rtol=1e-7)
     assert not np.array_equal(m32.coefficients_, m64.coefficients_)  # float32 arithmetic really ran
+    # at the optimum the float32 log-likelihood only jitters: the line search must not halve the step
+    # over and over on that (without its allowance for float32 rounding this took 186 passes)
+    with pytest.warns(ConvergenceWarning):
+        m20 = LogisticRegression(max_iter=20, tol=0.0).fit(on(device, X32), on(device, t))
+    assert (m20.n_iter_, m20.n_passes_) == (20, 21)
+    np.testing.assert_allclose(m20.coefficients_, m32.coefficients_, rtol=1e-6)
     ref = statsmodels_fit(X32.astype(np.float64), t.astype(float))
     np.testing.assert_allclose(m32.coefficients_, ref.params, rtol=RTOL)
 
