@@ -378,6 +378,38 @@ def test_kernel_equals_numpy_twin(device):
                 assert_pass_close(_host(got), ref, dtype, n, f"k={k} {dtype} {order}")
 
 
+def test_kernel_pass_to_host_repeats_exactly(device):
+    """The in-memory pass (result written by the last block straight into mapped pinned memory) equals
+    the device-result pass bit for bit, launch after launch (the block counter resets itself)."""
+    if device == "cpu":
+        pytest.skip("the fused CUDA pass only")
+    from pystrom._backend import resolve_device
+    from pystrom.ml._pass import KernelPass, kernel_pass
+
+    rng = np.random.default_rng()
+    backend = resolve_device(device)
+    X = rng.normal(size=(200_003, 4)).astype(np.float32)
+    y = (rng.random(len(X)) < 0.3).astype(np.uint8)
+    with backend.activate():
+        Xd, yd = on(device, X), on(device, y)
+        kp = KernelPass(Xd, yd, None, backend.ordinal, to_host=True)
+        w = np.array([0.3, -0.2, 0.1, 0.0, 0.5])
+        first = kp((1.0, 1.0), w)
+        assert np.isfinite(first).all()
+        for _ in range(3):
+            assert np.array_equal(kp((1.0, 1.0), w), first)
+        assert np.array_equal(_host(kernel_pass(Xd, yd, None, (1.0, 1.0), w, backend.ordinal)), first)
+        other = kp((1.0, 1.0), -w)  # new weights really reach the kernel
+        assert not np.array_equal(other, first)
+        assert_pass_close(other, xp_pass_ref(X, y, -w), np.float32, len(X), "weights -w")
+
+
+def xp_pass_ref(X, y, w):
+    from pystrom.ml._pass import xp_pass
+
+    return xp_pass(np, X, y, None, (1.0, 1.0), w)
+
+
 def test_logregr_functions(device):
     X, y, names = spector()
     table = _table(device, X, y, names)

@@ -25,10 +25,13 @@
 // with element strides (row_stride, col_stride), so C-order, Fortran-order and a pystrom Table's
 // equally spaced columns are all read in place, float32 staying float32 in memory.
 //
-// Stage 1 (logit_pass_<t>_k<K>): each thread keeps its sums in registers over a grid-stride loop
+// One launch (logit_pass_<t>_k<K>): each thread keeps its sums in registers over a grid-stride loop
 // (R rows loaded before any is used, so enough bytes are in flight), then each block reduces its
-// threads into one row of `partials` (nblocks x M). Stage 2 (logit_finish): one block per value
-// reduces that column over the blocks in a fixed order, so results are deterministic.
+// threads into one row of `partials` (nblocks x M); the last block to finish (a counter) reduces
+// every column over the blocks in a fixed order, so results are deterministic, and writes the M
+// values to `out` (device memory, or pinned host memory mapped into the device's address space, so
+// the host reads the result after the stream's wait with no copy). One launch instead of a second
+// reduction kernel: an in-memory fit is ~20 passes of ~0.35 ms, and each launch costs the host ~6 us.
 
 #define R_ROWS 4
 
@@ -80,10 +83,29 @@ struct RowMath<float> {
   }
 };
 
+// out[j] = sum (for the last value: min) of partials[:, j] over the blocks, by the block that runs it:
+// warp q takes the values j = q, q + nwarps, ...; its lanes take the blocks lane, lane + 32, ... in
+// order and the warp's shuffle tree adds the lanes (a fixed order: deterministic).
+__device__ void reduce_partials(const double* __restrict__ partials, int nblocks, int m, double* __restrict__ out) {
+  const int width = blockDim.x < 32 ? (int)blockDim.x : 32;
+  const int lane = threadIdx.x % width, warp = threadIdx.x / width, nwarps = blockDim.x / width;
+  for (int j = warp; j < m; j += nwarps) {
+    const bool is_min = (j == m - 1);
+    double v = is_min ? __longlong_as_double(0x7ff0000000000000LL) : 0.0;
+    for (int b = lane; b < nblocks; b += width) {
+      const double p = __ldcg(partials + (long long)b * m + j);  // written by other SMs: read from L2
+      v = is_min ? fmin(v, p) : v + p;
+    }
+    v = is_min ? warp_min(v) : warp_sum(v);
+    if (lane == 0) out[j] = v;
+  }
+}
+
 template <typename T, int K>
 __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
                            const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
-                           double cw0, double cw1, const double (&w)[9], double* __restrict__ partials) {
+                           double cw0, double cw1, const double (&w)[9], double* __restrict__ partials,
+                           unsigned int* __restrict__ done, double* __restrict__ out) {
   using L = Layout<K>;
   constexpr int P = L::P, NT = L::NT, NS = L::NS, M = L::M;
   double acc[NS];
@@ -168,6 +190,17 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     for (int q = 1; q < nwarps; ++q) v = (j == NS) ? fmin(v, shared[q][j]) : v + shared[q][j];
     partials[(long long)blockIdx.x * M + j] = v;
   }
+
+  // The last block to get here reduces over all blocks (CUDA's threadFenceReduction pattern).
+  __shared__ int is_last;
+  __threadfence();  // this block's partials are visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (atomicAdd(done, 1u) == gridDim.x - 1);
+  __syncthreads();
+  if (is_last) {
+    reduce_partials(partials, gridDim.x, M, out);
+    if (threadIdx.x == 0) *done = 0u;  // ready for the next launch (launches are stream-ordered)
+  }
 }
 
 // 128 threads a block; the bound caps registers so that 4 (K <= 4), 3 or 2 blocks stay resident per SM
@@ -181,9 +214,10 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       logit_pass_##TNAME##_k##K(                                                                            \
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
       const double* __restrict__ sw, int has_sw, double cw0, double cw1, double w0, double w1, double w2,  \
-      double w3, double w4, double w5, double w6, double w7, double w8, double* __restrict__ partials) {   \
+      double w3, double w4, double w5, double w6, double w7, double w8, double* __restrict__ partials,      \
+      unsigned int* __restrict__ done, double* __restrict__ out) {                                          \
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
-    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, cw0, cw1, w, partials);                                  \
+    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, cw0, cw1, w, partials, done, out);                       \
   }
 
 #define LOGIT_PASS_BOTH(K)        \
@@ -198,26 +232,3 @@ LOGIT_PASS_BOTH(5)
 LOGIT_PASS_BOTH(6)
 LOGIT_PASS_BOTH(7)
 LOGIT_PASS_BOTH(8)
-
-// Stage 2: out[j] = sum (or, for the last value, min) of partials[:, j]; one block per j, fixed order.
-extern "C" __global__ void logit_finish(const double* __restrict__ partials, int nblocks, int m,
-                                        double* __restrict__ out) {
-  __shared__ double shared[256];
-  const int j = blockIdx.x;
-  const bool is_min = (j == m - 1);
-  double v = is_min ? __longlong_as_double(0x7ff0000000000000LL) : 0.0;
-  for (int b = threadIdx.x; b < nblocks; b += blockDim.x) {
-    const double p = partials[(long long)b * m + j];
-    v = is_min ? fmin(v, p) : v + p;
-  }
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      shared[threadIdx.x] = is_min ? fmin(shared[threadIdx.x], shared[threadIdx.x + s])
-                                   : shared[threadIdx.x] + shared[threadIdx.x + s];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[j] = shared[0];
-}

@@ -92,7 +92,7 @@ class ArraySource(Source):
         with self.backend.activate():
             if b.X.shape[0] and uses_kernel(self.backend, b.X):
                 if self._kernel is None:
-                    self._kernel = KernelPass(b.X, b.y, b.sw, self.backend.ordinal)
+                    self._kernel = KernelPass(b.X, b.y, b.sw, self.backend.ordinal, to_host=True)
                 return self._kernel(self.class_weight, w)
             out = batch_pass(self.backend, b.X, b.y, b.sw, self.class_weight, w)
             return np.asarray(self.backend.to_host(out), dtype=np.float64)
