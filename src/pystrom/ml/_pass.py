@@ -211,10 +211,11 @@ def _mapped_result(m: int) -> tuple[np.ndarray | None, int]:
     import cupyx
 
     host = cupyx.empty_pinned(m, dtype=np.float64)
-    try:
-        return host, int(cupy.cuda.runtime.hostGetDevicePointer(host.ctypes.data, 0))
-    except cupy.cuda.runtime.CUDARuntimeError:  # no unified addressing: copy the result instead
-        return None, 0
+    try:  # with unified addressing, pinned memory is mapped and has a device address (the same one)
+        ptr = int(cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data).devicePointer)
+    except (AttributeError, cupy.cuda.runtime.CUDARuntimeError):
+        ptr = 0
+    return (host, ptr) if ptr else (None, 0)  # unmapped: the result is copied instead
 
 
 def kernel_pass(X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray, ordinal: int) -> Any:
