@@ -83,21 +83,26 @@ struct RowMath<float> {
   }
 };
 
-// out[j] = sum (for the last value: min) of partials[:, j] over the blocks, by the block that runs it:
-// warp q takes the values j = q, q + nwarps, ...; its lanes take the blocks lane, lane + 32, ... in
-// order and the warp's shuffle tree adds the lanes (a fixed order: deterministic).
-__device__ void reduce_partials(const double* __restrict__ partials, int nblocks, int m, double* __restrict__ out) {
-  const int width = blockDim.x < 32 ? (int)blockDim.x : 32;
-  const int lane = threadIdx.x % width, warp = threadIdx.x / width, nwarps = blockDim.x / width;
-  for (int j = warp; j < m; j += nwarps) {
-    const bool is_min = (j == m - 1);
-    double v = is_min ? __longlong_as_double(0x7ff0000000000000LL) : 0.0;
-    for (int b = lane; b < nblocks; b += width) {
-      const double p = __ldcg(partials + (long long)b * m + j);  // written by other SMs: read from L2
-      v = is_min ? fmin(v, p) : v + p;
-    }
-    v = is_min ? warp_min(v) : warp_sum(v);
-    if (lane == 0) out[j] = v;
+// The sums of a block's threads into dst[0 .. M): warps by shuffles, then across the (at most 32)
+// warps through shared memory, in a fixed order (deterministic). Every thread of the block calls it.
+template <int NS>
+__device__ void block_reduce(const double (&acc)[NS], double min_margin, double (*shared)[NS + 1], double* dst) {
+  constexpr int M = NS + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int j = 0; j < NS; ++j) {
+    const double v = warp_sum(acc[j]);
+    if (lane == 0) shared[warp][j] = v;
+  }
+  {
+    const double v = warp_min(min_margin);
+    if (lane == 0) shared[warp][NS] = v;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < M; j += blockDim.x) {
+    double v = shared[0][j];
+    for (int q = 1; q < nwarps; ++q) v = (j == NS) ? fmin(v, shared[q][j]) : v + shared[q][j];
+    dst[j] = v;
   }
 }
 
@@ -172,24 +177,8 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     }
   }
 
-  // Block reduction: warps by shuffles, then across the (at most 32) warps through shared memory.
   __shared__ double shared[32][M];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int j = 0; j < NS; ++j) {
-    const double v = warp_sum(acc[j]);
-    if (lane == 0) shared[warp][j] = v;
-  }
-  {
-    const double v = warp_min(min_margin);
-    if (lane == 0) shared[warp][NS] = v;
-  }
-  __syncthreads();
-  for (int j = threadIdx.x; j < M; j += blockDim.x) {
-    double v = shared[0][j];
-    for (int q = 1; q < nwarps; ++q) v = (j == NS) ? fmin(v, shared[q][j]) : v + shared[q][j];
-    partials[(long long)blockIdx.x * M + j] = v;
-  }
+  block_reduce<NS>(acc, min_margin, shared, partials + (long long)blockIdx.x * M);
 
   // The last block to get here reduces over all blocks (CUDA's threadFenceReduction pattern).
   __shared__ int is_last;
@@ -197,8 +186,17 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   __syncthreads();
   if (threadIdx.x == 0) is_last = (atomicAdd(done, 1u) == gridDim.x - 1);
   __syncthreads();
-  if (is_last) {
-    reduce_partials(partials, gridDim.x, M, out);
+  if (is_last) {  // thread t sums the rows of blocks t, t + blockDim, ...; then the same block reduction
+#pragma unroll
+    for (int j = 0; j < NS; ++j) acc[j] = 0.0;
+    min_margin = __longlong_as_double(0x7ff0000000000000LL);
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+      const double* row = partials + (long long)b * M;
+#pragma unroll
+      for (int j = 0; j < NS; ++j) acc[j] += __ldcg(row + j);  // written by other SMs: read from L2
+      min_margin = fmin(min_margin, __ldcg(row + NS));
+    }
+    block_reduce<NS>(acc, min_margin, shared, out);
     if (threadIdx.x == 0) *done = 0u;  // ready for the next launch (launches are stream-ordered)
   }
 }
