@@ -98,11 +98,15 @@ class IRLSSolver:
         return w, totals
 
     def objective(self, w: np.ndarray, t: PassTotals) -> float:
+        if not self.l2:
+            return t.log_likelihood
         return t.log_likelihood - 0.5 * self.l2 * float(w[: self.k] @ w[: self.k])
 
     def penalized(self, w: np.ndarray, t: PassTotals) -> tuple[np.ndarray, np.ndarray]:
         """Gradient and negative Hessian of the objective over the free parameters."""
-        if self.fit_intercept:  # every parameter is free
+        if self.fit_intercept and not self.l2:  # every parameter free, nothing added: read-only use
+            return t.gradient, t.hessian
+        if self.fit_intercept:
             g, H = t.gradient.copy(), t.hessian.copy()
         else:
             a = self.active
@@ -129,6 +133,8 @@ class IRLSSolver:
                 )
                 self._warned_fallback = True
             step_a = np.linalg.lstsq(H, g, rcond=None)[0]
+        if len(step_a) == self.k + 1:  # every parameter is free
+            return step_a, float(g @ step_a)
         step = np.zeros(self.k + 1)
         step[self.active] = step_a
         return step, float(g @ step_a)
@@ -165,7 +171,7 @@ class IRLSSolver:
         w, t = self.setup(w0, totals0)
         step, dec = self.newton_direction(w, t)
         converged, separation, n_iter = False, None, 0
-        last_step_norm = 0.0
+        w_prev = w  # the coefficients before the last step taken
         while n_iter < self.max_iter:
             if self.check_separation(t):
                 separation = "complete"
@@ -176,8 +182,7 @@ class IRLSSolver:
             if not improved:  # no decrease possible: at the optimum up to rounding, or stuck
                 converged = dec <= 1e-6 * max(1.0, abs(f_old))
                 break
-            last_step_norm = float(np.max(np.abs(w_new - w)))
-            w, t = w_new, t_new
+            w_prev, w, t = w, w_new, t_new
             step, dec = self.newton_direction(w, t)
             if self.check_separation(t):
                 separation = "complete"
@@ -188,6 +193,7 @@ class IRLSSolver:
         if separation is None and self.l2 == 0.0 and t.saturated_rows > 0:
             # Quasi-complete separation: some rows are fitted with probability 0/1 while the
             # coefficients still move by a sizeable fraction of themselves at every step.
+            last_step_norm = float(np.max(np.abs(w - w_prev)))
             if not converged or last_step_norm > 1e-3 * max(1.0, float(np.max(np.abs(w)))):
                 separation = "quasi-complete"
         if separation is not None:
