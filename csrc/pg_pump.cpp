@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
@@ -27,6 +29,10 @@ struct Libpq {
   void (*PQfreeCancel)(void*);
   int (*PQstatus)(const void*);
   int (*PQtransactionStatus)(const void*);
+  int (*PQconsumeInput)(void*);
+  int (*PQsocket)(const void*);
+  int (*PQsslInUse)(void*);
+  void* (*PQgetgssctx)(void*);  // optional: absent from libpqs built before GSSAPI encryption existed
 };
 
 // ExecStatusType / ConnStatusType / PGTransactionStatusType values (stable parts of libpq's ABI).
@@ -60,6 +66,11 @@ uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>((p[0] << 8) | p[1
 int32_t be32(const uint8_t* p) {
   return static_cast<int32_t>((uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3]);
 }
+
+// Batched reads on TCP (CopyPump::next_message): wake up for 256 KiB or after 1 ms, whichever comes
+// first. Measured with benchmarks/pg_pump_cpu.py (issue 4): 64 KiB saved less, 1 MiB no more.
+constexpr int kBatchBytes = 256 << 10;
+constexpr int kBatchWaitMs = 1;
 
 const uint8_t kSignature[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', 0xFF, '\r', '\n', 0};
 
@@ -146,6 +157,10 @@ std::string load_libpq(const std::string& path) {
     resolve(handle, "PQfreeCancel", pq.PQfreeCancel, candidate);
     resolve(handle, "PQstatus", pq.PQstatus, candidate);
     resolve(handle, "PQtransactionStatus", pq.PQtransactionStatus, candidate);
+    resolve(handle, "PQconsumeInput", pq.PQconsumeInput, candidate);
+    resolve(handle, "PQsocket", pq.PQsocket, candidate);
+    resolve(handle, "PQsslInUse", pq.PQsslInUse, candidate);
+    pq.PQgetgssctx = reinterpret_cast<void* (*)(void*)>(dlsym(handle, "PQgetgssctx"));
     g_pq = pq;
     g_path = candidate;
     return g_path;  // the handle stays open for the life of the process, like psycopg's own
@@ -175,6 +190,7 @@ void CopyPump::start(const std::string& sql) {
   if (status == PGRES_COPY_OUT) {
     g_pq.PQclear(res);
     active_ = true;
+    begin_batched_reads();
     return;
   }
   std::string message = g_pq.PQresultErrorMessage(res);
@@ -183,6 +199,57 @@ void CopyPump::start(const std::string& sql) {
   while ((res = g_pq.PQgetResult(conn_)) != nullptr) g_pq.PQclear(res);
   if (message.empty()) message = "the server did not start COPY OUT (status " + std::to_string(status) + ")";
   throw ServerError(message);
+}
+
+void CopyPump::begin_batched_reads() {
+  // Only a plain TCP socket: with TLS or GSSAPI encryption libpq may hold decrypted bytes that a
+  // poll() on the socket does not see, and a Unix socket's poll() ignores SO_RCVLOWAT (and its small
+  // buffers would stall the server while we wait). Those keep libpq's blocking reads.
+  if (g_pq.PQsslInUse(conn_) || (g_pq.PQgetgssctx != nullptr && g_pq.PQgetgssctx(conn_) != nullptr)) return;
+  const int sock = g_pq.PQsocket(conn_);
+  if (sock < 0) return;
+  sockaddr_storage addr{};
+  socklen_t alen = sizeof addr;
+  if (getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) return;
+  if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) return;
+  int old = 1;
+  socklen_t olen = sizeof old;
+  if (getsockopt(sock, SOL_SOCKET, SO_RCVLOWAT, &old, &olen) != 0) return;
+  if (setsockopt(sock, SOL_SOCKET, SO_RCVLOWAT, &kBatchBytes, sizeof kBatchBytes) != 0) return;
+  sock_ = sock;
+  old_lowat_ = old;
+  batched_ = true;
+}
+
+void CopyPump::end_batched_reads() noexcept {
+  if (!batched_) return;
+  batched_ = false;
+  // psycopg waits on this socket for its next results: give it back as it was. Only while libpq
+  // still owns it: after a lost connection libpq closed it, and the number may already name another
+  // thread's file.
+  if (g_pq.PQsocket(conn_) == sock_) setsockopt(sock_, SOL_SOCKET, SO_RCVLOWAT, &old_lowat_, sizeof old_lowat_);
+  sock_ = -1;
+}
+
+int CopyPump::next_message(char** data) {
+  if (!batched_) return g_pq.PQgetCopyData(conn_, data, 0);
+  // libpq's blocking PQgetCopyData polls and wakes up for every packet the server flushes (8 KiB);
+  // with the server's backends on the same cores those wake-ups cost both sides. Here the socket
+  // only reports readable once kBatchBytes are queued (SO_RCVLOWAT) or after kBatchWaitMs, and
+  // PQconsumeInput is called first, since data is often already waiting.
+  bool wait = false;
+  for (;;) {
+    const int len = g_pq.PQgetCopyData(conn_, data, 1);
+    if (len != 0) return len;
+    if (wait) {
+      pollfd p{sock_, POLLIN, 0};
+      // The timeout is what ends a wait for a tail shorter than kBatchBytes (the end of the COPY, a
+      // slow query). A failed poll (EINTR) just reads again; PQconsumeInput reports a dead socket.
+      poll(&p, 1, kBatchWaitMs);
+    }
+    wait = true;
+    if (!g_pq.PQconsumeInput(conn_)) return -2;
+  }
 }
 
 void CopyPump::release_pending() noexcept {
@@ -205,7 +272,7 @@ FillResult CopyPump::fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, 
   for (;;) {
     if (pending_ == nullptr) {
       char* data = nullptr;
-      const int len = g_pq.PQgetCopyData(conn_, &data, 0);
+      const int len = next_message(&data);
       if (len == -1) {  // end of COPY: collect the final result (the server's error, if any)
         finish();
         out.done = true;
@@ -252,6 +319,7 @@ FillResult CopyPump::fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, 
 
 void CopyPump::finish() {
   active_ = false;
+  end_batched_reads();
   release_pending();
   std::string message;
   void* res;
@@ -274,6 +342,7 @@ void CopyPump::abort() noexcept {
   release_pending();
   if (!active_) return;
   active_ = false;
+  end_batched_reads();
   if (g_pq.PQstatus(conn_) == CONNECTION_OK) {
     if (void* cancel = g_pq.PQgetCancel(conn_)) {
       char err[256];
