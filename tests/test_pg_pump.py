@@ -7,7 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,3 +157,87 @@ def test_wrong_field_count_is_refused_and_the_connection_drained(pg):
             assert not pump.active
             assert _lowat(conn) == 1
         assert conn.execute("SELECT 5").fetchone() == (5,)
+
+
+# -- streams no real server sends (tests/hostile_pg.py) ---------------------------------------------
+
+HEADER = b"PGCOPY\n\xff\r\n\0" + struct.pack("!ii", 0, 0)
+TRAILER = struct.pack("!h", -1)
+
+
+def _row(*fields: bytes | None) -> bytes:
+    out = struct.pack("!h", len(fields))
+    for f in fields:
+        out += struct.pack("!i", -1) if f is None else struct.pack("!i", len(f)) + f
+    return out
+
+
+def _int4(v: int) -> bytes:
+    return struct.pack("!i", v)
+
+
+@contextlib.contextmanager
+def _hostile(ncols: int, *messages: bytes):
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("hostile_pg.py")), str(ncols), *(m.hex() for m in messages)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(proc.stdout.readline())
+        conninfo = f"host=127.0.0.1 port={port} user=x dbname=x sslmode=disable gssencmode=disable connect_timeout=10"
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            yield conn
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def _read(conn, ncols: int, chunk_bytes: int = 1 << 20):
+    from pystrom.io._pq import CopyStream
+
+    return CopyStream(conn, ncols, lambda n: np.zeros(n, np.uint8), chunk_bytes).read("COPY hostile TO STDOUT")
+
+
+def test_hostile_server_well_formed_stream_is_read(pg):
+    # First the sanity check of the fake server itself: the header with the first row, rows sharing
+    # a message, a NULL, rows with the trailer in the same message; 32-byte buffers, so most
+    # messages ask for a larger one.
+    rows = [_row(_int4(i), b"x" * i) for i in range(1, 9)]
+    rows[2] = _row(None, b"")
+    msgs = [HEADER + rows[0], rows[1] + rows[2], rows[3], rows[4] + rows[5] + rows[6] + rows[7] + TRAILER]
+    with _hostile(2, *msgs) as conn:
+        chunks = _read(conn, 2, chunk_bytes=32)
+    assert len(chunks) >= 3 and sum(c.nrows for c in chunks) == 8
+    assert [int(v) for v in sum(c.nulls for c in chunks)] == [1, 0]
+    assert [int(v) for v in sum(c.bytes for c in chunks)] == [7 * 4, sum(range(1, 9)) - 3]
+    got = [
+        bytes(c.buf[o : (c.offsets[k + 1] if k + 1 < c.nrows else c.nbytes)])
+        for c in chunks
+        for k, o in enumerate(c.offsets[: c.nrows])
+    ]
+    assert got == rows
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [
+        ([b"PGCOPY\n\xff\r\n\0"], "missing binary COPY header"),
+        ([b"NOTCOPY\n\xff\r\n\0" + bytes(8), TRAILER], "missing binary COPY header"),
+        ([b"PGCOPY\n\xff\r\n\0" + struct.pack("!ii", 1 << 16, 0) + TRAILER], "with OIDs"),
+        ([b"PGCOPY\n\xff\r\n\0" + struct.pack("!ii", 0, 100) + TRAILER], "header extension"),
+        ([HEADER + _row(_int4(1)) + b"\0"], "truncated row header"),
+        ([HEADER + _row(_int4(1), _int4(2)) + TRAILER], "a row has 2 fields, expected 1"),
+        ([HEADER + struct.pack("!h", 1) + b"\0\0", TRAILER], "truncated field length"),
+        ([HEADER + struct.pack("!hi", 1, 5) + b"abcd", TRAILER], "field length out of range"),
+        ([HEADER + struct.pack("!hi", 1, -2), TRAILER], "field length out of range"),
+        ([HEADER + _row(_int4(1)) + TRAILER + b"\0"], "data after the binary COPY trailer"),
+        ([HEADER + _row(_int4(1)), _row(_int4(2))], "without its trailer"),
+        ([HEADER + _row(_int4(1)), _row(_int4(2)) + struct.pack("!hi", 1, 4) + b"ab", TRAILER], "out of range"),
+    ],
+)
+def test_hostile_server_malformed_streams_are_refused(pg, messages, match):
+    with _hostile(1, *messages) as conn:
+        with pytest.raises(PostgresError, match=match):
+            _read(conn, 1)
