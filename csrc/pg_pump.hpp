@@ -47,8 +47,10 @@ class CopyPump {
   void start(const std::string& sql);
 
   // Append whole rows to buf[0, capacity) and their start offsets (relative to buf) to offsets,
-  // adding per-column NULL counts and field bytes to nulls[ncols] / bytes[ncols]. Blocks on the
-  // network; call without the GIL.
+  // adding per-column NULL counts and field bytes to nulls[ncols] / bytes[ncols]. Stops before a
+  // message that might not fit: more bytes than are left, or more than (max_rows - rows written)
+  // * (2 + 4 ncols) bytes (the smallest row). Blocks on the network; call without the GIL.
+  // On TCP the socket's SO_RCVLOWAT is raised while the COPY runs and restored when it ends.
   FillResult fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, std::size_t max_rows, int64_t* nulls,
                   int64_t* bytes);
 
@@ -62,6 +64,9 @@ class CopyPump {
  private:
   void finish();              // after COPY's end: consume results, throw the server's error if any
   void release_pending() noexcept;
+  void begin_batched_reads();         // after COPY OUT started: batched socket reads where possible
+  void end_batched_reads() noexcept;   // restore the socket for psycopg
+  int next_message(char** data);       // PQgetCopyData's contract: length, -1 at the end, -2 failed
 
   void* conn_;
   int ncols_;
@@ -71,6 +76,9 @@ class CopyPump {
   char* pending_ = nullptr;  // a message that did not fit the last buffer
   int pending_len_ = 0;
   std::string status_;
+  bool batched_ = false;  // reading with SO_RCVLOWAT set on sock_ (old_lowat_ to restore)
+  int sock_ = -1;
+  int old_lowat_ = 1;
 };
 
 }  // namespace pystrom::pg
