@@ -1,12 +1,17 @@
-"""A process that speaks just enough of PostgreSQL's wire protocol (v3) to answer one COPY with bytes a
-real server never sends: truncated rows, wrong lengths, a broken header, a missing trailer.
+"""A hostile network in front of a real PostgreSQL: a TCP proxy that forwards everything both ways,
+except that the data of each binary COPY the server sends is swapped for bytes given on the command
+line (truncated rows, wrong lengths, a broken header, a missing trailer).
 
-It exists for tests/test_pg_pump.py, which checks that the COPY pump refuses such streams with a
-clear error instead of reading past a message; everything else in the suite runs against a real
-PostgreSQL. Usage: ``python hostile_pg.py NCOLS HEX [HEX ...]``: every client that connects gets
-``AuthenticationOk``, and its first query a binary ``CopyOutResponse`` with NCOLS columns, one
-``CopyData`` message per HEX argument, then ``CopyDone``, ``CommandComplete`` and ``ReadyForQuery``.
-The port it listens on (127.0.0.1) is printed on stdout. Cancel requests are read and closed.
+A real server never sends such bytes, but a broken middlebox, a bad connection pooler or memory
+corruption can; tests/test_pg_pump.py checks that the COPY pump refuses them with a clear error
+instead of reading past a message. Authentication, the CopyOutResponse (column count and formats),
+CopyDone, CommandComplete, ReadyForQuery and cancel requests are the real server's.
+
+Usage: ``python hostile_pg.py UPSTREAM_PORT HEX [HEX ...]``: each client connection is forwarded to
+127.0.0.1:UPSTREAM_PORT; within every COPY OUT the server's CopyData messages are dropped and, just
+before its CopyDone, one CopyData message per HEX argument is sent instead. Clients must connect with
+``sslmode=disable gssencmode=disable`` (the proxy reads the server's side as plain protocol messages).
+The port the proxy listens on (127.0.0.1) is printed on stdout.
 """
 
 from __future__ import annotations
@@ -17,63 +22,66 @@ import sys
 import threading
 
 
-def _msg(kind: bytes, payload: bytes) -> bytes:
-    return kind + struct.pack("!i", len(payload) + 4) + payload
-
-
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
         part = sock.recv(n - len(data))
         if not part:
-            raise ConnectionError("client went away")
+            raise ConnectionError("peer went away")
         data += part
     return data
 
 
-def _serve(sock: socket.socket, ncols: int, messages: list[bytes]) -> None:
-    with sock:
-        (length,) = struct.unpack("!i", _recv_exact(sock, 4))
-        body = _recv_exact(sock, length - 4)
-        if struct.unpack("!i", body[:4])[0] == 80877102:  # CancelRequest: nothing to cancel here
-            return
-        params = [(b"server_version", b"16.0"), (b"server_encoding", b"UTF8"), (b"client_encoding", b"UTF8")]
-        params += [(b"standard_conforming_strings", b"on"), (b"integer_datetimes", b"on"), (b"DateStyle", b"ISO, MDY")]
-        out = _msg(b"R", struct.pack("!i", 0))
-        out += b"".join(_msg(b"S", k + b"\0" + v + b"\0") for k, v in params)
-        out += _msg(b"K", struct.pack("!ii", 4242, 1234)) + _msg(b"Z", b"I")
-        sock.sendall(out)
+def _client_to_server(client: socket.socket, server: socket.socket) -> None:
+    try:
+        while data := client.recv(1 << 16):
+            server.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _shutdown(server)
+
+
+def _server_to_client(server: socket.socket, client: socket.socket, replacement: list[bytes]) -> None:
+    """Forward the server's messages, swapping the data of each COPY OUT for ``replacement``."""
+    try:
         while True:
-            kind = _recv_exact(sock, 1)
-            (length,) = struct.unpack("!i", _recv_exact(sock, 4))
-            _recv_exact(sock, length - 4)
-            if kind == b"X":
-                return
-            if kind != b"Q":
+            try:
+                kind = _recv_exact(server, 1)
+            except ConnectionError:
+                return  # e.g. a cancel request's connection, which the server just closes
+            header = _recv_exact(server, 4)
+            body = _recv_exact(server, struct.unpack("!i", header)[0] - 4)
+            if kind == b"d":  # the server's CopyData: dropped
                 continue
-            out = _msg(b"H", struct.pack("!bh", 1, ncols) + struct.pack("!h", 1) * ncols)
-            out += b"".join(_msg(b"d", m) for m in messages)
-            out += _msg(b"c", b"") + _msg(b"C", b"COPY 0\0") + _msg(b"Z", b"I")
-            sock.sendall(out)
+            if kind == b"c":  # CopyDone: the hostile data first
+                client.sendall(b"".join(b"d" + struct.pack("!i", len(m) + 4) + m for m in replacement))
+            client.sendall(kind + header + body)
+    except OSError:
+        pass
+    finally:
+        _shutdown(client)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def main() -> None:
-    ncols = int(sys.argv[1])
-    messages = [bytes.fromhex(h) for h in sys.argv[2:]]
+    upstream = int(sys.argv[1])
+    replacement = [bytes.fromhex(h) for h in sys.argv[2:]]
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     print(listener.getsockname()[1], flush=True)
     while True:
-        conn, _ = listener.accept()
-
-        def serve(c: socket.socket = conn) -> None:
-            try:
-                _serve(c, ncols, messages)
-            except (ConnectionError, OSError):
-                pass
-
-        threading.Thread(target=serve, daemon=True).start()
+        client, _ = listener.accept()
+        server = socket.create_connection(("127.0.0.1", upstream))
+        threading.Thread(target=_client_to_server, args=(client, server), daemon=True).start()
+        threading.Thread(target=_server_to_client, args=(server, client, replacement), daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def test_wrong_field_count_is_refused_and_the_connection_drained(pg):
         assert conn.execute("SELECT 5").fetchone() == (5,)
 
 
-# -- streams no real server sends (tests/hostile_pg.py) ---------------------------------------------
+# -- streams no real server sends, swapped in by a proxy (tests/hostile_pg.py) ----------------------------
 
 HEADER = b"PGCOPY\n\xff\r\n\0" + struct.pack("!ii", 0, 0)
 TRAILER = struct.pack("!h", -1)
@@ -177,16 +177,20 @@ def _int4(v: int) -> bytes:
 
 
 @contextlib.contextmanager
-def _hostile(ncols: int, *messages: bytes):
+def _hostile(pg, *messages: bytes):
+    """A connection to the real test server through tests/hostile_pg.py, which swaps the data of every
+    COPY the server sends for ``messages``."""
+    port = pg.cluster.port
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("hostile_pg.py")), str(ncols), *(m.hex() for m in messages)],
+        [sys.executable, str(Path(__file__).with_name("hostile_pg.py")), str(port), *(m.hex() for m in messages)],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        port = int(proc.stdout.readline())
-        conninfo = f"host=127.0.0.1 port={port} user=x dbname=x sslmode=disable gssencmode=disable connect_timeout=10"
-        with psycopg.connect(conninfo, autocommit=True) as conn:
+        proxy = int(proc.stdout.readline())
+        conninfo = pg.cluster.conninfo.replace(f"port={port}", f"port={proxy}")
+        with psycopg.connect(conninfo + " sslmode=disable gssencmode=disable", autocommit=True) as conn:
+            assert conn.execute("SELECT 7").fetchone() == (7,)  # the real server behind the proxy
             yield conn
     finally:
         proc.kill()
@@ -197,17 +201,18 @@ def _hostile(ncols: int, *messages: bytes):
 def _read(conn, ncols: int, chunk_bytes: int = 1 << 20):
     from pystrom.io._pq import CopyStream
 
-    return CopyStream(conn, ncols, lambda n: np.zeros(n, np.uint8), chunk_bytes).read("COPY hostile TO STDOUT")
+    sql = f"COPY (SELECT {', '.join(['1'] * ncols)}) TO STDOUT (FORMAT BINARY)"  # the server's own COPY header
+    return CopyStream(conn, ncols, lambda n: np.zeros(n, np.uint8), chunk_bytes).read(sql)
 
 
 def test_hostile_server_well_formed_stream_is_read(pg):
-    # First the sanity check of the fake server itself: the header with the first row, rows sharing
+    # First the sanity check of the proxy itself: the header with the first row, rows sharing
     # a message, a NULL, rows with the trailer in the same message; 32-byte buffers, so most
     # messages ask for a larger one.
     rows = [_row(_int4(i), b"x" * i) for i in range(1, 9)]
     rows[2] = _row(None, b"")
     msgs = [HEADER + rows[0], rows[1] + rows[2], rows[3], rows[4] + rows[5] + rows[6] + rows[7] + TRAILER]
-    with _hostile(2, *msgs) as conn:
+    with _hostile(pg, *msgs) as conn:
         chunks = _read(conn, 2, chunk_bytes=32)
     assert len(chunks) >= 3 and sum(c.nrows for c in chunks) == 8
     assert [int(v) for v in sum(c.nulls for c in chunks)] == [1, 0]
@@ -238,6 +243,6 @@ def test_hostile_server_well_formed_stream_is_read(pg):
     ],
 )
 def test_hostile_server_malformed_streams_are_refused(pg, messages, match):
-    with _hostile(1, *messages) as conn:
+    with _hostile(pg, *messages) as conn:
         with pytest.raises(PostgresError, match=match):
             _read(conn, 1)
