@@ -253,6 +253,31 @@ def test_partitions_equal_one_stream(pg, wide_table, device):
     assert one.num_rows == eight.num_rows == auto.num_rows == 30000
     assert _rows(one) == _rows(eight) == _rows(auto)
     assert eight.column("s").null_count == 30000 // 7
+    # rows come back in ctid order whatever connection read a range: the same order as one stream
+    assert one.to_arrow().column("id").to_pylist() == eight.to_arrow().column("id").to_pylist()
+
+
+def test_partitions_take_several_ranges_each(pg, wide_table):
+    """Each connection reads several ctid ranges from one queue; together they cover the table once."""
+    from pystrom.io import _pg_session
+    from pystrom.io.postgres import _plan
+
+    extra = []
+    with psycopg.connect(pg.conninfo, autocommit=True) as main:
+        main.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            plan = _plan(main, None, wide_table, None, None, None)
+            conns, statements = _pg_session.table_range_jobs(pg.conninfo, main, plan, 3, extra)
+            assert len(conns) == 3 and len(statements) == 3 * _pg_session._RANGES_PER_CONNECTION
+            assert "ctid >= '(0,0)'::tid" in statements[0] and "ctid <" not in statements[-1]  # the last is open
+            counts = []
+            for text in statements:  # in text format: one message per row, no header or trailer
+                with main.cursor().copy(text.replace(" (FORMAT BINARY)", "")) as copy:
+                    counts.append(sum(1 for _ in copy))
+            assert sum(counts) == 30000 and min(counts) > 0
+        finally:
+            for conn in extra:
+                conn.close()
 
 
 def test_partitions_on_one_snapshot_under_concurrent_writes(pg, pg_cluster, device):

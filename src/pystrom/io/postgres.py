@@ -101,16 +101,37 @@ class _Reader:
         with lock:
             return stream.read(sql_text, self._on_chunk)
 
-    def read_all(self, jobs: Sequence[tuple[Any, str]]) -> list[list[Staged]]:
-        if len(jobs) == 1:
-            return [self.read(*jobs[0])]
-        with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="pystrom-pg") as pool:
-            futures = [pool.submit(self.read, conn, text) for conn, text in jobs]
+    def read_all(self, conns: Sequence[Any], statements: Sequence[str]) -> list[list[Staged]]:
+        """Run the COPY statements on the connections, each connection taking the next statement from
+        one queue as it finishes its last; the chunks come back in statement order."""
+        if len(conns) == 1:
+            return [self.read(conns[0], text) for text in statements]
+        results: list[list[Staged]] = [[] for _ in statements]
+        queue = iter(range(len(statements)))
+        failed = threading.Event()
+
+        def work(conn: Any) -> None:
+            while not failed.is_set():
+                with self._lock:
+                    i = next(queue, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = self.read(conn, statements[i])
+                except BaseException:
+                    failed.set()
+                    raise
+
+        with ThreadPoolExecutor(max_workers=len(conns), thread_name_prefix="pystrom-pg") as pool:
+            futures = [pool.submit(work, conn) for conn in conns]
             try:
-                return [f.result() for f in futures]
+                for f in futures:
+                    f.result()
+                return results
             except BaseException:
                 # One stream failed (or Ctrl-C): ask the server to stop the others, then let them drain.
-                for conn, _ in jobs:
+                failed.set()
+                for conn in conns:
                     try:
                         conn.cancel()
                     except Exception:
@@ -120,9 +141,9 @@ class _Reader:
                 raise
 
 
-def _read_all(backend: Any, ncols: int, jobs: Sequence[tuple[Any, str]], progress: Any) -> list[list[Staged]]:
+def _read_all(backend: Any, ncols: int, conns: Sequence[Any], statements: Sequence[str], progress: Any) -> list:
     with reporter(progress, unit="rows", desc="read_postgres") as report:
-        return _Reader(backend, ncols, report if report.active else None).read_all(jobs)
+        return _Reader(backend, ncols, report if report.active else None).read_all(conns, statements)
 
 
 def _staging_allocator(backend: Any) -> Callable[[int], Any]:
@@ -173,15 +194,17 @@ def read_postgres(
     where
         With ``table``: a SQL condition, e.g. ``"x > %s"`` with ``params=(3,)``.
     partitions
-        Connections reading one ``table`` in parallel, each a range of the table's pages, all on
-        one exported snapshot (REPEATABLE READ READ ONLY): the result equals a single read even
+        Connections reading one ``table`` in parallel, all on one exported snapshot (REPEATABLE
+        READ READ ONLY); the table's pages are split into four ranges per connection, which the
+        connections take from one queue (so a slower one reads less): the result equals a single read even
         while others write. None picks from the table size and the server's cores
         (``pystrom.defaults.pg_partitions`` caps it); 1 reads one stream. ``query`` reads are one
         stream unless ``partition_on`` is given.
     partition_on
         With ``query``: an integer (int2/4/8) result column whose [min, max] is split into
-        ``partitions`` equal ranges, one connection each, on one snapshot (NULL keys go to the
-        first range). Reads on a user's connection stay one stream.
+        equal ranges (four per connection, taken from one queue) read by ``partitions``
+        connections on one snapshot (NULL keys go to the first range). Reads on a user's
+        connection stay one stream.
     numeric
         ``"float64"`` (default) or ``"decimal"``: numeric columns as decimal128 with the column's
         declared precision and scale (unconstrained numeric must then be cast, e.g. ``x::numeric(18,4)``);
@@ -229,7 +252,7 @@ def read_postgres(
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
         plan = _plan(conninfo, query, table, columns, where, params)
         cols = _pg_types.describe(conninfo, plan.select, numeric, run_sql)
-        chunks = _read_all(backend, len(cols), [(conninfo, copy_sql(conninfo, plan.select))], progress)
+        chunks = _read_all(backend, len(cols), [conninfo], [copy_sql(conninfo, plan.select)], progress)
         return _pg_types.assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -244,12 +267,12 @@ def read_postgres(
         cols = _pg_types.describe(main, plan.select, numeric, run_sql)
         if partition_on is not None:
             _pg_types.check_partition_key(cols, partition_on)
-        jobs = [(main, copy_sql(main, plan.select))]
+        jobs = [main], [copy_sql(main, plan.select)]
         if partitions != 1 and plan.table is not None:
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = _read_all(backend, len(cols), jobs, progress)
+        chunks = _read_all(backend, len(cols), *jobs, progress)
         return _pg_types.assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:
