@@ -102,13 +102,11 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<pystrom::pg::CopyPump>(m, "CopyPump")
       .def(py::init<uintptr_t, int>())
-      .def(
-          "start",
-          [](pystrom::pg::CopyPump& self, const std::string& sql, bool batch_reads) {
-            py::gil_scoped_release nogil;
-            self.start(sql, batch_reads);
-          },
-          py::arg("sql"), py::arg("batch_reads") = true)
+      .def("start",
+           [](pystrom::pg::CopyPump& self, const std::string& sql) {
+             py::gil_scoped_release nogil;
+             self.start(sql);
+           })
       .def("fill",
            [](pystrom::pg::CopyPump& self, py::buffer buf, py::buffer offsets, py::buffer nulls, py::buffer bytes) {
              Bytes b = request(buf, true, "buf");

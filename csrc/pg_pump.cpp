@@ -178,7 +178,7 @@ CopyPump::~CopyPump() {
   abort();
 }
 
-void CopyPump::start(const std::string& sql, bool batch_reads) {
+void CopyPump::start(const std::string& sql) {
   if (g_pq.PQstatus(conn_) != CONNECTION_OK) throw ServerError(g_pq.PQerrorMessage(conn_));
   if (g_pq.PQtransactionStatus(conn_) == PQTRANS_ACTIVE) {
     throw std::runtime_error("the connection is busy with another command");
@@ -190,7 +190,7 @@ void CopyPump::start(const std::string& sql, bool batch_reads) {
   if (status == PGRES_COPY_OUT) {
     g_pq.PQclear(res);
     active_ = true;
-    if (batch_reads) begin_batched_reads();
+    begin_batched_reads();
     return;
   }
   std::string message = g_pq.PQresultErrorMessage(res);

@@ -43,9 +43,8 @@ class CopyPump {
   CopyPump(const CopyPump&) = delete;
   CopyPump& operator=(const CopyPump&) = delete;
 
-  // Send the COPY statement and wait for the server to enter COPY OUT. batch_reads: read the socket
-  // in batches where possible (below); a lone stream, which has a core to itself, keeps libpq's reads.
-  void start(const std::string& sql, bool batch_reads = true);
+  // Send the COPY statement and wait for the server to enter COPY OUT.
+  void start(const std::string& sql);
 
   // Append whole rows to buf[0, capacity) and their start offsets (relative to buf) to offsets,
   // adding per-column NULL counts and field bytes to nulls[ncols] / bytes[ncols]. Stops before a

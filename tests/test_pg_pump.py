@@ -38,46 +38,31 @@ def _unix_conninfo(cluster) -> str:
 BIG = "SELECT i, i * 0.5 AS f FROM generate_series(1, 300000) i"  # several staging buffers
 
 
-def _stream(conn, sql_text: str, on_chunk, batch_reads: bool = True):
-    from pystrom.io._pq import CopyStream
-
-    copy = f"COPY ({sql_text}) TO STDOUT (FORMAT BINARY)"
-    return CopyStream(conn, 2, lambda n: np.zeros(n, np.uint8), 1 << 20, batch_reads).read(copy, on_chunk)
-
-
 def test_tcp_reads_are_batched_and_the_socket_restored(pg):
     with psycopg.connect(pg.conninfo) as conn:
         assert _lowat(conn) == 1
         during: list[int] = []
-        chunks = _stream(conn, BIG, lambda chunk: during.append(_lowat(conn)))
+        t = pystrom.read_postgres(conn, BIG, device="cpu", progress=lambda rows: during.append(_lowat(conn)))
         # Called after each buffer: mid-COPY for all but the last one, which may come after the end.
         assert len(during) >= 2 and set(during[:-1]) == {BATCH_BYTES}
         assert _lowat(conn) == 1
-        assert sum(c.nrows for c in chunks) == 300000
-        assert conn.execute("SELECT 2").fetchone() == (2,)  # psycopg's own waits work again
-
-        # A server error mid-COPY, and an interrupt between buffers: restored on both paths.
-        with pytest.raises(PostgresError, match="division by zero"):
-            _stream(conn, "SELECT 1 / (i - 200000) AS q, 1 FROM generate_series(1, 300000) i", None)
-        assert _lowat(conn) == 1
-        conn.rollback()
-        with pytest.raises(KeyboardInterrupt):
-            _stream(conn, BIG, lambda chunk: (_ for _ in ()).throw(KeyboardInterrupt))
-        assert _lowat(conn) == 1
-        conn.rollback()  # the cancelled COPY failed the transaction
-        assert conn.execute("SELECT 3").fetchone() == (3,)
-
-
-def test_a_lone_stream_keeps_libpq_reads(pg):
-    """read_postgres with one stream (here on the user's connection) does not batch: the stream has
-    a core to itself, and batching would only add waits for a batch to fill."""
-    with psycopg.connect(pg.conninfo) as conn:
-        during: list[int] = []
-        t = pystrom.read_postgres(conn, BIG, device="cpu", progress=lambda rows: during.append(_lowat(conn)))
-        assert len(during) >= 2 and set(during) == {1}
         a = t.to_arrow()
         assert a.column("i").to_pylist() == list(range(1, 300001))
         assert a.column("f").to_pylist()[-1] == 150000.0
+        assert conn.execute("SELECT 2").fetchone() == (2,)  # psycopg's own waits work again
+
+        # A server error mid-COPY, and a stream the pump refuses: restored on both paths.
+        with pytest.raises(PostgresError, match="division by zero"):
+            pystrom.read_postgres(conn, "SELECT 1 / (i - 200000) AS q FROM generate_series(1, 300000) i")
+        assert _lowat(conn) == 1
+        conn.rollback()
+        with pytest.raises(KeyboardInterrupt):
+            pystrom.read_postgres(
+                conn, BIG, device="cpu", progress=lambda rows: (_ for _ in ()).throw(KeyboardInterrupt)
+            )
+        assert _lowat(conn) == 1
+        conn.rollback()  # the cancelled COPY failed the transaction
+        assert conn.execute("SELECT 3").fetchone() == (3,)
 
 
 def test_unix_socket_keeps_blocking_reads(pg, pg_cluster):

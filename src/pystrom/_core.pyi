@@ -31,8 +31,8 @@ class CopyPump:
     """One ``COPY ... TO STDOUT (FORMAT BINARY)`` on a ``PGconn*`` that psycopg opened."""
 
     def __init__(self, pgconn: int, ncols: int) -> None: ...
-    def start(self, sql: str, batch_reads: bool = True) -> None:
-        """Send the COPY and wait for COPY OUT (GIL released); ``batch_reads``: batched socket reads on TCP."""
+    def start(self, sql: str) -> None:
+        """Send the COPY and wait for COPY OUT (GIL released)."""
     def fill(self, buf: Buffer, offsets: Buffer, nulls: Buffer, bytes: Buffer) -> tuple[int, int, bool, int]:
         """Append whole rows to ``buf`` and their int64 starts to ``offsets``, adding per-column NULL and byte
         counts; returns ``(nbytes, nrows, done, need)`` (GIL released)."""

@@ -92,16 +92,8 @@ class CopyStream:
     returns or raises.
     """
 
-    def __init__(
-        self,
-        conn: Any,
-        ncols: int,
-        allocate: Callable[[int], np.ndarray],
-        chunk_bytes: int,
-        batch_reads: bool = True,
-    ):
+    def __init__(self, conn: Any, ncols: int, allocate: Callable[[int], np.ndarray], chunk_bytes: int):
         _load_libpq()
-        self._batch_reads = batch_reads
         self._conn = conn
         self._ncols = ncols
         self._allocate = allocate
@@ -114,7 +106,7 @@ class CopyStream:
         size = min(1 << 20, self._chunk_bytes)
         min_row = 2 + 4 * max(self._ncols, 1)
         try:
-            self._pump.start(sql, self._batch_reads)
+            self._pump.start(sql)
             done = False
             while not done:
                 buf = self._allocate(size)

@@ -93,10 +93,8 @@ class _Reader:
                 self._rows += chunk.nrows
                 self._progress(self._rows)
 
-    def read(self, conn: Any, sql_text: str, batch_reads: bool = True) -> list[Staged]:
-        # Batched socket reads save CPU that parallel streams take from the server's backends; a lone
-        # stream has cores to spare and keeps libpq's per-packet reads (no wait for a batch to fill).
-        stream = CopyStream(conn, self._ncols, self._allocate, defaults.pg_staging_chunk, batch_reads)
+    def read(self, conn: Any, sql_text: str) -> list[Staged]:
+        stream = CopyStream(conn, self._ncols, self._allocate, defaults.pg_staging_chunk)
         lock = getattr(conn, "lock", None)  # psycopg's own lock: nobody else uses the connection meanwhile
         if lock is None:
             return stream.read(sql_text, self._on_chunk)
@@ -107,7 +105,7 @@ class _Reader:
         """Run the COPY statements on the connections, each connection taking the next statement from
         one queue as it finishes its last; the chunks come back in statement order."""
         if len(conns) == 1:
-            return [self.read(conns[0], text, batch_reads=False) for text in statements]
+            return [self.read(conns[0], text) for text in statements]
         results: list[list[Staged]] = [[] for _ in statements]
         queue = iter(range(len(statements)))
         failed = threading.Event()
