@@ -17,7 +17,14 @@ import numpy as np
 
 from .._layout import ColumnSpec, TablePlan
 from .._types import ColumnType, Layout, column_type
-from ..errors import CapacityError, ColumnNotFoundError, PostgresError, SchemaMismatchError, UnsupportedTypeError
+from ..errors import (
+    CapacityError,
+    ColumnNotFoundError,
+    OutOfMemoryError,
+    PostgresError,
+    SchemaMismatchError,
+    UnsupportedTypeError,
+)
 from ..interop.build import build_table_in_place
 from ._pq import DESC_SLOTS, FAILURES, Kind, Staged, decode_cpu
 
@@ -213,7 +220,18 @@ def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged
         else:
             _decode_host(block, plan, cols, lay)
 
-    return build_table_in_place(backend, fields, specs, fill, lay.nrows)
+    try:
+        return build_table_in_place(backend, fields, specs, fill, lay.nrows)
+    except OutOfMemoryError:
+        if not any(c.device is not None for c in lay.chunks):
+            raise
+        # The chunks' device copies (made while the read went on) took the room the table needs:
+        # drop them (decode_chunks copies from the pinned host buffers instead) and try once more.
+        for c in lay.chunks:
+            if c.device is not None:
+                c.device[2].synchronize()  # its copy has finished: nothing still writes the scratch
+                c.device = None
+        return build_table_in_place(backend, fields, specs, fill, lay.nrows)
 
 
 def _decode_host(block: Any, plan: TablePlan, cols: Sequence[PgColumn], lay: _Layout) -> None:

@@ -82,6 +82,7 @@ class Staged:
     nrows: int
     nulls: np.ndarray  # int64 per column
     bytes: np.ndarray  # int64 per column: field bytes (the string bytes of text columns)
+    device: Any = None  # on a GPU: (bytes, row starts, event) copied to the device while others still stream
 
 
 class CopyStream:

@@ -81,6 +81,11 @@ class _Reader:
 
     def __init__(self, backend: Any, ncols: int, progress: Callable[[int], None] | None):
         self._allocate = _staging_allocator(backend)
+        self._upload: Any = None  # on a GPU: _pg_gpu.Uploader
+        if backend.kind == "cuda":
+            from ._pg_gpu import Uploader
+
+            self._upload = Uploader(backend)
         self._ncols = ncols
         self._progress = progress
         self._rows = 0
@@ -88,6 +93,8 @@ class _Reader:
         self._conns: list[Any] = []
 
     def _on_chunk(self, chunk: Staged) -> None:
+        if self._upload is not None:
+            self._upload(chunk)
         if self._progress is not None:
             with self._lock:
                 self._rows += chunk.nrows
@@ -104,6 +111,14 @@ class _Reader:
     def read_all(self, conns: Sequence[Any], statements: Sequence[str]) -> list[list[Staged]]:
         """Run the COPY statements on the connections, each connection taking the next statement from
         one queue as it finishes its last; the chunks come back in statement order."""
+        try:
+            return self._read_all(conns, statements)
+        except BaseException:
+            if self._upload is not None:
+                self._upload.release()
+            raise
+
+    def _read_all(self, conns: Sequence[Any], statements: Sequence[str]) -> list[list[Staged]]:
         if len(conns) == 1:
             return [self.read(conns[0], text) for text in statements]
         results: list[list[Staged]] = [[] for _ in statements]
