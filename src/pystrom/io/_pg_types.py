@@ -193,9 +193,33 @@ def decode_failure(cols: Sequence[PgColumn], lay: _Layout, chunk: int, code: int
 
 def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged]]) -> Any:
     """One Table from all partitions' staged chunks, decoded in place."""
+    lay = _layout(parts, len(cols))
+    try:
+        try:
+            return _build(backend, cols, lay)
+        except OutOfMemoryError:
+            # The chunks' device copies (made while the read went on) took the room the table
+            # needs: drop them (decode_chunks copies from the pinned host buffers instead), try again.
+            if not _drop_device_copies(lay.chunks):
+                raise
+            return _build(backend, cols, lay)
+    finally:  # decode_chunks has dropped them on success; after a failure they go back now
+        _drop_device_copies(lay.chunks)
+
+
+def _drop_device_copies(chunks: Sequence[Staged]) -> bool:
+    dropped = False
+    for c in chunks:
+        if c.device is not None:
+            c.device[2].synchronize()  # its copy has finished: nothing still writes the scratch
+            c.device = None
+            dropped = True
+    return dropped
+
+
+def _build(backend: Any, cols: Sequence[PgColumn], lay: _Layout) -> Any:
     import pyarrow as pa
 
-    lay = _layout(parts, len(cols))
     specs = []
     for i, col in enumerate(cols):
         size = int(lay.nbytes[i]) if col.type.layout == Layout.VARBINARY else 0
@@ -220,18 +244,7 @@ def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged
         else:
             _decode_host(block, plan, cols, lay)
 
-    try:
-        return build_table_in_place(backend, fields, specs, fill, lay.nrows)
-    except OutOfMemoryError:
-        if not any(c.device is not None for c in lay.chunks):
-            raise
-        # The chunks' device copies (made while the read went on) took the room the table needs:
-        # drop them (decode_chunks copies from the pinned host buffers instead) and try once more.
-        for c in lay.chunks:
-            if c.device is not None:
-                c.device[2].synchronize()  # its copy has finished: nothing still writes the scratch
-                c.device = None
-        return build_table_in_place(backend, fields, specs, fill, lay.nrows)
+    return build_table_in_place(backend, fields, specs, fill, lay.nrows)
 
 
 def _decode_host(block: Any, plan: TablePlan, cols: Sequence[PgColumn], lay: _Layout) -> None:
