@@ -13,7 +13,7 @@ import numpy as np
 
 from .._layout import TablePlan
 from ..kernels import launch
-from ._pg_types import PgColumn, _Layout, decode_failure, descriptors
+from ._pg_types import PgColumn, _Layout, decode_failure, descriptors, drop_device_copies
 from ._pq import Kind, Staged
 
 __all__ = ["Uploader", "decode_chunks"]
@@ -56,10 +56,7 @@ class Uploader:
         """A failed read: give the scratch back now (not when the traceback that holds the chunks goes)."""
         with self._lock:
             chunks, self._uploaded = self._uploaded, []
-        for chunk in chunks:
-            if chunk.device is not None:
-                chunk.device[2].synchronize()  # its copy has finished: nothing still writes the scratch
-                chunk.device = None
+        drop_device_copies(chunks)
 
 
 def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgColumn], lay: _Layout) -> None:

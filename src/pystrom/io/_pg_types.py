@@ -28,7 +28,7 @@ from ..errors import (
 from ..interop.build import build_table_in_place
 from ._pq import DESC_SLOTS, FAILURES, Kind, Staged, decode_cpu
 
-__all__ = ["PgColumn", "describe", "assemble", "check_partition_key"]
+__all__ = ["PgColumn", "describe", "assemble", "check_partition_key", "drop_device_copies"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -200,14 +200,15 @@ def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged
         except OutOfMemoryError:
             # The chunks' device copies (made while the read went on) took the room the table
             # needs: drop them (decode_chunks copies from the pinned host buffers instead), try again.
-            if not _drop_device_copies(lay.chunks):
+            if not drop_device_copies(lay.chunks):
                 raise
             return _build(backend, cols, lay)
     finally:  # decode_chunks has dropped them on success; after a failure they go back now
-        _drop_device_copies(lay.chunks)
+        drop_device_copies(lay.chunks)
 
 
-def _drop_device_copies(chunks: Sequence[Staged]) -> bool:
+def drop_device_copies(chunks: Sequence[Staged]) -> bool:
+    """Free the device copies Uploader made of these chunks (after their copies end); True if there were any."""
     dropped = False
     for c in chunks:
         if c.device is not None:

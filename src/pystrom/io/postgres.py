@@ -90,7 +90,6 @@ class _Reader:
         self._progress = progress
         self._rows = 0
         self._lock = threading.Lock()
-        self._conns: list[Any] = []
 
     def _on_chunk(self, chunk: Staged) -> None:
         if self._upload is not None:
