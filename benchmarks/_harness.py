@@ -37,6 +37,26 @@ def measure(fn: Callable[[], Any], sync: Callable[[], None], repeat: int) -> flo
     return statistics.median(times)
 
 
+def measure_pair(
+    fn: Callable[[], Any], baseline: Callable[[], Any], sync: Callable[[], None], repeat: int
+) -> tuple[float, float]:
+    """Median wall times of ``fn`` and ``baseline``, run alternately ``repeat`` times each after one
+    warm-up of each: on a machine whose speed drifts between runs (a shared host, a server's caches),
+    both sides then see the same conditions, which back-to-back blocks of runs do not give them."""
+    for f in (fn, baseline):
+        f()
+        sync()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for f, out in ((fn, times[0]), (baseline, times[1])):
+            start = time.perf_counter()
+            result = f()
+            sync()
+            out.append(time.perf_counter() - start)
+            del result
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def print_table(device: str, results: list[Result]) -> None:
     head = f"{'benchmark':<40} {'baseline':<34} {'pystrom s':>10} {'baseline s':>11} {'GB/s':>7} {'speedup':>8}"
     print(f"\ndevice: {device}\n{head}\n{'-' * len(head)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import decimal
 import math
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -218,6 +219,26 @@ def test_decimal_refuses_nan_and_unconstrained(pg, device):
     assert _device_memory(device) == before
 
 
+def test_decode_failure_names_its_row_across_chunks_and_partitions(pg, device):
+    """A bad value deep in a read of many chunks over 4 connections: the error names the table row
+    (ctid order, as the rows come back), not the row within its chunk."""
+    name = pg.name("deeperr")
+    pg.execute(sql.SQL("CREATE TABLE {} (id int8, x numeric(10, 2))").format(_ident(name)))
+    pg.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT i, CASE WHEN i = 30001 THEN 'NaN' ELSE i / 4.0 END FROM generate_series(1, 40000) i"
+        ).format(_ident(name))
+    )
+    before = _device_memory(device)
+    with pystrom.defaults.set(pg_staging_chunk=65536):
+        with pytest.raises(PostgresError, match=r"column 'x' \(numeric\(10,2\)\), row 30000: NaN"):
+            pystrom.read_postgres(pg.conninfo, table=name, partitions=4, numeric="decimal", device=device)
+        ok = pystrom.read_postgres(pg.conninfo, table=name, partitions=4, where="id <> 30001", device=device)
+    assert ok.num_rows == 39999
+    del ok
+    assert _device_memory(device) == before
+
+
 @pytest.mark.parametrize("rows", [0, 1])
 def test_zero_and_one_row(pg, types_table, rows, device):
     t = pystrom.read_postgres(pg.conninfo, table=types_table, where=f"id <= {rows}", device=device)
@@ -267,9 +288,21 @@ def test_partitions_take_several_ranges_each(pg, wide_table):
         main.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             plan = _plan(main, None, wide_table, None, None, None)
-            conns, statements = _pg_session.table_range_jobs(pg.conninfo, main, plan, 3, extra)
-            assert len(conns) == 3 and len(statements) == 3 * _pg_session._RANGES_PER_CONNECTION
+            sources, statements, hints = _pg_session.table_range_jobs(pg.conninfo, main, plan, 3, extra)
+            assert len(sources) == 3 and len(statements) == len(hints) == 3 * _pg_session._RANGES_PER_CONNECTION
             assert "ctid >= '(0,0)'::tid" in statements[0] and "ctid <" not in statements[-1]  # the last is open
+            # the main connection reads at once; the others are opened by their reader threads, on its snapshot
+            assert sources[0] is main and all(isinstance(s, _pg_session.SnapshotJoiner) for s in sources[1:])
+            assert extra == []
+            joined = [open_() for open_ in sources[1:]]
+            assert extra == joined and all(
+                c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS for c in joined
+            )
+            # each range's first buffer is sized from its heap pages; together they are the table's heap
+            pages = main.execute(
+                sql.SQL("SELECT pg_relation_size({}) / 8192").format(sql.Literal(wide_table))
+            ).fetchone()[0]
+            assert sum(hints) == pages * 8192 and min(hints) >= 8192
             counts = []
             for text in statements:  # in text format: one message per row, no header or trailer
                 with main.cursor().copy(text.replace(" (FORMAT BINARY)", "")) as copy:
@@ -413,6 +446,31 @@ def test_missing_table_column_and_permission(pg, wide_table):
         pg.execute(sql.SQL("DROP ROLE {}").format(_ident(role)))
 
 
+def test_partition_connection_refused_mid_read(pg, wide_table, device):
+    """A partition connection that cannot be opened (the role's connection limit) while the first one
+    already streams: a clear error, no table, no device memory kept, no connection left open."""
+    before = _device_memory(device)
+    role = pg.name("limited")
+    pg.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 2").format(_ident(role)))
+    pg.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(_ident(wide_table), _ident(role)))
+    try:
+        conninfo = pg.conninfo.replace("user=postgres", f"user={role}")
+        with pytest.raises(PostgresError, match="too many connections"):
+            pystrom.read_postgres(conninfo, table=wide_table, partitions=4, device=device)
+        assert _device_memory(device) == before
+        for _ in range(50):  # closed sessions leave pg_stat_activity a moment after the client closes
+            left = pg.fetch("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,))
+            if left == [(0,)]:
+                break
+            time.sleep(0.05)
+        assert left == [(0,)]
+        # within the limit the same read works
+        assert pystrom.read_postgres(conninfo, table=wide_table, partitions=2, device=device).num_rows == 30000
+    finally:
+        pg.execute(sql.SQL("DROP OWNED BY {}").format(_ident(role)))
+        pg.execute(sql.SQL("DROP ROLE {}").format(_ident(role)))
+
+
 def test_unsupported_type_names_column_and_cast(pg):
     with pytest.raises(UnsupportedTypeError, match=r"'span'.*interval.*extract\(epoch from span\)"):
         pystrom.read_postgres(pg.conninfo, "SELECT 1 AS ok, interval '1 day' AS span")
@@ -545,6 +603,29 @@ def test_gpu_decoder_matches_cpu_twin(pg):
             assert gpu.to_arrow().equals(cpu.to_arrow())
             for column in cpu.column_names:
                 assert gpu.column(column).null_count == cpu.column(column).null_count
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("conftest").HAVE_GPU, reason="no CUDA GPU with CuPy in this environment")
+def test_gpu_decode_of_chunks_left_on_the_host(pg, wide_table, monkeypatch):
+    """Chunks the reader threads could not copy to the device (no room for scratch) are copied and
+    decoded one at a time; mixed with copied ones, the table equals the CPU read."""
+    from pystrom.io import _pg_gpu
+
+    upload = _pg_gpu.Uploader.__call__
+    calls = [0]
+
+    def every_other(self, chunk):
+        calls[0] += 1
+        if calls[0] % 2:
+            upload(self, chunk)
+
+    cpu = pystrom.read_postgres(pg.conninfo, table=wide_table, partitions=3, device="cpu")
+    monkeypatch.setattr(_pg_gpu.Uploader, "__call__", every_other)
+    with pystrom.defaults.set(pg_staging_chunk=65536):
+        gpu = pystrom.read_postgres(pg.conninfo, table=wide_table, partitions=3, device="cuda")
+    assert calls[0] > 4
+    assert gpu.to_arrow().equals(cpu.to_arrow())
 
 
 def test_query_partition_on_equals_one_stream(pg, wide_table, device):

@@ -60,49 +60,26 @@ class Uploader:
 
 
 def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgColumn], lay: _Layout) -> None:
+    """Decode every chunk into the table. When the Uploader put all of them on the device (the usual
+    case), one launch decodes them all and one scan per string column makes its offsets; otherwise
+    each chunk is copied, decoded and freed in turn, so the device holds one chunk's bytes at a time."""
+    if not lay.chunks:
+        return
     cp = backend.xp
-    ordinal = backend.ordinal
     varlen = [i for i, c in enumerate(cols) if c.kind == Kind.VARLEN]
-    ncols = np.int32(len(cols))
+    if all(c.device is not None for c in lay.chunks):
+        groups = [range(len(lay.chunks))]
+    else:
+        groups = [range(i, i + 1) for i in range(len(lay.chunks))]
     with backend.activate():
         # One error word per chunk, read once at the end: a failure is reported for the first chunk
-        # (in row order) that has one, without a wait after every chunk.
+        # (in row order) that has one, without a wait after every launch.
         errors = cp.zeros((len(lay.chunks), 3), dtype=cp.int64)
+        ddesc = cp.asarray(descriptors(cols, plan, block.ptr, lay, 0))  # the kernels never read slot 4 (per chunk)
         current = cp.cuda.get_current_stream()
         try:
-            for i, chunk in enumerate(lay.chunks):
-                n, base = chunk.nrows, lay.row_bases[i]
-                if chunk.device is not None:
-                    dbuf, doffs, copied = chunk.device
-                    current.wait_event(copied)
-                else:  # the staging buffers are pinned: these copies run at full PCIe speed
-                    dbuf = cp.empty(chunk.nbytes, dtype=cp.uint8)
-                    dbuf.set(chunk.buf[: chunk.nbytes])
-                    doffs = cp.empty(n, dtype=cp.int64)
-                    doffs.set(chunk.offsets[:n])
-                ddesc = cp.asarray(descriptors(cols, plan, block.ptr, lay, i))
-                error = errors[i]
-                launch(
-                    "pg_decode",
-                    "pg_decode_rows",
-                    ordinal,
-                    n,
-                    (dbuf, doffs, np.int64(n), np.int64(base), ddesc, ncols, error),
-                )
-                for c in varlen:  # lengths sit at offsets[row + 1]: scan them into this chunk's offsets
-                    offs = block.array(plan.columns[c].values.offset, np.int32, (lay.nrows + 1,))
-                    start = int(lay.data_bases[i, c])
-                    seg = offs[base + 1 : base + n + 1]
-                    seg[...] = (cp.cumsum(seg, dtype=cp.int64) + start).astype(cp.int32)
-                    offs[base : base + 1].fill(start)
-                if varlen:
-                    launch(
-                        "pg_decode",
-                        "pg_copy_strings",
-                        ordinal,
-                        n,
-                        (dbuf, doffs, np.int64(n), np.int64(base), ddesc, ncols),
-                    )
+            for group in groups:
+                _decode_group(backend, block, plan, lay, group, ddesc, len(cols), varlen, errors, current)
             found = errors.get()  # waits for every kernel
         finally:
             current.synchronize()  # the scratch below goes back to the pool only after its last reader
@@ -111,3 +88,54 @@ def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgCo
         for i, (code, row, column) in enumerate(found.tolist()):
             if code:
                 raise decode_failure(cols, lay, i, code, row, column)
+
+
+def _decode_group(
+    backend: Any,
+    block: Any,
+    plan: TablePlan,
+    lay: _Layout,
+    group: range,
+    ddesc: Any,
+    ncols: int,
+    varlen: list[int],
+    errors: Any,
+    current: Any,
+) -> None:
+    """Decode the consecutive chunks ``group`` (their device copies, made now where missing) in one launch."""
+    cp = backend.xp
+    table = np.empty((len(group), 3), dtype=np.int64)  # the kernels' chunk table: bytes, row starts, first row
+    keep = []  # device copies made here: alive until the launches below are queued
+    for j, i in enumerate(group):
+        chunk = lay.chunks[i]
+        if chunk.device is not None:
+            dbuf, doffs, copied = chunk.device
+            current.wait_event(copied)
+        else:  # the staging buffers are pinned: these copies run at full PCIe speed
+            dbuf = cp.empty(chunk.nbytes, dtype=cp.uint8)
+            dbuf.set(chunk.buf[: chunk.nbytes])
+            doffs = cp.empty(chunk.nrows, dtype=cp.int64)
+            doffs.set(chunk.offsets[: chunk.nrows])
+            keep.append((dbuf, doffs))
+        table[j] = (dbuf.data.ptr, doffs.data.ptr, lay.row_bases[i])
+    first = lay.row_bases[group[0]]
+    nrows = sum(lay.chunks[i].nrows for i in group)
+    dtable = cp.asarray(table)
+    nchunks, ncols32 = np.int32(len(group)), np.int32(ncols)
+    launch(
+        "pg_decode",
+        "pg_decode_rows",
+        backend.ordinal,
+        nrows,
+        (dtable, nchunks, np.int64(nrows), ddesc, ncols32, errors[group[0] :]),
+    )
+    for c in varlen:  # lengths sit at offsets[row + 1]: scan them into offsets from the group's first byte
+        offs = block.array(plan.columns[c].values.offset, np.int32, (lay.nrows + 1,))
+        start = int(lay.data_bases[group[0], c])
+        seg = offs[first + 1 : first + nrows + 1]
+        seg[...] = (cp.cumsum(seg, dtype=cp.int64) + start).astype(cp.int32)
+        offs[first : first + 1].fill(start)
+    if varlen:
+        launch(
+            "pg_decode", "pg_copy_strings", backend.ordinal, nrows, (dtable, nchunks, np.int64(nrows), ddesc, ncols32)
+        )

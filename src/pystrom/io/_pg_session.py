@@ -10,14 +10,23 @@ column's [min, max] into equal ranges (ConnectorX's scheme; NULL keys go to the 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from .._settings import defaults
 from ..errors import PostgresError
 
-__all__ = ["Plan", "psycopg_module", "connect", "run_sql", "copy_sql", "table_range_jobs", "key_range_jobs"]
+__all__ = [
+    "Plan",
+    "SnapshotJoiner",
+    "psycopg_module",
+    "connect",
+    "run_sql",
+    "copy_sql",
+    "table_range_jobs",
+    "key_range_jobs",
+]
 
 _PAGES_PER_PARTITION = 1024  # 8 MiB of heap at least per connection: below that a connection costs more than it saves
 # Ranges per connection: the connections take ranges from one queue, so the ones that run faster read
@@ -123,36 +132,41 @@ def _partition_select(plan: Plan, start: int, stop: int | None) -> Any:
 
 def table_range_jobs(
     conninfo: str, main: Any, plan: Plan, partitions: int | None, extra: list
-) -> tuple[list, list[str]] | None:
-    """(connections, COPY statements of the ctid ranges): the extra connections opened on the main
-    one's snapshot, several ranges per connection; None when one stream is all it takes."""
+) -> tuple[list, list[str], list[int | None]] | None:
+    """(connections, COPY statements of the ctid ranges): ``main`` and SnapshotJoiners that open the
+    others on its snapshot, several ranges per connection; None when one stream is all it takes."""
     from psycopg import sql
 
     row = run_sql(
         main,
         "sizing the table",
         sql.SQL(
-            "SELECT c.relkind, pg_relation_size(c.oid) / current_setting('block_size')::bigint "
+            "SELECT c.relkind, pg_relation_size(c.oid) / current_setting('block_size')::bigint, "
+            "current_setting('block_size')::bigint "
             "FROM pg_class c WHERE c.oid = {}::regclass"
         ).format(sql.Literal(plan.table.as_string(main))),
     ).fetchone()
-    relkind, pages = row[0], int(row[1])
+    relkind, pages, block = row[0], int(row[1]), int(row[2])
     if relkind not in ("r", "m"):  # views and foreign tables have no ctid to split on
         return None
     n = partitions if partitions is not None else auto_partitions(main, pages)
     n = max(1, min(n, max(pages, 1)))
     if n == 1:
         return None
-    conns = _join_snapshot(conninfo, main, n, extra)
+    conns = _snapshot_joiners(conninfo, main, n, extra)
     ranges = _ranges(pages, min(pages, n * _RANGES_PER_CONNECTION))
-    return conns, [copy_sql(main, _partition_select(plan, a, b)) for a, b in ranges]
+    # A range's heap bytes: binary COPY of the same rows is usually smaller (no tuple headers, no
+    # line pointers), so one staging buffer of that size mostly holds the range (TOASTed values,
+    # stored apart from the heap, are the exception: their range fills a few buffers).
+    hints = [((b if b is not None else pages) - a) * block for a, b in ranges]
+    return conns, [copy_sql(main, _partition_select(plan, a, b)) for a, b in ranges], hints
 
 
 def key_range_jobs(
     conninfo: str, main: Any, plan: Plan, key: str, partitions: int | None, extra: list
-) -> tuple[list, list[str]] | None:
+) -> tuple[list, list[str], list[int | None]] | None:
     """Split a query on an integer column's [min, max] (ConnectorX's scheme), several ranges per
-    connection: (connections, COPY statements); None when one stream is all it takes."""
+    connection: (``main`` and SnapshotJoiners, COPY statements); None when one stream is all it takes."""
     from psycopg import sql
 
     q = sql.SQL("({}) AS _pystrom_q").format(plan.select)
@@ -169,7 +183,7 @@ def key_range_jobs(
         return None
     r = min(hi - lo + 1, n * _RANGES_PER_CONNECTION)
     bounds = [lo + (hi - lo + 1) * i // r for i in range(r + 1)]
-    conns = _join_snapshot(conninfo, main, n, extra)
+    conns = _snapshot_joiners(conninfo, main, n, extra)
     statements = []
     for i in range(r):
         preds = [sql.SQL("{} >= {}").format(col, sql.Literal(bounds[i]))]
@@ -179,33 +193,37 @@ def key_range_jobs(
         if i == 0:
             cond = sql.SQL("({}) OR {} IS NULL").format(cond, col)
         statements.append(copy_sql(main, sql.SQL("SELECT * FROM {} WHERE {}").format(q, cond)))
-    return conns, statements
+    return conns, statements, [None] * len(statements)
 
 
-def _join_snapshot(conninfo: str, main: Any, n: int, extra: list) -> list:
-    """``main`` plus n - 1 new connections on the snapshot ``main`` exports (all appended to ``extra``
-    as they open, so the caller closes every one even when another failed)."""
-    from psycopg import sql
-
+def _snapshot_joiners(conninfo: str, main: Any, n: int, extra: list) -> list:
+    """``main`` and n - 1 SnapshotJoiners on the snapshot ``main`` exports now."""
     snapshot = run_sql(main, "exporting the snapshot", "SELECT pg_export_snapshot()").fetchone()[0]
+    lock = threading.Lock()
+    return [main, *(SnapshotJoiner(conninfo, snapshot, extra, lock) for _ in range(n - 1))]
 
-    def join(_: int) -> Any:
-        conn = connect(conninfo)
-        try:
-            run_sql(conn, "starting a partition transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            run_sql(
-                conn, "importing the snapshot", sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot))
-            )
-        except BaseException:
-            conn.close()
-            raise
+
+class SnapshotJoiner:
+    """One more connection on an exported snapshot, opened when called: by the reader thread that
+    will use it, so each connection starts reading as soon as it is ready, while the others still
+    connect (joining 15 took ~20 ms on the GPU machine; the main connection reads meanwhile). The
+    connection is appended to ``extra`` as soon as it exists, so the caller closes it even when the
+    read fails."""
+
+    def __init__(self, conninfo: str, snapshot: str, extra: list, lock: threading.Lock):
+        self._conninfo = conninfo
+        self._snapshot = snapshot
+        self._extra = extra
+        self._lock = lock
+
+    def __call__(self) -> Any:
+        from psycopg import sql
+
+        conn = connect(self._conninfo)
+        with self._lock:
+            self._extra.append(conn)
+        run_sql(conn, "starting a partition transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        run_sql(
+            conn, "importing the snapshot", sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(self._snapshot))
+        )
         return conn
-
-    with ThreadPoolExecutor(max_workers=n - 1) as pool:
-        futures = [pool.submit(join, i) for i in range(n - 1)]
-        for f in futures:
-            if f.exception() is None:
-                extra.append(f.result())
-        for f in futures:
-            f.result()
-    return [main, *extra]

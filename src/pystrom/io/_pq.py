@@ -101,10 +101,15 @@ class CopyStream:
         self._chunk_bytes = chunk_bytes
         self._pump = _core.CopyPump(conn.pgconn.pgconn_ptr, ncols)
 
-    def read(self, sql: str, on_chunk: Callable[[Staged], None] | None = None) -> list[Staged]:
+    def read(
+        self, sql: str, on_chunk: Callable[[Staged], None] | None = None, size_hint: int | None = None
+    ) -> list[Staged]:
+        """Run the COPY; ``size_hint`` (bytes it is expected to produce) sizes the first buffer."""
         chunks: list[Staged] = []
-        # Grow from small buffers so a few rows cost little; large reads settle at chunk_bytes.
-        size = min(1 << 20, self._chunk_bytes)
+        # Grow from small buffers so a few rows cost little; large reads settle at chunk_bytes. A
+        # hint starts at its size, in whole MiB so that the pinned pool's blocks fit the next read.
+        size = 1 << 20 if size_hint is None else max(1 << 20, -(-size_hint // (1 << 20)) << 20)
+        size = min(size, self._chunk_bytes)
         min_row = 2 + 4 * max(self._ncols, 1)
         try:
             self._pump.start(sql)

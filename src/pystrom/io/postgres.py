@@ -99,45 +99,51 @@ class _Reader:
                 self._rows += chunk.nrows
                 self._progress(self._rows)
 
-    def read(self, conn: Any, sql_text: str) -> list[Staged]:
+    def read(self, conn: Any, sql_text: str, size_hint: int | None = None) -> list[Staged]:
         stream = CopyStream(conn, self._ncols, self._allocate, defaults.pg_staging_chunk)
         lock = getattr(conn, "lock", None)  # psycopg's own lock: nobody else uses the connection meanwhile
         if lock is None:
-            return stream.read(sql_text, self._on_chunk)
+            return stream.read(sql_text, self._on_chunk, size_hint)
         with lock:
-            return stream.read(sql_text, self._on_chunk)
+            return stream.read(sql_text, self._on_chunk, size_hint)
 
-    def read_all(self, conns: Sequence[Any], statements: Sequence[str]) -> list[list[Staged]]:
-        """Run the COPY statements on the connections, each connection taking the next statement from
-        one queue as it finishes its last; the chunks come back in statement order."""
+    def read_all(self, sources: Sequence[Any], statements: Sequence[str], hints: Sequence[int | None]) -> list:
+        """Run the COPY statements, each connection taking the next statement from one queue as it
+        finishes its last; the chunks come back in statement order. ``sources`` are connections or
+        callables that open one (SnapshotJoiner), called by the thread that then reads on it.
+        ``hints``: each statement's expected size in bytes (None: unknown), its first buffer's size."""
         try:
-            return self._read_all(conns, statements)
+            return self._read_all(sources, statements, hints)
         except BaseException:
             if self._upload is not None:
                 self._upload.release()
             raise
 
-    def _read_all(self, conns: Sequence[Any], statements: Sequence[str]) -> list[list[Staged]]:
-        if len(conns) == 1:
-            return [self.read(conns[0], text) for text in statements]
+    def _read_all(self, sources: Sequence[Any], statements: Sequence[str], hints: Sequence[int | None]) -> list:
+        if len(sources) == 1:
+            return [self.read(sources[0], text, hint) for text, hint in zip(statements, hints)]
         results: list[list[Staged]] = [[] for _ in statements]
         queue = iter(range(len(statements)))
         failed = threading.Event()
+        opened: list[Any] = []  # the connections reading now, for cancelling them
 
-        def work(conn: Any) -> None:
+        def work(source: Any) -> None:
+            conn = source() if callable(source) else source
+            with self._lock:
+                opened.append(conn)
             while not failed.is_set():
                 with self._lock:
                     i = next(queue, None)
                 if i is None:
                     return
                 try:
-                    results[i] = self.read(conn, statements[i])
+                    results[i] = self.read(conn, statements[i], hints[i])
                 except BaseException:
                     failed.set()
                     raise
 
-        with ThreadPoolExecutor(max_workers=len(conns), thread_name_prefix="pystrom-pg") as pool:
-            futures = [pool.submit(work, conn) for conn in conns]
+        with ThreadPoolExecutor(max_workers=len(sources), thread_name_prefix="pystrom-pg") as pool:
+            futures = [pool.submit(work, source) for source in sources]
             try:
                 for f in futures:
                     f.result()
@@ -145,7 +151,9 @@ class _Reader:
             except BaseException:
                 # One stream failed (or Ctrl-C): ask the server to stop the others, then let them drain.
                 failed.set()
-                for conn in conns:
+                with self._lock:
+                    live = list(opened)
+                for conn in live:
                     try:
                         conn.cancel()
                     except Exception:
@@ -155,9 +163,10 @@ class _Reader:
                 raise
 
 
-def _read_all(backend: Any, ncols: int, conns: Sequence[Any], statements: Sequence[str], progress: Any) -> list:
+def _read_all(backend: Any, ncols: int, jobs: tuple, progress: Any) -> list:
+    """jobs: (connections or SnapshotJoiners, COPY statements, their size hints)."""
     with reporter(progress, unit="rows", desc="read_postgres") as report:
-        return _Reader(backend, ncols, report if report.active else None).read_all(conns, statements)
+        return _Reader(backend, ncols, report if report.active else None).read_all(*jobs)
 
 
 def _staging_allocator(backend: Any) -> Callable[[int], Any]:
@@ -266,7 +275,7 @@ def read_postgres(
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
         plan = _plan(conninfo, query, table, columns, where, params)
         cols = _pg_types.describe(conninfo, plan.select, numeric, run_sql)
-        chunks = _read_all(backend, len(cols), [conninfo], [copy_sql(conninfo, plan.select)], progress)
+        chunks = _read_all(backend, len(cols), ([conninfo], [copy_sql(conninfo, plan.select)], [None]), progress)
         return _pg_types.assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -281,12 +290,12 @@ def read_postgres(
         cols = _pg_types.describe(main, plan.select, numeric, run_sql)
         if partition_on is not None:
             _pg_types.check_partition_key(cols, partition_on)
-        jobs = [main], [copy_sql(main, plan.select)]
+        jobs = [main], [copy_sql(main, plan.select)], [None]
         if partitions != 1 and plan.table is not None:
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = _read_all(backend, len(cols), *jobs, progress)
+        chunks = _read_all(backend, len(cols), jobs, progress)
         return _pg_types.assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:

@@ -2,7 +2,11 @@
 // (same descriptors and failure codes; the tests compare the two on the same staged bytes).
 //
 // Descriptor: 8 long longs per column: kind, values/offsets address, validity address (0: none),
-// string data address, this chunk's first string byte, decimal scale, unused, unused.
+// string data address, this chunk's first string byte (CPU decoder only), decimal scale, unused, unused.
+// Chunk table: 3 long longs per staged chunk: its bytes' address, its row starts' address, its first
+// table row (ascending). One launch decodes the table rows [first row of chunk 0, + nrows) of any
+// number of chunks (a read of 16 connections leaves ~100), so the decode after the last byte costs
+// one launch instead of one per chunk; each thread finds its row's chunk by binary search.
 // Strings take two launches: pg_decode_rows writes each row's length at offsets[row + 1], the host
 // scans them into offsets, then pg_copy_strings copies the bytes.
 
@@ -167,110 +171,138 @@ __device__ __forceinline__ T* at(long long address) {
   return (T*)address;
 }
 
-extern "C" __global__ void pg_decode_rows(const unsigned char* __restrict__ buf, const long long* __restrict__ offsets,
-                                          long long nrows, long long row_base, const long long* __restrict__ desc,
-                                          int ncols, long long* error) {
-  const long long stride = (long long)blockDim.x * gridDim.x;
-  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < nrows; r += stride) {
-    const unsigned char* p = buf + offsets[r] + 2;
-    const long long row = row_base + r;
-    for (int c = 0; c < ncols; ++c) {
-      const long long* d = desc + c * 8;
-      const int len = (int)be32(p);
-      p += 4;
-      const int kind = (int)d[0];
-      if (len < 0) {
-        if (d[2] == 0) { fail(error, UNEXPECTED_NULL, r, c); return; }
-        clear_bit(at<unsigned char>(d[2]), row);
-        switch (kind) {
-          case BOOL: at<unsigned char>(d[1])[row] = 0; break;
-          case INT2: at<short>(d[1])[row] = 0; break;
-          case INT4: case FLOAT4: case DATE: case OID: at<int>(d[1])[row] = 0; break;
-          case INT8: case FLOAT8: case NUMERIC_F64: case TIMESTAMP: at<long long>(d[1])[row] = 0; break;
-          case NUMERIC_DEC128: case UUID: {
-            unsigned int* o = at<unsigned int>(d[1]) + row * 4;
-            o[0] = o[1] = o[2] = o[3] = 0;
-            break;
-          }
-          case VARLEN: at<int>(d[1])[row + 1] = 0; break;  // a NULL string is empty
-        }
-        continue;
-      }
-      int failure = OK;
+// The chunk holding table row `row`: the last one whose first row is <= row (k: the previous answer,
+// usually right again, since a thread's rows ascend).
+__device__ __forceinline__ int chunk_of(const long long* __restrict__ chunks, int nchunks, long long row, int k) {
+  if (chunks[3 * k + 2] <= row && (k + 1 == nchunks || chunks[3 * k + 5] > row)) return k;
+  int lo = 0, hi = nchunks - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (chunks[3 * mid + 2] <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Decode row r of a chunk (table row `row`) from p, its first field; a failure goes to the chunk's error words.
+__device__ __forceinline__ void decode_row(const unsigned char* p, long long r, long long row,
+                                           const long long* __restrict__ desc, int ncols, long long* error) {
+  for (int c = 0; c < ncols; ++c) {
+    const long long* d = desc + c * 8;
+    const int len = (int)be32(p);
+    p += 4;
+    const int kind = (int)d[0];
+    if (len < 0) {
+      if (d[2] == 0) { fail(error, UNEXPECTED_NULL, r, c); return; }
+      clear_bit(at<unsigned char>(d[2]), row);
       switch (kind) {
-        case BOOL:
-          if (len != 1) failure = BAD_LENGTH; else at<unsigned char>(d[1])[row] = p[0] != 0;
+        case BOOL: at<unsigned char>(d[1])[row] = 0; break;
+        case INT2: at<short>(d[1])[row] = 0; break;
+        case INT4: case FLOAT4: case DATE: case OID: at<int>(d[1])[row] = 0; break;
+        case INT8: case FLOAT8: case NUMERIC_F64: case TIMESTAMP: at<long long>(d[1])[row] = 0; break;
+        case NUMERIC_DEC128: case UUID: {
+          unsigned int* o = at<unsigned int>(d[1]) + row * 4;
+          o[0] = o[1] = o[2] = o[3] = 0;
           break;
-        case INT2:
-          if (len != 2) failure = BAD_LENGTH; else at<short>(d[1])[row] = (short)be16(p);
-          break;
-        case INT4: case FLOAT4: case OID:
-          if (len != 4) failure = BAD_LENGTH; else at<unsigned int>(d[1])[row] = be32(p);
-          break;
-        case INT8: case FLOAT8:
-          if (len != 8) failure = BAD_LENGTH; else at<unsigned long long>(d[1])[row] = be64(p);
-          break;
-        case DATE:
-          if (len != 4) {
-            failure = BAD_LENGTH;
-          } else {
-            const int v = (int)be32(p);
-            at<int>(d[1])[row] = (v == INT32_MAXV || v == INT32_MINV) ? v : v + DATE_SHIFT;
-          }
-          break;
-        case TIMESTAMP:
-          if (len != 8) {
-            failure = BAD_LENGTH;
-          } else {
-            const long long v = (long long)be64(p);
-            const bool inf = v == INT64_MAXV || v == INT64_MINV;
-            if (!inf && v > INT64_MAXV - TIMESTAMP_SHIFT) {
-              failure = TIMESTAMP_RANGE;
-            } else {
-              at<long long>(d[1])[row] = inf ? v : v + TIMESTAMP_SHIFT;
-            }
-          }
-          break;
-        case NUMERIC_F64:
-          failure = numeric_f64(p, len, at<double>(d[1]) + row);
-          break;
-        case NUMERIC_DEC128:
-          failure = numeric_dec128(p, len, (int)d[5], at<unsigned char>(d[1]) + row * 16);
-          break;
-        case UUID:
-          if (len != 16) {
-            failure = BAD_LENGTH;
-          } else {
-            unsigned char* o = at<unsigned char>(d[1]) + row * 16;
-            for (int k = 0; k < 16; ++k) o[k] = p[k];
-          }
-          break;
-        case VARLEN:
-          at<int>(d[1])[row + 1] = len;  // lengths first; the host turns them into offsets
-          break;
-        default:
-          failure = BAD_LENGTH;
+        }
+        case VARLEN: at<int>(d[1])[row + 1] = 0; break;  // a NULL string is empty
       }
-      if (failure != OK) { fail(error, failure, r, c); return; }
-      p += len;
+      continue;
     }
+    int failure = OK;
+    switch (kind) {
+      case BOOL:
+        if (len != 1) failure = BAD_LENGTH; else at<unsigned char>(d[1])[row] = p[0] != 0;
+        break;
+      case INT2:
+        if (len != 2) failure = BAD_LENGTH; else at<short>(d[1])[row] = (short)be16(p);
+        break;
+      case INT4: case FLOAT4: case OID:
+        if (len != 4) failure = BAD_LENGTH; else at<unsigned int>(d[1])[row] = be32(p);
+        break;
+      case INT8: case FLOAT8:
+        if (len != 8) failure = BAD_LENGTH; else at<unsigned long long>(d[1])[row] = be64(p);
+        break;
+      case DATE:
+        if (len != 4) {
+          failure = BAD_LENGTH;
+        } else {
+          const int v = (int)be32(p);
+          at<int>(d[1])[row] = (v == INT32_MAXV || v == INT32_MINV) ? v : v + DATE_SHIFT;
+        }
+        break;
+      case TIMESTAMP:
+        if (len != 8) {
+          failure = BAD_LENGTH;
+        } else {
+          const long long v = (long long)be64(p);
+          const bool inf = v == INT64_MAXV || v == INT64_MINV;
+          if (!inf && v > INT64_MAXV - TIMESTAMP_SHIFT) {
+            failure = TIMESTAMP_RANGE;
+          } else {
+            at<long long>(d[1])[row] = inf ? v : v + TIMESTAMP_SHIFT;
+          }
+        }
+        break;
+      case NUMERIC_F64:
+        failure = numeric_f64(p, len, at<double>(d[1]) + row);
+        break;
+      case NUMERIC_DEC128:
+        failure = numeric_dec128(p, len, (int)d[5], at<unsigned char>(d[1]) + row * 16);
+        break;
+      case UUID:
+        if (len != 16) {
+          failure = BAD_LENGTH;
+        } else {
+          unsigned char* o = at<unsigned char>(d[1]) + row * 16;
+          for (int k = 0; k < 16; ++k) o[k] = p[k];
+        }
+        break;
+      case VARLEN:
+        at<int>(d[1])[row + 1] = len;  // lengths first; the host turns them into offsets
+        break;
+      default:
+        failure = BAD_LENGTH;
+    }
+    if (failure != OK) { fail(error, failure, r, c); return; }
+    p += len;
   }
 }
 
-extern "C" __global__ void pg_copy_strings(const unsigned char* __restrict__ buf, const long long* __restrict__ offsets,
-                                           long long nrows, long long row_base, const long long* __restrict__ desc,
-                                           int ncols) {
+// errors: 3 long longs per chunk (code, row within the chunk, column); the first failure of a chunk wins.
+extern "C" __global__ void pg_decode_rows(const long long* __restrict__ chunks, int nchunks, long long nrows,
+                                          const long long* __restrict__ desc, int ncols, long long* errors) {
   const long long stride = (long long)blockDim.x * gridDim.x;
-  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < nrows; r += stride) {
-    const unsigned char* p = buf + offsets[r] + 2;
+  const long long first = chunks[2];
+  int k = 0;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nrows; i += stride) {
+    const long long row = first + i;
+    k = chunk_of(chunks, nchunks, row, k);
+    const long long r = row - chunks[3 * k + 2];
+    const unsigned char* buf = at<const unsigned char>(chunks[3 * k]);
+    const long long* offsets = at<const long long>(chunks[3 * k + 1]);
+    decode_row(buf + offsets[r] + 2, r, row, desc, ncols, errors + 3 * k);
+  }
+}
+
+extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks, int nchunks, long long nrows,
+                                           const long long* __restrict__ desc, int ncols) {
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  const long long first = chunks[2];
+  int k = 0;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nrows; i += stride) {
+    const long long row = first + i;
+    k = chunk_of(chunks, nchunks, row, k);
+    const unsigned char* buf = at<const unsigned char>(chunks[3 * k]);
+    const long long* offsets = at<const long long>(chunks[3 * k + 1]);
+    const unsigned char* p = buf + offsets[row - chunks[3 * k + 2]] + 2;
     for (int c = 0; c < ncols; ++c) {
       const long long* d = desc + c * 8;
       const int len = (int)be32(p);
       p += 4;
       if (len < 0) continue;
       if (d[0] == VARLEN) {
-        unsigned char* dst = at<unsigned char>(d[3]) + at<int>(d[1])[row_base + r];
-        for (int k = 0; k < len; ++k) dst[k] = p[k];
+        unsigned char* dst = at<unsigned char>(d[3]) + at<int>(d[1])[row];
+        for (int b = 0; b < len; ++b) dst[b] = p[b];
       }
       p += len;
     }
