@@ -99,7 +99,6 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<pystrom::pg::ProtocolError>(m, "PgProtocolError", PyExc_RuntimeError);
 
   m.def("pg_load_libpq", [](const std::string& path) { return pystrom::pg::load_libpq(path); });
-  m.def("_pg_read_mode", [](int mode, int wait_us) { pystrom::pg::set_read_mode(mode, wait_us); });
 
   py::class_<pystrom::pg::CopyPump>(m, "CopyPump")
       .def(py::init<uintptr_t, int>())

@@ -5,8 +5,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <time.h>
-
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -73,9 +71,6 @@ int32_t be32(const uint8_t* p) {
 // first. Measured with benchmarks/pg_pump_cpu.py (issue 4): 64 KiB saved less, 1 MiB no more.
 constexpr int kBatchBytes = 256 << 10;
 constexpr int kBatchWaitMs = 1;
-// EXPERIMENT (issue 4 probe): 0 = SO_RCVLOWAT + poll, 1 = sleep while flowing, poll when quiet, 2 = libpq.
-int g_read_mode = 0;
-int g_wait_us = 500;
 
 const uint8_t kSignature[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', 0xFF, '\r', '\n', 0};
 
@@ -95,8 +90,8 @@ struct Parsed {
 
 // Walk the rows in m[0, n): write each row's start (base + its offset in m) to offsets[0, ...),
 // add each column's NULLs and field bytes to nulls/bytes, and check every length against n.
-Parsed parse_rows(const uint8_t* m, std::size_t n, int ncols, int64_t base, int64_t* offsets, int64_t* nulls,
-                  int64_t* bytes) {
+Parsed parse_rows(const uint8_t* __restrict__ m, std::size_t n, int ncols, int64_t base, int64_t* __restrict__ offsets,
+                  int64_t* __restrict__ nulls, int64_t* __restrict__ bytes) {
   Parsed r{0, false};
   std::size_t p = 0;
   while (p < n) {
@@ -130,11 +125,6 @@ Parsed parse_rows(const uint8_t* m, std::size_t n, int ncols, int64_t base, int6
 }
 
 }  // namespace
-
-void set_read_mode(int mode, int wait_us) {
-  g_read_mode = mode;
-  g_wait_us = wait_us;
-}
 
 std::string load_libpq(const std::string& path) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -222,13 +212,6 @@ void CopyPump::begin_batched_reads() {
   socklen_t alen = sizeof addr;
   if (getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) return;
   if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) return;
-  if (g_read_mode == 2) return;
-  if (g_read_mode == 1) {
-    sock_ = sock;
-    old_lowat_ = -1;
-    batched_ = true;
-    return;
-  }
   int old = 1;
   socklen_t olen = sizeof old;
   if (getsockopt(sock, SOL_SOCKET, SO_RCVLOWAT, &old, &olen) != 0) return;
@@ -244,7 +227,7 @@ void CopyPump::end_batched_reads() noexcept {
   // psycopg waits on this socket for its next results: give it back as it was. Only while libpq
   // still owns it: after a lost connection libpq closed it, and the number may already name another
   // thread's file.
-  if (old_lowat_ >= 0 && g_pq.PQsocket(conn_) == sock_) setsockopt(sock_, SOL_SOCKET, SO_RCVLOWAT, &old_lowat_, sizeof old_lowat_);
+  if (g_pq.PQsocket(conn_) == sock_) setsockopt(sock_, SOL_SOCKET, SO_RCVLOWAT, &old_lowat_, sizeof old_lowat_);
   sock_ = -1;
 }
 
@@ -255,22 +238,6 @@ int CopyPump::next_message(char** data) {
   // only reports readable once kBatchBytes are queued (SO_RCVLOWAT) or after kBatchWaitMs, and
   // PQconsumeInput is called first, since data is often already waiting.
   bool wait = false;
-  if (old_lowat_ < 0) {
-    int attempts = 0;
-    for (;;) {
-      const int len = g_pq.PQgetCopyData(conn_, data, 1);
-      if (len != 0) return len;
-      if (attempts == 1) {
-        timespec ts{0, 1000L * g_wait_us};
-        nanosleep(&ts, nullptr);
-      } else if (attempts > 1) {
-        pollfd p{sock_, POLLIN, 0};
-        poll(&p, 1, kBatchWaitMs);
-      }
-      ++attempts;
-      if (!g_pq.PQconsumeInput(conn_)) return -2;
-    }
-  }
   for (;;) {
     const int len = g_pq.PQgetCopyData(conn_, data, 1);
     if (len != 0) return len;

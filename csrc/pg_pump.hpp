@@ -27,7 +27,6 @@ struct ProtocolError : std::runtime_error {
 // implementation of psycopg); empty means "find the one loaded by psycopg's C extension".
 // Returns the path of the library used.
 std::string load_libpq(const std::string& path);
-void set_read_mode(int mode, int wait_us);  // EXPERIMENT
 
 // Where one fill() stopped.
 struct FillResult {

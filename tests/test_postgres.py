@@ -112,6 +112,26 @@ def test_schema_of_each_type(pg, types_table):
     assert getattr(types["u"], "storage_type", types["u"]) == pa.binary(16)
 
 
+def test_wide_result_types_named_in_order(pg):
+    """150 columns of three types with modifiers: every column keeps its own type (the type names
+    come from one batched query, in column order), and the last column's error names it."""
+    import pyarrow as pa
+
+    cols = []
+    for k in range(150):
+        expr = ("i + {k}", "(i + {k})::numeric(12, 3)", "(i + {k})::text::varchar(9)")[k % 3].format(k=k)
+        cols.append(f"{expr} AS c{k}")
+    query = f"SELECT {', '.join(cols)} FROM generate_series(1, 3) i"
+    t = pystrom.read_postgres(pg.conninfo, query, numeric="decimal", device="cpu")
+    assert t.num_columns == 150
+    for k, typ in enumerate(t.schema.types):
+        assert typ == (pa.int32(), pa.decimal128(12, 3), pa.utf8())[k % 3], k
+    assert t.to_arrow().column("c149").to_pylist() == ["150", "151", "152"]
+    assert t.to_arrow().column("c148").to_pylist() == [decimal.Decimal(v) for v in ("149.000", "150.000", "151.000")]
+    with pytest.raises(UnsupportedTypeError, match=r"'c150' has PostgreSQL type interval"):
+        pystrom.read_postgres(pg.conninfo, query.replace(" FROM", ", interval '1 day' AS c150 FROM"))
+
+
 def test_infinities_and_far_dates(pg, types_table, device):
     t = pystrom.read_postgres(pg.conninfo, table=types_table, where="id in (1, 2, 4)", device=device)
     t = t.to_arrow().sort_by("id")

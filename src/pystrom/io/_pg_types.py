@@ -88,19 +88,28 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
 
     cur = run(conn, "describing the result", sql.SQL("SELECT * FROM ({}) AS _pystrom_q LIMIT 0").format(select))
     res = cur.pgresult
-    columns: list[PgColumn] = []
+    encoding = conn.info.encoding if conn.info.encoding != "SQL_ASCII" else "utf-8"
+    names = [res.fname(i).decode(encoding, "replace") for i in range(res.nfields)]
+    oids = [res.ftype(i) for i in range(res.nfields)]
+    typmods = [res.fmod(i) for i in range(res.nfields)]
     seen: set[str] = set()
-    for i in range(res.nfields):
-        raw = res.fname(i)
-        name = raw.decode(conn.info.encoding if conn.info.encoding != "SQL_ASCII" else "utf-8", "replace")
-        oid, typmod = res.ftype(i), res.fmod(i)
+    for name in names:
         if name in seen:
             raise SchemaMismatchError(f"the result has two columns named {name!r}: give them distinct aliases")
         seen.add(name)
-        pg_type = run(conn, "naming a type", "SELECT format_type(%s, %s)", (oid, typmod if typmod >= 0 else None))
-        pg_type = pg_type.fetchone()[0]
-        columns.append(_map(name, oid, typmod, pg_type, numeric))
-    return columns
+    if not names:
+        return []
+    # Every column's type name in one round trip (one per column took 10-20 ms for 100 columns).
+    pg_types = run(
+        conn,
+        "naming the types",
+        "SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) ORDER BY i",
+        (oids, [m if m >= 0 else None for m in typmods]),
+    ).fetchall()
+    return [
+        _map(name, oid, typmod, pg_type, numeric)
+        for name, oid, typmod, (pg_type,) in zip(names, oids, typmods, pg_types)
+    ]
 
 
 def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str) -> PgColumn:
