@@ -11,6 +11,8 @@ import uuid
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pystrom
 from pystrom import InvalidArgumentError, PostgresError, UnsupportedTypeError
@@ -298,18 +300,19 @@ def test_partitions_equal_one_stream(pg, wide_table, device):
     assert one.to_arrow().column("id").to_pylist() == eight.to_arrow().column("id").to_pylist()
 
 
-def test_partitions_take_several_ranges_each(pg, wide_table):
-    """Each connection reads several ctid ranges from one queue; together they cover the table once."""
+def test_partitions_take_several_ranges_each(pg, wide_table, monkeypatch):
+    """Each connection reads several ctid ranges from one queue, largest first; together they cover the table once."""
     from pystrom.io import _pg_session
     from pystrom.io.postgres import _plan
 
+    monkeypatch.setattr(_pg_session, "_LEAST_PAGES", 1)  # the small test table still splits finely
     extra = []
     with psycopg.connect(pg.conninfo, autocommit=True) as main:
         main.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             plan = _plan(main, None, wide_table, None, None, None)
             sources, statements, hints = _pg_session.table_range_jobs(pg.conninfo, main, plan, 3, extra)
-            assert len(sources) == 3 and len(statements) == len(hints) == 3 * _pg_session._RANGES_PER_CONNECTION
+            assert len(sources) == 3 and len(statements) == len(hints) > 3
             assert "ctid >= '(0,0)'::tid" in statements[0] and "ctid <" not in statements[-1]  # the last is open
             # the main connection reads at once; the others are opened by their reader threads, on its snapshot
             assert sources[0] is main and all(isinstance(s, _pg_session.SnapshotJoiner) for s in sources[1:])
@@ -323,6 +326,7 @@ def test_partitions_take_several_ranges_each(pg, wide_table):
                 sql.SQL("SELECT pg_relation_size({}) / 8192").format(sql.Literal(wide_table))
             ).fetchone()[0]
             assert sum(hints) == pages * 8192 and min(hints) >= 8192
+            assert hints[0] >= hints[1] >= hints[-2]  # largest first
             counts = []
             for text in statements:  # in text format: one message per row, no header or trailer
                 with main.cursor().copy(text.replace(" (FORMAT BINARY)", "")) as copy:
@@ -331,6 +335,24 @@ def test_partitions_take_several_ranges_each(pg, wide_table):
         finally:
             for conn in extra:
                 conn.close()
+
+
+@given(total=st.integers(1, 10**7), n=st.integers(1, 64), least=st.integers(1, 500))
+@settings(max_examples=300, deadline=None)
+def test_split_covers_once_largest_first(total, n, least):
+    """The ranges a read is cut into: consecutive, covering [0, total) once, never growing, none but
+    the very last under the floor, and not many more than needed."""
+    from pystrom.io._pg_session import _SHARE, _TAIL, _split
+
+    ranges = _split(total, n, least)
+    assert ranges[0][0] == 0 and ranges[-1][1] == total
+    assert all(a < b for a, b in ranges) and all(ranges[i][1] == ranges[i + 1][0] for i in range(len(ranges) - 1))
+    sizes = [b - a for a, b in ranges]
+    assert all(x >= y for x, y in zip(sizes, sizes[1:-1]))
+    floor = max(least, total // (_TAIL * n))
+    assert all(x >= floor for x in sizes[:-1])
+    assert sizes[0] == min(total, max(floor, -(-total // (_SHARE * n))))
+    assert len(ranges) <= _TAIL * n + 1
 
 
 def test_partitions_on_one_snapshot_under_concurrent_writes(pg, pg_cluster, device):

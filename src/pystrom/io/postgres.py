@@ -218,16 +218,15 @@ def read_postgres(
         With ``table``: a SQL condition, e.g. ``"x > %s"`` with ``params=(3,)``.
     partitions
         Connections reading one ``table`` in parallel, all on one exported snapshot (REPEATABLE
-        READ READ ONLY); the table's pages are split into four ranges per connection, which the
-        connections take from one queue (so a slower one reads less): the result equals a single read even
-        while others write. None picks from the table size and the server's cores
-        (``pystrom.defaults.pg_partitions`` caps it); 1 reads one stream. ``query`` reads are one
-        stream unless ``partition_on`` is given.
+        READ READ ONLY); the table's pages are split into ranges, largest first, which the
+        connections take from one queue (so a slower one reads less, and all end together): the
+        result equals a single read even while others write. None picks from the table size and
+        the server's cores (``pystrom.defaults.pg_partitions`` caps it); 1 reads one stream.
+        ``query`` reads are one stream unless ``partition_on`` is given.
     partition_on
         With ``query``: an integer (int2/4/8) result column whose [min, max] is split into
-        equal ranges (four per connection, taken from one queue) read by ``partitions``
-        connections on one snapshot (NULL keys go to the first range). Reads on a user's
-        connection stay one stream.
+        ranges the same way, read by ``partitions`` connections on one snapshot (NULL keys go to
+        the first range). Reads on a user's connection stay one stream.
     numeric
         ``"float64"`` (default) or ``"decimal"``: numeric columns as decimal128 with the column's
         declared precision and scale (unconstrained numeric must then be cast, e.g. ``x::numeric(18,4)``);
