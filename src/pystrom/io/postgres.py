@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 from .._backend import resolve_device
@@ -128,25 +128,29 @@ class _Reader:
         opened: list[Any] = []  # the connections reading now, for cancelling them
 
         def work(source: Any) -> None:
-            conn = source() if callable(source) else source
-            with self._lock:
-                opened.append(conn)
-            while not failed.is_set():
+            try:
+                conn = source() if callable(source) else source
                 with self._lock:
-                    i = next(queue, None)
-                if i is None:
-                    return
-                try:
+                    opened.append(conn)
+                while not failed.is_set():
+                    with self._lock:
+                        i = next(queue, None)
+                    if i is None:
+                        return
                     results[i] = self.read(conn, statements[i], hints[i])
-                except BaseException:
-                    failed.set()
-                    raise
+            except BaseException:
+                failed.set()  # the others take no further range
+                raise
 
         with ThreadPoolExecutor(max_workers=len(sources), thread_name_prefix="pystrom-pg") as pool:
             futures = [pool.submit(work, source) for source in sources]
             try:
+                # React to the first failure at once (a refused connection while the others read),
+                # not when the connections before it in the list have finished.
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 for f in futures:
-                    f.result()
+                    if f in done and f.exception() is not None:
+                        f.result()
                 return results
             except BaseException:
                 # One stream failed (or Ctrl-C): ask the server to stop the others, then let them drain.
