@@ -162,8 +162,8 @@ def _range_statements(conn: Any, plan: Plan, ranges: list[tuple[int, int | None]
 def table_range_jobs(
     conninfo: str, main: Any, plan: Plan, partitions: int | None, extra: list
 ) -> tuple[list, list[str], list[int | None]] | None:
-    """(connections, COPY statements of the ctid ranges): ``main`` and SnapshotJoiners that open the
-    others on its snapshot, several ranges per connection; None when one stream is all it takes."""
+    """(``main`` and SnapshotJoiners that open the others on its snapshot, the COPY statements of the
+    ctid ranges, each range's heap bytes); None when one stream is all it takes."""
     from psycopg import sql
 
     row = run_sql(
@@ -194,8 +194,8 @@ def table_range_jobs(
 def key_range_jobs(
     conninfo: str, main: Any, plan: Plan, key: str, partitions: int | None, extra: list
 ) -> tuple[list, list[str], list[int | None]] | None:
-    """Split a query on an integer column's [min, max] (ConnectorX's scheme), several ranges per
-    connection: (``main`` and SnapshotJoiners, COPY statements); None when one stream is all it takes."""
+    """Split a query on an integer column's [min, max] (ConnectorX's scheme): (``main`` and
+    SnapshotJoiners, the COPY statements of the key ranges, no size hints); None when one stream is all it takes."""
     from psycopg import sql
 
     q = sql.SQL("({}) AS _pystrom_q").format(plan.select)

@@ -171,16 +171,21 @@ __device__ __forceinline__ T* at(long long address) {
   return (T*)address;
 }
 
-// The chunk holding table row `row`: the last one whose first row is <= row (k: the previous answer,
-// usually right again, since a thread's rows ascend).
-__device__ __forceinline__ int chunk_of(const long long* __restrict__ chunks, int nchunks, long long row, int k) {
-  if (chunks[3 * k + 2] <= row && (k + 1 == nchunks || chunks[3 * k + 5] > row)) return k;
-  int lo = 0, hi = nchunks - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (chunks[3 * mid + 2] <= row) lo = mid; else hi = mid - 1;
+// Where table row `row` starts (its first field): k, its chunk, is found by binary search unless the
+// previous answer still holds (usually, since a thread's rows ascend); r becomes its index in the chunk.
+__device__ __forceinline__ const unsigned char* locate(const long long* __restrict__ chunks, int nchunks, long long row,
+                                                       int& k, long long& r) {
+  if (!(chunks[3 * k + 2] <= row && (k + 1 == nchunks || chunks[3 * k + 5] > row))) {
+    int lo = 0, hi = nchunks - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (chunks[3 * mid + 2] <= row) lo = mid; else hi = mid - 1;
+    }
+    k = lo;
   }
-  return lo;
+  r = row - chunks[3 * k + 2];
+  const long long* offsets = at<const long long>(chunks[3 * k + 1]);
+  return at<const unsigned char>(chunks[3 * k]) + offsets[r] + 2;  // past the field count
 }
 
 // Decode row r of a chunk (table row `row`) from p, its first field; a failure goes to the chunk's error words.
@@ -274,13 +279,11 @@ extern "C" __global__ void pg_decode_rows(const long long* __restrict__ chunks, 
   const long long stride = (long long)blockDim.x * gridDim.x;
   const long long first = chunks[2];
   int k = 0;
+  long long r;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nrows; i += stride) {
     const long long row = first + i;
-    k = chunk_of(chunks, nchunks, row, k);
-    const long long r = row - chunks[3 * k + 2];
-    const unsigned char* buf = at<const unsigned char>(chunks[3 * k]);
-    const long long* offsets = at<const long long>(chunks[3 * k + 1]);
-    decode_row(buf + offsets[r] + 2, r, row, desc, ncols, errors + 3 * k);
+    const unsigned char* p = locate(chunks, nchunks, row, k, r);
+    decode_row(p, r, row, desc, ncols, errors + 3 * k);
   }
 }
 
@@ -289,12 +292,10 @@ extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks,
   const long long stride = (long long)blockDim.x * gridDim.x;
   const long long first = chunks[2];
   int k = 0;
+  long long r;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nrows; i += stride) {
     const long long row = first + i;
-    k = chunk_of(chunks, nchunks, row, k);
-    const unsigned char* buf = at<const unsigned char>(chunks[3 * k]);
-    const long long* offsets = at<const long long>(chunks[3 * k + 1]);
-    const unsigned char* p = buf + offsets[row - chunks[3 * k + 2]] + 2;
+    const unsigned char* p = locate(chunks, nchunks, row, k, r);
     for (int c = 0; c < ncols; ++c) {
       const long long* d = desc + c * 8;
       const int len = (int)be32(p);
