@@ -144,6 +144,37 @@ def test_fill_asks_for_a_larger_buffer(pg):
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def test_first_buffer_from_the_size_hint(pg):
+    """A range's expected size picks its first staging buffer from few size classes (CuPy's pinned pool
+    reuses blocks of equal size only); no hint starts at 1 MiB; the chunk size caps both."""
+    from pystrom.io._pq import CopyStream, _size_class
+
+    assert [_size_class(n) >> 10 for n in (0, 1, 1 << 20, (1 << 20) + 1, 10_600_000, 44_040_192)] == [
+        1024,
+        1024,
+        1024,
+        1536,
+        12288,
+        49152,
+    ]
+    sql = "COPY (SELECT i FROM generate_series(1, 1000) i) TO STDOUT (FORMAT BINARY)"
+    with psycopg.connect(pg.conninfo, autocommit=True) as conn:
+        for hint, chunk, first in [
+            (None, 64 << 20, 1 << 20),
+            (10_600_000, 64 << 20, 12 << 20),
+            (1 << 30, 8 << 20, 8 << 20),
+        ]:
+            sizes = []
+
+            def allocate(n, sizes=sizes):
+                sizes.append(n)
+                return np.zeros(n, np.uint8)
+
+            chunks = CopyStream(conn, 1, allocate, chunk).read(sql, size_hint=hint)
+            assert sum(c.nrows for c in chunks) == 1000
+            assert sizes[0] == first  # the bytes; sizes[1] is the row offsets for as many rows
+
+
 def test_wrong_field_count_is_refused_and_the_connection_drained(pg):
     from pystrom import _core
 

@@ -85,6 +85,16 @@ class Staged:
     device: Any = None  # on a GPU: (bytes, row starts, event) copied to the device while others still stream
 
 
+def _size_class(nbytes: int) -> int:
+    """The staging buffer for ``nbytes``: at least 1 MiB, else the next 2^k or 3 * 2^(k-1) bytes. CuPy's
+    pinned pool keeps freed blocks by exact size and never frees them by itself, so sizes taken
+    from tables' sizes must come from few classes (two per doubling, at most 1.5x the need)."""
+    k = max(20, (nbytes - 1).bit_length())
+    if k > 20 and 3 << (k - 2) >= nbytes:
+        return 3 << (k - 2)
+    return 1 << k
+
+
 class CopyStream:
     """One ``COPY ... TO STDOUT (FORMAT BINARY)`` on a psycopg connection, drained into Staged chunks.
 
@@ -107,9 +117,8 @@ class CopyStream:
         """Run the COPY; ``size_hint`` (bytes it is expected to produce) sizes the first buffer."""
         chunks: list[Staged] = []
         # Grow from small buffers so a few rows cost little; large reads settle at chunk_bytes. A
-        # hint starts at its size, in whole MiB so that the pinned pool's blocks fit the next read.
-        size = 1 << 20 if size_hint is None else max(1 << 20, -(-size_hint // (1 << 20)) << 20)
-        size = min(size, self._chunk_bytes)
+        # hint starts at its size class (_size_class).
+        size = min(_size_class(size_hint or 0), self._chunk_bytes)
         min_row = 2 + 4 * max(self._ncols, 1)
         try:
             self._pump.start(sql)
