@@ -170,12 +170,12 @@ def table_range_jobs(
         main,
         "sizing the table",
         sql.SQL(
-            "SELECT c.relkind, pg_relation_size(c.oid) / current_setting('block_size')::bigint, "
-            "current_setting('block_size')::bigint "
+            "SELECT c.relkind, pg_relation_size(c.oid), current_setting('block_size')::bigint "
             "FROM pg_class c WHERE c.oid = {}::regclass"
         ).format(sql.Literal(plan.table.as_string(main))),
     ).fetchone()
-    relkind, pages, block = row[0], int(row[1]), int(row[2])
+    relkind, block = row[0], int(row[2])
+    pages = int(row[1]) // block
     if relkind not in ("r", "m"):  # views and foreign tables have no ctid to split on
         return None
     n = partitions if partitions is not None else auto_partitions(main, pages)
