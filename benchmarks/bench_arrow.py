@@ -141,7 +141,7 @@ def run(device: str, quick: bool) -> list[Result]:
             results.append(Result(f"read_arrow {label}, cold", "dd iflag=direct bs=16M (disk only)", ours_cold, dd,
                                   size))  # fmt: skip
         if gpu:
-            from pystrom.io._readers import kvikio_settings
+            from pystrom.io.arrow.ranges import kvikio_settings
 
             print(f"  KvikIO: {kvikio_settings()}")
         return results
@@ -156,7 +156,7 @@ def _mask_ts(cols: dict, rows: int) -> dict:
 
 
 def _raw_read(path: str, size: int, backend: Any) -> Any:
-    from pystrom.io._readers import RangeReader
+    from pystrom.io.arrow.ranges import RangeReader
 
     with backend.activate():
         buf = backend.xp.empty(size, dtype=np.uint8)

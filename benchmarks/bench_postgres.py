@@ -104,7 +104,7 @@ def _adbc(uri: str, xp: Any) -> Any:
 def _auto_partitions(conninfo: str) -> int:
     import psycopg
 
-    from pystrom.io._pg_session import auto_partitions as auto
+    from pystrom.io.postgres.session import auto_partitions as auto
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
         pages = conn.execute("SELECT pg_relation_size('logreg') / current_setting('block_size')::int").fetchone()[0]

@@ -68,7 +68,7 @@ def _pump_only(conninfo: str, n: int, rows: int, arenas: list) -> tuple[float, f
     import numpy as np
     import psycopg
 
-    from pystrom.io._pq import CopyStream
+    from pystrom.io.postgres.pump import CopyStream
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
         pages = conn.execute("SELECT pg_relation_size('logreg') / current_setting('block_size')::int").fetchone()[0]
@@ -126,7 +126,7 @@ def main() -> None:
     from fix_pg import PgCluster, _find_bindir
 
     import pystrom
-    from pystrom.io import postgres as pgmod
+    from pystrom.io.postgres import stream as pgmod
 
     cluster = PgCluster(_find_bindir())
     try:
@@ -139,7 +139,7 @@ def main() -> None:
         # The reader threads' CPU: thread_time() around each stream of a read.
         reader_cpu: list[float] = []
         lock = threading.Lock()
-        original = pgmod._Reader.read
+        original = pgmod.CopyReader.read
 
         def timed_read(self, conn, sql_text):
             t0 = time.thread_time()
@@ -149,7 +149,7 @@ def main() -> None:
                 with lock:
                     reader_cpu.append(time.thread_time() - t0)
 
-        pgmod._Reader.read = timed_read
+        pgmod.CopyReader.read = timed_read
         transports = {
             "tcp": cluster.conninfo,
             "unix": f"host={cluster.root} port={cluster.port} user=postgres dbname=postgres",

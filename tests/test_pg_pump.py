@@ -92,7 +92,7 @@ def test_slow_stream_below_the_batch_size(pg):
 @contextlib.contextmanager
 def _pump(conn, ncols: int, sql: str):
     from pystrom import _core
-    from pystrom.io._pq import _load_libpq
+    from pystrom.io.postgres.pump import _load_libpq
 
     _load_libpq()
     pump = _core.CopyPump(conn.pgconn.pgconn_ptr, ncols)
@@ -126,7 +126,7 @@ def test_fill_stops_when_row_offsets_run_out(pg):
 
 
 def test_fill_asks_for_a_larger_buffer(pg):
-    # The caller sizes offsets for the smallest rows (bytes // (2 + 4 ncols) + 1), as _pq.CopyStream does.
+    # The caller sizes offsets for the smallest rows (bytes // (2 + 4 ncols) + 1), as pump.CopyStream does.
     sql = "COPY (SELECT repeat('x', 1000) FROM generate_series(1, 3)) TO STDOUT (FORMAT BINARY)"
     with psycopg.connect(pg.conninfo, autocommit=True) as conn, _pump(conn, 1, sql) as pump:
         nulls, nbytes = np.zeros(1, np.int64), np.zeros(1, np.int64)
@@ -147,7 +147,7 @@ def test_fill_asks_for_a_larger_buffer(pg):
 def test_first_buffer_from_the_size_hint(pg):
     """A range's expected size picks its first staging buffer from few size classes (CuPy's pinned pool
     reuses blocks of equal size only); no hint starts at 1 MiB; the chunk size caps both."""
-    from pystrom.io._pq import CopyStream, _size_class
+    from pystrom.io.postgres.pump import CopyStream, _size_class
 
     assert [_size_class(n) >> 10 for n in (0, 1, 1 << 20, (1 << 20) + 1, 10_600_000, 44_040_192)] == [
         1024,
@@ -230,7 +230,7 @@ def _hostile(pg, *messages: bytes):
 
 
 def _read(conn, ncols: int, chunk_bytes: int = 1 << 20):
-    from pystrom.io._pq import CopyStream
+    from pystrom.io.postgres.pump import CopyStream
 
     sql = f"COPY (SELECT {', '.join(['1'] * ncols)}) TO STDOUT (FORMAT BINARY)"  # the server's own COPY header
     return CopyStream(conn, ncols, lambda n: np.zeros(n, np.uint8), chunk_bytes).read(sql)

@@ -302,15 +302,15 @@ def test_partitions_equal_one_stream(pg, wide_table, device):
 
 def test_partitions_take_several_ranges_each(pg, wide_table, monkeypatch):
     """Each connection reads several ctid ranges from one queue, largest first; together they cover the table once."""
-    from pystrom.io import _pg_session
-    from pystrom.io.postgres import _plan
+    from pystrom.io.postgres import session as _pg_session
+    from pystrom.io.postgres.statement import compose
 
     monkeypatch.setattr(_pg_session, "_LEAST_PAGES", 1)  # the small test table still splits finely
     extra = []
     with psycopg.connect(pg.conninfo, autocommit=True) as main:
         main.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
-            plan = _plan(main, None, wide_table, None, None, None)
+            plan = compose(main, None, wide_table, None, None, None)
             sources, statements, hints = _pg_session.table_range_jobs(pg.conninfo, main, plan, 3, extra)
             assert len(sources) == 3 and len(statements) == len(hints) > 3
             assert "ctid >= '(0,0)'::tid" in statements[0] and "ctid <" not in statements[-1]  # the last is open
@@ -342,7 +342,7 @@ def test_partitions_take_several_ranges_each(pg, wide_table, monkeypatch):
 def test_split_covers_once_largest_first(total, n, least):
     """The ranges a read is cut into: consecutive, covering [0, total) once, never growing, none but
     the very last under the floor, and not many more than needed."""
-    from pystrom.io._pg_session import _SHARE, _TAIL, _split
+    from pystrom.io.postgres.session import _SHARE, _TAIL, _split
 
     ranges = _split(total, n, least)
     assert ranges[0][0] == 0 and ranges[-1][1] == total
@@ -652,9 +652,9 @@ def test_gpu_decoder_matches_cpu_twin(pg):
 def test_gpu_decode_of_chunks_left_on_the_host(pg, wide_table, monkeypatch):
     """Chunks the reader threads could not copy to the device (no room for scratch) are copied and
     decoded one at a time; mixed with copied ones, the table equals the CPU read."""
-    from pystrom.io import _pg_gpu
+    from pystrom.io.postgres.stream import Uploader
 
-    upload = _pg_gpu.Uploader.__call__
+    upload = Uploader.__call__
     calls = [0]
 
     def every_other(self, chunk):
@@ -663,7 +663,7 @@ def test_gpu_decode_of_chunks_left_on_the_host(pg, wide_table, monkeypatch):
             upload(self, chunk)
 
     cpu = pystrom.read_postgres(pg.conninfo, table=wide_table, partitions=3, device="cpu")
-    monkeypatch.setattr(_pg_gpu.Uploader, "__call__", every_other)
+    monkeypatch.setattr(Uploader, "__call__", every_other)
     with pystrom.defaults.set(pg_staging_chunk=65536):
         gpu = pystrom.read_postgres(pg.conninfo, table=wide_table, partitions=3, device="cuda")
     assert calls[0] > 4

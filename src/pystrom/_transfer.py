@@ -34,14 +34,15 @@ _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
 
-def _threads() -> int:
+def worker_threads() -> int:
+    """Threads for host copies and CPU decoding (``pystrom.defaults.copy_threads``, bounded by the cores)."""
     wanted = defaults.copy_threads
     return wanted if wanted else max(1, min(8, os.cpu_count() or 1))
 
 
 def _executor() -> ThreadPoolExecutor:
     global _pool, _pool_size
-    n = _threads()
+    n = worker_threads()
     with _pool_lock:
         if _pool is None or _pool_size != n:
             if _pool is not None:
@@ -68,7 +69,7 @@ def host_copy(pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     """Copy each ``src`` into ``dst`` (1-D uint8 arrays of equal size), in parallel when large."""
     work = [(d, s, d.size) for d, s in pieces if d.size]
     total = sum(size for _, _, size in work)
-    if total < _SMALL or _threads() == 1:
+    if total < _SMALL or worker_threads() == 1:
         for d, s, _ in work:
             d[:] = s
         return
@@ -78,7 +79,7 @@ def host_copy(pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         for d, s, start, size in batch:
             d[start : start + size] = s[start : start + size]
 
-    list(_executor().map(run, _deal(chunks, _threads())))
+    list(_executor().map(run, _deal(chunks, worker_threads())))
 
 
 class DeviceTransfer:
@@ -115,9 +116,9 @@ class DeviceTransfer:
             return
         chunk = defaults.staging_chunk
         chunks = _chunks(work, chunk)
-        n = min(_threads(), len(chunks))
+        n = min(worker_threads(), len(chunks))
         with self._lock:
-            lanes = self._lanes_for(_threads(), chunk)
+            lanes = self._lanes_for(worker_threads(), chunk)
             list(_executor().map(job, lanes[:n], _deal(chunks, n)))
 
     def to_device(self, pieces: Sequence[tuple[int, np.ndarray]]) -> None:

@@ -68,7 +68,7 @@ def _info(args: argparse.Namespace) -> int:
         print(f"  GPU            none ({no_gpu_reason()})")
     print(f"  default device {resolve_device(None).device}")
     if count and any(version(d) != "not installed" for d in ("kvikio-cu13", "kvikio-cu12")):
-        from .io._readers import _configure_kvikio, kvikio_settings
+        from .io.arrow.ranges import _configure_kvikio, kvikio_settings
 
         try:
             _configure_kvikio()

@@ -1,6 +1,6 @@
 """Arrow IPC metadata as flatbuffers: the Schema, RecordBatch and Footer tables, built by hand.
 
-We write our own IPC file (see ``_ipc_writer``) because pyarrow pads body buffers to 8 bytes only and
+We write our own IPC file (see :mod:`.file_writer`) because pyarrow pads body buffers to 8 bytes only and
 its Python API cannot change that. The tables follow Arrow's ``format/Schema.fbs``,
 ``format/Message.fbs`` and ``format/File.fbs``; slot numbers below are the field positions in those
 files (a flatbuffer table's slot i is its i-th declared field, union fields taking two slots: the

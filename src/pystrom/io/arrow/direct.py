@@ -21,15 +21,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .. import _core
-from .._backend import Backend, Block
-from .._layout import ColumnPlan, ColumnSpec, plan_table
-from .._types import ColumnType, Layout
-from ..errors import CapacityError, FileFormatError
-from ..interop.arrow_import import host_column
-from ..interop.build import HostColumn, _fill_host, _Writer
-from ._ipc_layout import ArrowFile, BatchLayout
-from ._readers import RangeReader, as_bytes
+from ... import _core
+from ..._backend import Backend, Block
+from ..._layout import ColumnPlan, ColumnSpec, plan_table
+from ..._types import ColumnType, Layout
+from ...errors import CapacityError, FileFormatError
+from ...interop.arrow_import import host_column
+from ...interop.build import HostColumn, _fill_host, _Writer
+from ...kernels import launch
+from ...table import Table
+from .file import ArrowFile, BatchLayout
+from .ranges import RangeReader, as_bytes
 
 __all__ = ["read_batches"]
 
@@ -56,8 +58,6 @@ def read_batches(
 
     ``progress``, if given, is called with the bytes read so far as the reads complete.
     """
-    from ..table import Table
-
     schema = file.schema
     num_rows = sum(b.num_rows for b in batches)
     row_starts = np.cumsum([0] + [b.num_rows for b in batches])[:-1]
@@ -229,8 +229,6 @@ def _unpack_batches(backend: Backend, bitmaps: tuple, batches, name, row_starts,
         elif backend.kind == "cpu":
             _core.unpack_bits(scratch[p:], 0, dst, n)
         else:
-            from ..kernels import launch
-
             launch("bitmap", "unpack_bits", backend.ordinal, n, (scratch[p:], np.int64(0), np.int64(n), dst))
 
 
@@ -238,8 +236,6 @@ def _pack_into(backend: Backend, bits: Any, out: Any) -> None:
     if backend.kind == "cpu":
         out[...] = np.packbits(bits.view(bool), bitorder="little")[: out.shape[0]]
         return
-    from ..kernels import launch
-
     n = int(bits.shape[0])
     launch("bitmap", "pack_bits", backend.ordinal, out.shape[0],
            (bits, np.int64(n), np.int32(0), out, np.int64(out.shape[0])))  # fmt: skip

@@ -10,16 +10,16 @@ each column has. Those counts size the table before any value is decoded.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .. import _core
-from ..errors import PostgresError
+from ... import _core
+from ...errors import PostgresError
 
-__all__ = ["Kind", "Staged", "CopyStream", "decode_cpu", "DESC_SLOTS", "FAILURES"]
+__all__ = ["Kind", "Staged", "CopyStream", "decode_cpu", "drop_device_copies", "DESC_SLOTS", "FAILURES"]
 
 DESC_SLOTS = 8  # int64 slots per column descriptor (csrc/pg_decode.hpp, kernels/pg_decode.cu)
 
@@ -83,6 +83,18 @@ class Staged:
     nulls: np.ndarray  # int64 per column
     bytes: np.ndarray  # int64 per column: field bytes (the string bytes of text columns)
     device: Any = None  # on a GPU: (bytes, row starts, event) copied to the device while others still stream
+
+
+def drop_device_copies(chunks: Sequence[Staged]) -> bool:
+    """Free the device copies made of these chunks while the read went on (after their copies end);
+    True if there were any."""
+    dropped = False
+    for c in chunks:
+        if c.device is not None:
+            c.device[2].synchronize()  # its copy has finished: nothing still writes the scratch
+            c.device = None
+            dropped = True
+    return dropped
 
 
 def _size_class(nbytes: int) -> int:

@@ -1,10 +1,10 @@
-"""Arrow IPC files in and out: ``read_arrow``, ``scan_arrow`` and ``write_arrow``.
+"""``read_arrow`` and ``scan_arrow``: Arrow IPC files into Tables, only the bytes that are needed.
 
-The data path: the file's metadata says where every buffer of the requested columns sits
-(:mod:`._ipc_layout`); record batches whose min/max statistics cannot satisfy ``where`` are skipped
-unread; the rest is read by KvikIO straight into one table allocation on the GPU (threaded ``pread``
-on the CPU backend; :mod:`._direct`); ``where`` runs there as one fused kernel. ``scan_arrow`` does this
-a group of record batches at a time, reading group k+1 while the caller works on group k.
+The file's metadata says where every buffer of the requested columns sits (:mod:`.file`); record
+batches whose min/max statistics cannot satisfy ``where`` are skipped unread (:mod:`.stats`); the rest
+is read by KvikIO straight into one table allocation on the GPU (threaded ``pread`` on the CPU backend;
+:mod:`.direct`); ``where`` runs there as one fused kernel. ``scan_arrow`` does this a group of record
+batches at a time, reading group k+1 while the caller works on group k.
 """
 
 from __future__ import annotations
@@ -14,19 +14,23 @@ import glob as _glob
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import pyarrow as pa
 
-from .._backend import resolve_device
-from .._progress import check_progress, reporter
-from ..errors import PerformanceWarning, SchemaMismatchError
-from ._direct import read_batches
-from ._ipc_layout import ArrowFile, BatchLayout, direct_types, open_arrow_file, resolve_columns
+from ..._backend import resolve_device
+from ..._concat import concat
+from ..._progress import check_progress, reporter
+from ...errors import PerformanceWarning, SchemaMismatchError
+from ...expr import compile_where
+from ...table import Table
+from .direct import read_batches
+from .file import ArrowFile, BatchLayout, direct_types, open_arrow_file, resolve_columns
+from .stats import batch_stats
 
-__all__ = ["read_arrow", "scan_arrow", "write_arrow", "ArrowScan", "ScanStats"]
+__all__ = ["read_arrow", "scan_arrow", "ArrowScan", "ScanStats"]
 
 _DEFAULT_GROUP_ROWS = 1 << 20
 
@@ -102,8 +106,6 @@ class ArrowScan:
         self.predicate = None
         needed = list(self.columns)
         if where is not None:
-            from ..expr import compile_where
-
             self.predicate = compile_where(where, self.file_schema)
             needed += [c for c in self.predicate.columns if c not in needed]
         self._read_columns = [c for c in self.file_schema.names if c in needed]
@@ -217,8 +219,6 @@ class ArrowScan:
 
     def collect(self) -> Any:
         """Every matching row of the scan as one Table."""
-        from .._concat import concat
-
         pieces = list(self)
         if not pieces:
             return _empty_table(self.schema, self.backend)
@@ -231,8 +231,6 @@ class ArrowScan:
 
 
 def _batch_stats(file: ArrowFile, index: int) -> dict:
-    from ._stats import batch_stats
-
     return batch_stats(file.raw_schema, index, file.custom_metadata(index), num_batches=file.num_batches)
 
 
@@ -251,8 +249,6 @@ def _warn_if_slow(file: ArrowFile) -> None:
 
 
 def _empty_table(schema: pa.Schema, backend: Any) -> Any:
-    from ..table import Table
-
     return Table.from_arrow(schema.empty_table(), device=backend)
 
 
@@ -330,75 +326,3 @@ def read_arrow(
             table, nbytes = read_batches(file, layouts, names, types, backend, report if report.active else None)
             report(max(total, nbytes))  # columns inflated on the host (compressed files) are not counted as read
         return table
-
-
-def _record_batches(data: Any, batch_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    from ..interop.arrow_import import as_arrow_table
-    from ..table import Table
-
-    if isinstance(data, Table):
-        return data.schema, iter(data.to_arrow().to_batches(max_chunksize=batch_rows))
-    if isinstance(data, ArrowScan):
-        scan = data
-        return scan.schema, (b for t in scan for b in t.to_arrow().to_batches(max_chunksize=batch_rows))
-    if isinstance(data, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)) or hasattr(data, "__arrow_c_stream__"):
-        table = as_arrow_table(data)
-        return table.schema, iter(table.to_batches(max_chunksize=batch_rows))
-    if isinstance(data, Iterable) and not isinstance(data, (str, bytes)):
-        items = iter(data)
-        try:
-            head = next(items)
-        except StopIteration:
-            raise ValueError("write_arrow got an empty iterable: there is no schema to write") from None
-        schema, first = _record_batches(head, batch_rows)
-
-        def rest() -> Iterator[pa.RecordBatch]:
-            yield from first
-            for item in items:
-                s, batches = _record_batches(item, batch_rows)
-                if s != schema:
-                    raise SchemaMismatchError(f"write_arrow: a later item has schema {s}, the first had {schema}")
-                yield from batches
-
-        return schema, rest()
-    raise TypeError(
-        "write_arrow writes a pystrom Table, a pyarrow Table/RecordBatch/reader, a scan, or an iterable of those; "
-        f"got {type(data).__name__}"
-    )
-
-
-def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = True, footer_stats: bool = False) -> Any:
-    """Write an uncompressed Arrow IPC file (Feather v2) that read_arrow/scan_arrow read at full speed.
-
-    Every buffer starts on a 64-byte boundary of the file, and with ``stats=True`` each record batch
-    carries min/max statistics of its columns in the key PG-Strom's pg2arrow writes and Arrow_Fdw
-    reads (``min_max_stats.<column>`` in the batch's custom metadata), which lets scans with a
-    ``where`` skip batches without reading them.
-
-    Parameters
-    ----------
-    data : Table, pyarrow Table/RecordBatch/RecordBatchReader, ArrowScan, or an iterable of those
-        Streamed batch by batch (an iterable is never held in memory at once).
-    path : str or path
-        The file to write (replaced atomically when complete).
-    batch_rows : int
-        Rows per record batch for inputs that are not already batches (the statistics' granularity).
-    stats : bool
-        Write min/max statistics.
-    footer_stats : bool
-        Also write PG-Strom's older per-field ``min_values``/``max_values`` lists in the footer.
-        PG-Strom then reads only those (they cannot hold strings), so they are off by default.
-
-    Returns
-    -------
-    WriteSummary
-        path, num_rows, num_batches, bytes_written.
-    """
-    from ._ipc_writer import write_ipc_file
-
-    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows <= 0:
-        raise ValueError(f"batch_rows must be a positive int; got {batch_rows!r}")
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file name; got {type(path).__name__}")
-    schema, batches = _record_batches(data, batch_rows)
-    return write_ipc_file(os.fspath(path), schema, batches, stats=stats, footer_stats=footer_stats)

@@ -20,8 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .._types import ColumnType, Layout, column_type
-from ..errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError, UnsupportedTypeError
+from ..._types import ColumnType, Layout, column_type
+from ...errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError, UnsupportedTypeError
+from .stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY
 
 __all__ = ["Range", "ChunkLayout", "BatchLayout", "ArrowFile", "open_arrow_file"]
 
@@ -214,8 +215,6 @@ def _check_sizes(path: str, index: int, name: str, ctype: ColumnType, n: int, va
 
 def _without_footer_stats(schema: pa.Schema) -> pa.Schema:
     """The schema without PG-Strom's footer min/max lists (file metadata, not the data's)."""
-    from ._stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY
-
     stale = {FOOTER_MIN_KEY.encode(), FOOTER_MAX_KEY.encode()}
     fields = []
     for f in schema:

@@ -1,65 +1,28 @@
-"""Decode staged COPY chunks on a GPU (kernels/pg_decode.cu): each chunk's bytes and row starts go to
-the device as soon as its reader thread has filled it (:class:`Uploader`, while the other streams
-still read), then one thread per row writes the values into the table; strings take a length pass, a
-scan and a copy pass. The CPU twin is the C++ decoder (``_core.pg_decode``)."""
+"""Decode staged COPY chunks on a GPU (kernels/pg_decode.cu).
+
+Most chunks are on the device already: :class:`.stream.Uploader` copied each one from the reader thread
+that filled it while the other streams still read. One launch then decodes every chunk, one thread per
+row writing its values into the table; strings take a length pass, a scan and a copy pass. Chunks left
+on the host (no room for their copy) are copied, decoded and freed one at a time. The CPU twin is the
+C++ decoder (``_core.pg_decode``, called by :mod:`.decode`)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .._layout import TablePlan
-from ..kernels import launch
-from ._pg_types import PgColumn, _Layout, decode_failure, descriptors, drop_device_copies
-from ._pq import Kind, Staged
+from ..._layout import TablePlan
+from ...kernels import launch
+from .chunks import ChunkLayout, decode_failure, descriptors
+from .pump import Kind
+from .types import PgColumn
 
-__all__ = ["Uploader", "decode_chunks"]
-
-
-class Uploader:
-    """Copies each staged chunk to the device from the reader thread that filled it, on that thread's
-    own stream, so the transfer (600 MB for the seed's 10M rows, ~15 ms) overlaps the other streams
-    instead of following the last byte. The table cannot be allocated before every count is known, so
-    the copies land in device scratch that decode_chunks reads and then frees. Where the device has
-    no room for the scratch, the chunk stays on the host and decode_chunks copies it then.
-    """
-
-    def __init__(self, backend: Any):
-        self.backend = backend
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._uploaded: list[Staged] = []
-
-    def __call__(self, chunk: Staged) -> None:
-        cp = self.backend.xp
-        with self.backend.activate():
-            stream = getattr(self._local, "stream", None)
-            if stream is None:
-                stream = self._local.stream = cp.cuda.Stream(non_blocking=True)
-            try:
-                with stream:
-                    dbuf = cp.empty(chunk.nbytes, dtype=cp.uint8)
-                    doffs = cp.empty(chunk.nrows, dtype=cp.int64)
-            except cp.cuda.memory.OutOfMemoryError:
-                return
-            # Pinned sources: asynchronous copies; the chunk keeps the host memory alive meanwhile.
-            dbuf.set(chunk.buf[: chunk.nbytes], stream=stream)
-            doffs.set(chunk.offsets[: chunk.nrows], stream=stream)
-            chunk.device = (dbuf, doffs, stream.record())
-        with self._lock:
-            self._uploaded.append(chunk)
-
-    def release(self) -> None:
-        """A failed read: give the scratch back now (not when the traceback that holds the chunks goes)."""
-        with self._lock:
-            chunks, self._uploaded = self._uploaded, []
-        drop_device_copies(chunks)
+__all__ = ["decode_chunks"]
 
 
-def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgColumn], lay: _Layout) -> None:
+def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgColumn], lay: ChunkLayout) -> None:
     """Decode every chunk into the table. When the Uploader put all of them on the device (the usual
     case), one launch decodes them all and one scan per string column makes its offsets; otherwise
     each chunk is copied, decoded and freed in turn, so the device holds one chunk's bytes at a time."""
@@ -94,7 +57,7 @@ def _decode_group(
     backend: Any,
     block: Any,
     plan: TablePlan,
-    lay: _Layout,
+    lay: ChunkLayout,
     group: range,
     ddesc: Any,
     ncols: int,

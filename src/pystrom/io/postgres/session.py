@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-from .._settings import defaults
-from ..errors import PostgresError
+from ..._settings import defaults
+from ...errors import PostgresError
+from .statement import Plan
 
 __all__ = [
-    "Plan",
     "SnapshotJoiner",
     "psycopg_module",
     "connect",
@@ -41,14 +40,6 @@ _TAIL = 64
 _LEAST_PAGES = 128
 _MAX_AUTO_PARTITIONS = 16
 _LOCAL_HOSTS = ("", "localhost", "127.0.0.1", "::1")
-
-
-@dataclass
-class Plan:
-    select: Any  # psycopg.sql.Composable: the SELECT without partition predicates
-    table: Any = None  # psycopg.sql.Identifier of the relation (table= reads)
-    columns: Any = None  # composed column list
-    where: Any = None  # composed user predicate or None
 
 
 def psycopg_module() -> Any:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .._settings import defaults
-from ..errors import FileFormatError
+from ..._settings import defaults
+from ...errors import FileFormatError
 
 __all__ = ["RangeReader", "io_threads", "kvikio_settings"]
 

@@ -31,10 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.types as pt
 
-from .. import _core
-from ..errors import FileError, SchemaMismatchError, UnsupportedTypeError
-from . import _ipc_format as fmt
-from ._stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY, STATS_KEY_PREFIX, column_stats, footer_lists
+from ... import _core
+from ...errors import FileError, SchemaMismatchError, UnsupportedTypeError
+from . import format as fmt
+from .stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY, STATS_KEY_PREFIX, column_stats, footer_lists
 
 __all__ = ["write_ipc_file", "WriteSummary", "ALIGNMENT"]
 

@@ -1,0 +1,18 @@
+"""Arrow IPC files <-> Tables. Reading runs in this order, each module importing only those after it:
+
+1. :mod:`.scan` - ``read_arrow`` / ``scan_arrow``: which files, columns and record batches; batches
+   whose statistics (:mod:`.stats`) rule out ``where`` are skipped unread; ``where`` runs on the device.
+2. :mod:`.file` - the file's metadata: the schema and where each requested column's buffers sit.
+3. :mod:`.direct` - those byte ranges read straight into one Table allocation (or inflated on the
+   host where the file is compressed or dictionary-encoded), through :mod:`.ranges` (KvikIO on a GPU,
+   threaded ``pread`` on the CPU).
+
+Writing: :mod:`.write` (``write_arrow``) turns what the caller holds into record batches, and
+:mod:`.file_writer` writes them 64-byte aligned with their statistics, using the flatbuffer messages of
+:mod:`.format`.
+"""
+
+from .scan import ArrowScan, ScanStats, read_arrow, scan_arrow
+from .write import write_arrow
+
+__all__ = ["read_arrow", "scan_arrow", "write_arrow", "ArrowScan", "ScanStats"]

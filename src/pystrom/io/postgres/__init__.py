@@ -1,0 +1,16 @@
+"""PostgreSQL -> Table. The path runs one way, each stage a module that imports only the stages after it:
+
+1. :mod:`.read` - ``read_postgres`` / ``postgres_to_arrow``: arguments, then the stages below in order.
+2. :mod:`.statement` - the SELECT, composed with ``psycopg.sql`` from ``query=`` or ``table=``.
+3. :mod:`.types` - the result's columns (``LIMIT 0``) mapped to pystrom types, or refused with a cast.
+4. :mod:`.session` - connections, one exported snapshot, the read split into ctid or key ranges.
+5. :mod:`.stream` - every COPY ... TO STDOUT (FORMAT BINARY) drained by the native pump (:mod:`.pump`,
+   the one module that touches libpq) into staging buffers, copied to the GPU as they fill.
+6. :mod:`.assemble` - the Table allocated once at its final size (the pump counted rows, NULLs and
+   string bytes), then :mod:`.decode` writes every chunk into its rows: the CUDA kernels
+   (:mod:`.decode_device`) or the C++ decoder, with :mod:`.chunks` saying where each chunk goes.
+"""
+
+from .read import postgres_to_arrow, read_postgres
+
+__all__ = ["read_postgres", "postgres_to_arrow"]

@@ -1,0 +1,141 @@
+"""PostgreSQL result columns -> pystrom column types.
+
+:func:`describe` runs the statement with ``LIMIT 0``, reads each result column's type OID and typmod,
+names every type in one round trip (for messages) and maps each column to the decoder's kind and the
+Table's Arrow type, or refuses it naming the column and the cast to add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..._types import ColumnType, column_type
+from ...errors import ColumnNotFoundError, SchemaMismatchError, UnsupportedTypeError
+from .pump import Kind
+
+__all__ = ["PgColumn", "describe", "check_partition_key"]
+
+
+@dataclass(frozen=True)
+class PgColumn:
+    name: str
+    pg_type: str  # as PostgreSQL spells it, for messages
+    kind: int
+    type: ColumnType
+    scale: int = 0
+
+
+def _arrow_for(oid: int) -> tuple[int, Any] | None:
+    import pyarrow as pa
+
+    simple = {
+        16: (Kind.BOOL, pa.bool_()),
+        21: (Kind.INT2, pa.int16()),
+        23: (Kind.INT4, pa.int32()),
+        20: (Kind.INT8, pa.int64()),
+        26: (Kind.OID, pa.uint32()),
+        700: (Kind.FLOAT4, pa.float32()),
+        701: (Kind.FLOAT8, pa.float64()),
+        1082: (Kind.DATE, pa.date32()),
+        1114: (Kind.TIMESTAMP, pa.timestamp("us")),
+        1184: (Kind.TIMESTAMP, pa.timestamp("us", tz="UTC")),
+        25: (Kind.VARLEN, pa.utf8()),  # text
+        1043: (Kind.VARLEN, pa.utf8()),  # varchar
+        1042: (Kind.VARLEN, pa.utf8()),  # bpchar
+        19: (Kind.VARLEN, pa.utf8()),  # name
+        17: (Kind.VARLEN, pa.binary()),  # bytea
+        2950: (Kind.UUID, pa.uuid() if hasattr(pa, "uuid") else pa.binary(16)),
+    }
+    return simple.get(oid)
+
+
+_CAST_HINTS = {
+    114: "::text",  # json
+    3802: "::text",  # jsonb
+    1083: "::text",  # time
+    1266: "::text",  # timetz
+    1186: "extract(epoch from ...)::float8",  # interval
+    18: "::text",  # "char"
+    1560: "::text",  # bit
+    1562: "::text",  # varbit
+    869: "::text",  # inet
+    650: "::text",  # cidr
+    829: "::text",  # macaddr
+    790: "::numeric",  # money
+}
+
+
+def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> list[PgColumn]:
+    """Run ``select`` with ``LIMIT 0`` and map its columns, or raise naming the column at fault."""
+    from psycopg import sql
+
+    cur = run(conn, "describing the result", sql.SQL("SELECT * FROM ({}) AS _pystrom_q LIMIT 0").format(select))
+    res = cur.pgresult
+    encoding = conn.info.encoding if conn.info.encoding != "SQL_ASCII" else "utf-8"
+    names = [res.fname(i).decode(encoding, "replace") for i in range(res.nfields)]
+    oids = [res.ftype(i) for i in range(res.nfields)]
+    typmods = [res.fmod(i) for i in range(res.nfields)]
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise SchemaMismatchError(f"the result has two columns named {name!r}: give them distinct aliases")
+        seen.add(name)
+    if not names:
+        return []
+    # Every column's type name in one round trip (one per column took 10-20 ms for 100 columns).
+    pg_types = run(
+        conn,
+        "naming the types",
+        "SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) ORDER BY i",
+        (oids, [m if m >= 0 else None for m in typmods]),
+    ).fetchall()
+    return [
+        _map(name, oid, typmod, pg_type, numeric)
+        for name, oid, typmod, (pg_type,) in zip(names, oids, typmods, pg_types)
+    ]
+
+
+def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str) -> PgColumn:
+    import pyarrow as pa
+
+    if oid == 1700:  # numeric
+        if numeric == "float64":
+            return PgColumn(name, pg_type, Kind.NUMERIC_F64, column_type(pa.float64(), name))
+        if typmod < 4:
+            raise UnsupportedTypeError(
+                f"column {name!r} is numeric without a declared precision and scale, which decimal128 needs: "
+                f"cast it in SQL, e.g. {name}::numeric(18, 6), or read it with numeric='float64'"
+            )
+        precision = ((typmod - 4) >> 16) & 0xFFFF
+        scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024  # PostgreSQL 15 allows negative scales
+        if not (1 <= precision <= 38 and 0 <= scale <= precision):
+            raise UnsupportedTypeError(
+                f"column {name!r} has type {pg_type}, which decimal128 cannot hold (precision <= 38, "
+                f"0 <= scale <= precision): cast it in SQL, e.g. {name}::numeric(38, 6), or use numeric='float64'"
+            )
+        return PgColumn(name, pg_type, Kind.NUMERIC_DEC128, column_type(pa.decimal128(precision, scale), name), scale)
+    mapped = _arrow_for(oid)
+    if mapped is None:
+        cast = _CAST_HINTS.get(oid, "::text")
+        raise UnsupportedTypeError(
+            f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), which read_postgres cannot decode: "
+            f"add a cast in SQL, e.g. {name}{cast}"
+            if not cast.startswith("extract")
+            else f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), which read_postgres cannot decode: "
+            f"convert it in SQL, e.g. extract(epoch from {name})::float8"
+        )
+    kind, arrow = mapped
+    return PgColumn(name, pg_type, kind, column_type(arrow, name))
+
+
+def check_partition_key(cols: Sequence[PgColumn], key: str) -> None:
+    for col in cols:
+        if col.name == key:
+            if col.kind not in (Kind.INT2, Kind.INT4, Kind.INT8):
+                raise UnsupportedTypeError(
+                    f"partition_on column {key!r} has type {col.pg_type}; it must be int2, int4 or int8"
+                )
+            return
+    raise ColumnNotFoundError(f"partition_on column {key!r} is not in the result; columns: {[c.name for c in cols]}")
