@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _bitmap, _core
-from ._backend import Backend, Block, backend_of_array
+from ._backend import Backend, Block, backend_of_array, resolve_device
 from ._layout import ColumnPlan, ColumnSpec, plan_table
 from ._types import Layout
+from .column import Column
 from .errors import NullValuesError, SchemaMismatchError, UnsupportedTypeError
 
 if TYPE_CHECKING:
-    from .column import Column
     from .table import Table
 
 __all__ = ["gather", "as_mask", "to_array"]
@@ -54,8 +54,6 @@ def gather(table: Table, rows: Any | None) -> Table:
 
 
 def _gather(table: Table, backend: Backend, rows: Any) -> Table:
-    from .table import Table
-
     xp = backend.xp
     m = int(rows.shape[0])
     specs, prepared = [], []
@@ -77,7 +75,7 @@ def _gather(table: Table, backend: Backend, rows: Any) -> Table:
     new_block = backend.allocate(plan.nbytes)
     for col, cplan, (valid, lengths) in zip(table.columns, plan.columns, prepared):
         _write_gathered(new_block, cplan, col, rows, valid, lengths)
-    return Table._wrap(new_block, plan, table.schema, m)
+    return type(table)._wrap(new_block, plan, table.schema, m)  # the caller's class: _ops sits below table.py
 
 
 def _write_gathered(block: Block, plan: ColumnPlan, col: Column, rows: Any, valid: Any, lengths: Any) -> None:
@@ -108,9 +106,6 @@ def as_mask(table: Table, mask: Any) -> Any:
     pyarrow BooleanArray (NULL counts as False), a bool Column of this table or its name.
     """
     import pyarrow as pa
-
-    from ._backend import resolve_device
-    from .column import Column
 
     backend = table._live().backend
     if isinstance(mask, str):

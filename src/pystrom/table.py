@@ -65,8 +65,11 @@ class Table:
             ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or None (``pystrom.defaults.device``, else a GPU if
             one is visible, else the CPU).
         """
-        from .interop.arrow_import import as_arrow_table, columns_of
-        from .interop.build import build_table
+        from .interop.arrow_import import (  # up: a convenience constructor; interop builds Tables
+            as_arrow_table,
+            columns_of,
+        )
+        from .interop.build import build_table  # up: as above
 
         backend = resolve_device(device)
         table = as_arrow_table(data)
@@ -79,8 +82,8 @@ class Table:
 
         All columns must have the same length. GPU inputs are copied device to device.
         """
-        from .interop.arrays import columns_from_arrays
-        from .interop.build import build_table
+        from .interop.arrays import columns_from_arrays  # up: a convenience constructor; interop builds Tables
+        from .interop.build import build_table  # up: as above
 
         backend = resolve_device(device)
         return build_table(backend, columns_from_arrays(arrays, backend))
@@ -255,7 +258,7 @@ class Table:
         it reads. Keep this table alive while importers use it; for tables that must outlive their
         maker use :class:`pystrom.Store`. See docs/ipc.md for the format and the security model.
         """
-        from .ipc.export import export_table
+        from .ipc.export import export_table  # up: a convenience method; ipc maps Tables, so it imports table.py
 
         return export_table(self)
 

@@ -21,11 +21,10 @@ from .. import _core
 from .._backend import Backend, Block
 from .._layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 from .._types import ColumnType, Layout
+from ..table import Table
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from ..table import Table
 
 __all__ = ["HostColumn", "DeviceColumn", "build_table", "build_table_in_place"]
 
@@ -194,7 +193,5 @@ def build_table_in_place(
 
 def _wrap(block: Block, plan: TablePlan, fields: Sequence[pa.Field], metadata: Any, num_rows: int) -> Table:
     import pyarrow as pa
-
-    from ..table import Table
 
     return Table._wrap(block, plan, pa.schema(list(fields), metadata=metadata), num_rows)

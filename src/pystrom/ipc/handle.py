@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 from .._layout import ALIGNMENT, ColumnPlan, ColumnSpec, Span, values_size
 from .._types import Layout, column_type
+from ..column import Column
 from ..errors import InvalidHandleError, UnsupportedTypeError
+from ..table import Table
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from .._backend import Block
-    from ..table import Table
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "HOST_MEMFD", "CUDA_IPC", "Handle", "TableLayout", "encode", "decode"]
 
@@ -199,9 +200,6 @@ class TableLayout:
 
     def table(self, block: Block, where: str) -> Table:
         """A Table view over ``block`` (which must hold at least ``nbytes`` bytes)."""
-        from ..column import Column
-        from ..table import Table
-
         if block.nbytes < self.nbytes:
             raise InvalidHandleError(f"{where}: the block holds {block.nbytes} bytes, the layout needs {self.nbytes}")
         schema, plans = self.plans(where)
