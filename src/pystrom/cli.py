@@ -51,6 +51,7 @@ def _info(args: argparse.Namespace) -> int:
 
     from . import __version__, defaults
     from ._backend import cuda_device_count, no_gpu_reason, resolve_device
+    from ._dist import DISTRIBUTION
 
     def version(dist: str) -> str:
         try:
@@ -58,7 +59,7 @@ def _info(args: argparse.Namespace) -> int:
         except md.PackageNotFoundError:
             return "not installed"
 
-    print(f"pystrom {__version__} on Python {platform.python_version()} ({platform.machine()})")
+    print(f"pystrom {__version__} ({DISTRIBUTION}) on Python {platform.python_version()} ({platform.machine()})")
     for dist in ("numpy", "pyarrow", "cupy-cuda13x", "cupy-cuda12x", "kvikio-cu13", "kvikio-cu12"):
         print(f"  {dist:<14} {version(dist)}")
     from ._cli_commands import libpq_version
