@@ -1,10 +1,10 @@
 """Logistic regression: pystrom's fused IRLS against a naive CuPy IRLS, torch IRLS and scikit-learn, same run.
 
-Workloads (the seed's): 40M x 4 float32 with t = 1 + 2 x1 - 3 x2 + x3 + 0.5 x4 > 0, labels flipped
+Workloads (the rule of `pystrom demo`): 40M x 4 float32 with t = 1 + 2 x1 - 3 x2 + x3 + 0.5 x4 > 0, labels flipped
 with probability 0.1 so the fit has an optimum (the separable original only tells the solvers apart
 in that pystrom stops and warns); 20 iterations, and to convergence. Also 1M x 256 features, and the
 out-of-core path (the same rows as host Tables streamed to the GPU every pass). scikit-learn fits
-the full data on every core (quick mode: a subsample; its rows say so). The bandwidth floor (METHOD.md): each
+the full data on every core (quick mode: a subsample; its rows say so). The bandwidth floor: each
 pass must read X and y once, so floor = passes x bytes / measured device bandwidth.
 """
 
@@ -30,7 +30,7 @@ def _seed(xp, n: int, k: int = 4, noise: float = 0.1, seed: int = 0):
 
 
 def naive_irls(xp, X, t, iters: int):
-    """The textbook chain of temporaries (what the seed's CuPy port did): float32, a materialised column of ones."""
+    """The textbook chain of temporaries (a direct CuPy port of MADlib's IRLS): float32, a column of ones."""
     A = xp.concatenate([xp.ones((X.shape[0], 1), dtype=X.dtype), X], axis=1)
     y = t.astype(X.dtype)
     w = xp.zeros(A.shape[1], dtype=X.dtype)
@@ -96,20 +96,22 @@ def _run(device: str, quick: bool) -> list[Result]:
     t_ours = measure(fit20, sync, repeat)
     if gpu:
         t_naive = measure(lambda: naive_irls(xp, X, t, 20), sync, repeat)
-        results.append(Result(f"seed {label}, 20 it", "naive CuPy IRLS, 20 it", t_ours, t_naive, X.nbytes))
+        results.append(Result(f"logreg {label}, 20 it", "naive CuPy IRLS, 20 it", t_ours, t_naive, X.nbytes))
         try:
             import torch
 
             Xt, tt = torch.as_tensor(X, device="cuda"), torch.as_tensor(t, device="cuda")
             t_torch = measure(lambda: torch_irls(torch, Xt, tt, 20), torch.cuda.synchronize, repeat)
-            results.append(Result(f"seed {label}, 20 it", "torch IRLS, 20 it", t_ours, t_torch, X.nbytes))
+            results.append(Result(f"logreg {label}, 20 it", "torch IRLS, 20 it", t_ours, t_torch, X.nbytes))
             del Xt, tt
         except ImportError:
             print("torch is not installed: no torch baseline")
         floor = passes20 * (X.nbytes + t.nbytes) / bw
-        results.append(Result(f"seed {label}, 20 it", f"bandwidth floor ({passes20} passes)", t_ours, floor, X.nbytes))
+        results.append(
+            Result(f"logreg {label}, 20 it", f"bandwidth floor ({passes20} passes)", t_ours, floor, X.nbytes)
+        )
         floor_lines.append(
-            f"seed {label} 20 it: {t_ours * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms, x{t_ours / floor:.1f}"
+            f"logreg {label} 20 it: {t_ours * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms, x{t_ours / floor:.1f}"
         )
 
     if gpu:  # one pass alone (kernel + final reduction + the 8-byte-per-value result to the host)
@@ -129,7 +131,7 @@ def _run(device: str, quick: bool) -> list[Result]:
             )
             del Xo
 
-    # The seed's own data is separable: pystrom stops with a PerfectSeparationWarning instead of running away.
+    # Without flipped labels the rule separates the classes: pystrom stops with a PerfectSeparationWarning.
     Xs, ts = _seed(xp, n, noise=0.0)
     sep = LogisticRegression().fit(Xs, ts)
     t_sep = measure(lambda: LogisticRegression().fit(Xs, ts), sync, max(1, repeat - 2))
@@ -137,7 +139,7 @@ def _run(device: str, quick: bool) -> list[Result]:
         t_naive_sep = measure(lambda: naive_irls(xp, Xs, ts, 20), sync, max(1, repeat - 2))
         results.append(
             Result(
-                f"seed {label} separable: warns after {sep.n_iter_} it ({sep.separation_})",
+                f"logreg {label} separable: warns after {sep.n_iter_} it ({sep.separation_})",
                 "naive CuPy IRLS, 20 it (runaway)",
                 t_sep,
                 t_naive_sep,
@@ -151,7 +153,7 @@ def _run(device: str, quick: bool) -> list[Result]:
 
     conv = fit_conv()
     t_conv = measure(fit_conv, sync, repeat)
-    conv_label = f"seed {label}, to convergence ({conv.n_iter_} it)"
+    conv_label = f"logreg {label}, to convergence ({conv.n_iter_} it)"
     if gpu:  # the textbook solvers have no convergence test: give them the iterations pystrom needed
         t_nc = measure(lambda: naive_irls(xp, X, t, conv.n_iter_), sync, repeat)
         results.append(Result(conv_label, f"naive CuPy IRLS, {conv.n_iter_} it", t_conv, t_nc, X.nbytes))
@@ -182,7 +184,7 @@ def _run(device: str, quick: bool) -> list[Result]:
         print("scikit-learn is not installed: no scikit-learn baseline")
     if gpu:
         floor = conv.n_passes_ * (X.nbytes + t.nbytes) / bw
-        floor_lines.append(f"seed {label} to convergence: {t_conv * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms")
+        floor_lines.append(f"logreg {label} to convergence: {t_conv * 1e3:.2f} ms, floor {floor * 1e3:.2f} ms")
 
     # Out of core: host Tables of 4M rows streamed to the GPU on every pass (H2D overlapped with compute).
     rows = n // 10

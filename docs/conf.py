@@ -34,7 +34,7 @@ exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 
-# Docstrings are numpydoc style (STYLE.md); napoleon reads them without numpydoc's extra dependency.
+# Docstrings are numpydoc style; napoleon reads them without numpydoc's extra dependency.
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False

@@ -7,6 +7,7 @@ exactly one line on stderr and exits with code 2.
 
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import shutil
@@ -112,10 +113,34 @@ def test_top_level_help_lists_every_subcommand_and_the_script_entry_point():
     assert done.returncode == 0 and done.stdout == out
 
 
-def test_no_command_shows_help_and_one_error_line():
+def test_no_command_shows_help_and_exits_0():
     result = cli()
-    assert "usage: pystrom" in result.stdout
-    one_line_error(result, "name a command")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout == ok(cli("--help"))  # the same help as --help: what there is to do
+
+
+def test_version():
+    from pystrom._dist import DISTRIBUTION
+
+    out = ok(cli("--version"))
+    assert out == f"pystrom {pystrom.__version__} ({DISTRIBUTION})\n"
+
+
+@pytest.mark.parametrize(
+    "nbytes,secs,shown",
+    [
+        (838_894, 0.08, ""),  # under 1 MB: start-up time, not a rate (was "9.9 MB/s")
+        (50_000_000, 0.005, ""),  # under 10 ms: the timer's noise
+        (32_778_004, 0.41, "79.9 MB/s"),
+        (5_000_000_000, 1.0, "5.00 GB/s"),
+        (2_000_000, 3.0, "667 kB/s"),  # slow loads keep their digits (was "0.0 MB/s" below 50 kB/s)
+        (1_500_000, 0.5, "3.00 MB/s"),
+    ],
+)
+def test_load_rate_is_shown_with_digits_or_not_at_all(nbytes, secs, shown):
+    from pystrom._cli_commands import throughput
+
+    assert throughput(nbytes, secs) == shown
 
 
 def test_a_reader_that_leaves_early_is_no_error():  # `pystrom info | head -1`
@@ -218,11 +243,53 @@ def test_pg2arrow_writes_a_file(pg, pg_table, tmp_path):
     assert forced.returncode == 0 and "read_postgres: 3.00k rows" in forced.stderr, forced.stderr
 
 
+def test_pg2arrow_takes_the_query_as_load_does_and_the_old_spelling_too(pg, pg_table, tmp_path):
+    query = f"SELECT id, label FROM {pg_table} WHERE id <= 10"
+    written = []
+    for flag in ("--query", "-c", "--command"):  # --command: PG-Strom's pg2arrow and pystrom 0.1.0 spell it so
+        path = tmp_path / f"{flag.strip('-')}.arrow"
+        ok(cli("pg2arrow", "-d", pg.conninfo, flag, query, "-o", str(path)))
+        written.append(pa.ipc.open_file(path).read_all().sort_by("id"))
+    assert written[0].num_rows == 10 and written[0].column_names == ["id", "label"]
+    assert written[1].equals(written[0]) and written[2].equals(written[0])
+    path = tmp_path / "cols.arrow"
+    ok(cli("pg2arrow", "-d", pg.conninfo, "-t", pg_table, "--columns", "id,x", "--where", "id > 2990", "-o", str(path)))
+    got = pa.ipc.open_file(path).read_all().sort_by("id")
+    assert got.column_names == ["id", "x"] and got["id"].to_pylist() == list(range(2991, 3001))
+    both = cli("pg2arrow", "-d", pg.conninfo, "--query", query, "--command", query, "-o", str(path))
+    one_line_error(both, "not allowed with argument")
+
+
+def test_load_and_pg2arrow_spell_their_common_options_alike():
+    from pystrom.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+    def options(command: str) -> dict[str, list[str]]:
+        """{long option: its short forms} of the options a command's help shows."""
+        found = {}
+        for action in sub.choices[command]._actions:
+            if action.help != argparse.SUPPRESS:
+                shorts = [o for o in action.option_strings if not o.startswith("--")]
+                found.update({o: shorts for o in action.option_strings if o.startswith("--")})
+        return found
+
+    load, pg2arrow = options("load"), options("pg2arrow")
+    common = ["--query", "--table", "--dsn", "--schema", "--columns", "--where", "--partitions", "--partition-on",
+              "--numeric", "--progress"]  # fmt: skip
+    for option in common:
+        assert option in load and option in pg2arrow, option
+        assert load[option] == pg2arrow[option], (option, load[option], pg2arrow[option])
+    assert "--command" not in pg2arrow  # the old spelling works but is not advertised
+    assert "--command" not in ok(cli("pg2arrow", "--help"))
+
+
 def test_bench_runs_the_checkouts_runner_with_its_arguments(tmp_path):
     # A checkout of its own, so the test controls what the runner does; a real one is run below.
     root = tmp_path / "checkout"
     (root / "benchmarks").mkdir(parents=True)
-    (root / "pyproject.toml").write_text('[project]\nname = "pystrom"\n')
+    (root / "pyproject.toml").write_text('[project]\nname = "pystrom-gpu"\n')
     (root / "benchmarks" / "bench_fake.py").write_text("")
     (root / "benchmarks" / "run.py").write_text(
         textwrap.dedent(
@@ -308,7 +375,7 @@ MISTAKES = [
     (["bench", "--device", "tpu"], "device 'tpu' makes no sense"),
     # pg2arrow
     (["pg2arrow"], "the following arguments are required: -d/--dsn, -o/--output"),
-    (["pg2arrow", "-d", "{dsn}", "-o", "{tmp}/o.arrow"], "one of the arguments -c/--command -t/--table is required"),
+    (["pg2arrow", "-d", "{dsn}", "-o", "{tmp}/o.arrow"], "one of the arguments -c/--query -t/--table is required"),
     (["pg2arrow", "-d", "{dsn}", "-o", "{tmp}/o.arrow", "-t", "{table}", "--partitions", "-1"], "positive integer"),
     (["pg2arrow", "-d", "{dsn}", "-o", "{tmp}/o.arrow", "-t", "{table}", "--numeric", "x"], "invalid choice"),
     (["pg2arrow", "-d", "not a dsn", "-o", "{tmp}/o.arrow", "-t", "{table}"], "cannot connect"),

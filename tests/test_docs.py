@@ -92,17 +92,66 @@ def _snippets(page: Path) -> list[tuple[str, str | None]]:
     return pairs
 
 
+def _blocks(page: Path, lang: str) -> list[str]:
+    return [body for kind, body in re.findall(r"^```(\w*)\n(.*?)^```\s*$", page.read_text(), flags=re.M | re.S)
+            if kind == lang]  # fmt: skip
+
+
+def _your_own_database(pg, home: Path) -> dict[str, str]:
+    """The page's "your own PostgreSQL", made real on a throwaway server: a database shop with a table
+    orders, the role of the page's SQL block (logging in with a password, scram-sha-256), and the
+    page's service and password files with the server's host and port (and no TLS: the server has
+    none). Returns the environment that points libpq at those files."""
+    page = DOCS / "getting-started.md"
+    with pg.connect(autocommit=True) as conn:
+        conn.execute("CREATE DATABASE shop")
+    with pg.connect(autocommit=True, dbname="shop") as conn:
+        conn.execute(
+            "CREATE TABLE orders AS SELECT i::int8 AS id, ((i * 37) % 1000 / 4.0)::float8 AS total,"
+            " 'customer ' || (i % 500) AS customer FROM generate_series(1, 100000) AS i"
+        )
+        (grants,) = _blocks(page, "sql")
+        conn.execute(grants)
+        conn.execute("ANALYZE orders")
+    hba = pg.datadir / "pg_hba.conf"  # the role must log in with its password, as on a real server
+    hba.write_text("host all analyst 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    with pg.connect(autocommit=True) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+
+    (service,) = _blocks(page, "ini")
+    lines = [line for line in service.splitlines() if not line.startswith("ssl")]
+    lines = [f"host={'127.0.0.1'}" if x.startswith("host=") else f"port={pg.port}" if x.startswith("port=") else x
+             for x in lines]  # fmt: skip
+    (home / "pg_service.conf").write_text("\n".join(lines) + "\n")
+    (passline,) = [b.strip() for b in _blocks(page, "text") if re.fullmatch(r"[^:\s]+:\d+:\w+:\w+:\S+", b.strip())]
+    _, _, dbname, user, password = passline.split(":")
+    (home / "pgpass").write_text(f"127.0.0.1:{pg.port}:{dbname}:{user}:{password}\n")
+    (home / "pgpass").chmod(0o600)  # libpq ignores a password file that others can read
+    return {"PGSERVICEFILE": str(home / "pg_service.conf"), "PGPASSFILE": str(home / "pgpass")}
+
+
 @pytest.mark.postgres
-def test_getting_started_runs_and_prints_what_the_page_says(tmp_path):
+def test_getting_started_runs_and_prints_what_the_page_says(tmp_path, monkeypatch):
+    import psycopg
+
     from pystrom._embedded_pg import find_server_binaries
+    from pystrom.testing import EmbeddedPostgres
 
     if find_server_binaries() is None:
         pytest.skip("no PostgreSQL server binaries (initdb) and no pgserver: install Debian's postgresql package")
     snippets = _snippets(DOCS / "getting-started.md")
-    assert len(snippets) >= 6
+    assert len(snippets) >= 8
     marker = "----- pystrom docs snippet {} -----"
     script = "\n".join(f"print({marker.format(i)!r}, flush=True)\n{code}" for i, (code, _) in enumerate(snippets))
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    with EmbeddedPostgres() as pg:
+        for name, value in _your_own_database(pg, tmp_path).items():
+            monkeypatch.setenv(name, value)  # for this process's checks and the page's interpreter alike
+        with pytest.raises(psycopg.OperationalError, match="password"):  # the password file is what lets it in
+            psycopg.connect(f"service=shop passfile={tmp_path / 'none'}").close()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # and the role is read-only
+            with psycopg.connect("service=shop", autocommit=True) as conn:
+                conn.execute("DELETE FROM orders")
+        res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, f"a getting-started snippet failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     outputs = re.split(r"^----- pystrom docs snippet \d+ -----\n", res.stdout, flags=re.M)[1:]
     assert len(outputs) == len(snippets)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -71,11 +73,89 @@ def test_demo_runs_the_whole_data_path():
     assert "PostgreSQL: a throwaway server from" in out
     for step in ("generate logreg in PostgreSQL (50,000 rows)", "PostgreSQL -> cpu (read_postgres, first load)",
                  "-> Arrow file (write_arrow)", "Arrow file -> cpu (read_arrow", "ipc_import there (zero copy, cpu)",
-                 "logregr_train there"):  # fmt: skip
+                 "logregr_train there on t (", "logregr_train there on t_exact ("):  # fmt: skip
         assert step in out, step
-    assert "logistic regression t ~ x1..x4 on 50,000 rows" in out
-    assert "PerfectSeparationWarning" in out  # the seed's classes are separable
-    assert "std_err" in out and "intercept" in out
+    steps = out[out.index("\nstep ") + 1 : out.index("\nlogistic regression")].strip().splitlines()
+    assert steps[0].split() == ["step", "seconds", "GB/s"]
+    for line in steps[1:]:  # seconds for every step; GB/s only where the table's bytes move
+        moves = any(what in line for what in ("read_postgres", "write_arrow", "read_arrow"))
+        numbers = re.findall(r"\s(\d+\.\d+)", line)
+        assert len(numbers) == (2 if moves else 1), line
+
+    # The headline fit: labels with noise, so it converges near the coefficients the rows were made with.
+    head = out[out.index("logistic regression t ~ x1 + x2 + x3 + x4 + x5 on 50,000 rows") :]
+    head = head[: head.index("second act")]
+    rows = {m[0]: [float(v) for v in m[1:4]] for m in re.findall(r"^\s*(\w+)\s+(\S+)\s+(\S+)\s+(\S+)\s", head, re.M)
+            if m[0] in ("intercept", "x1", "x2", "x3", "x4", "x5")}  # fmt: skip
+    assert list(rows) == ["intercept", "x1", "x2", "x3", "x4", "x5"]
+    for (name, (coef, se, z)), truth in zip(rows.items(), [1, 2, -3, 1, 0.5, 0]):
+        assert 0 < se < 0.1 and abs(z - coef / se) <= 0.01 * abs(z) + 0.01, name
+        assert abs(coef - truth) < 6 * se, (name, coef, truth, se)  # 6 sigma: a false alarm once in 10^8 runs
+    assert "converged after" in head and "did NOT converge" not in head
+    assert "warning" not in head
+    assert "p-value" in head and "< 1e-16" in head  # x1..x4 matter beyond doubt
+
+    # The second act: the noiseless rule separates the classes, and the demo says so.
+    act = out[out.index("second act") :]
+    assert "PerfectSeparationWarning" in act and "why:" in act
+
+
+def test_demo_without_psycopg_names_the_extra_and_exits_2(tmp_path):
+    # A plain install has no psycopg: an import blocker makes this interpreter look like one.
+    code = textwrap.dedent(
+        """
+        import sys
+
+        class NoPsycopg:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "psycopg":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, NoPsycopg())
+        from pystrom.cli import main
+
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    from pystrom._dist import DISTRIBUTION
+
+    for args in (["--rows", "200000"], ["--dsn", "host=127.0.0.1"]):
+        done = subprocess.run([sys.executable, "-c", code, "demo", *args], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ""
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert lines[0].startswith("pystrom demo: error: the demo needs psycopg")
+        assert lines[0].endswith(f"pip install '{DISTRIBUTION}[demo]'"), lines[0]
+
+
+def test_demo_without_server_binaries_names_the_extra(tmp_path):
+    pytest.importorskip("psycopg")
+    from pystrom._dist import DISTRIBUTION
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import pystrom._embedded_pg as e
+        e.find_server_binaries = lambda: None  # as on a machine with neither PostgreSQL nor pgserver
+        from pystrom.cli import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code, "demo", "--rows", "1000", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no PostgreSQL server binaries" in lines[0], done.stderr
+    assert f"pip install '{DISTRIBUTION}[demo]'" in lines[0]
+
+
+def test_public_modules_do_not_leak_the_future_import():
+    import pystrom.ml
+
+    for module in (pystrom, pystrom.ml):
+        assert "annotations" not in dir(module) and not hasattr(module, "annotations"), module.__name__
 
 
 @pytest.mark.postgres
@@ -129,7 +209,7 @@ def test_demo_uses_the_gpu_when_present():
 
 @pytest.mark.postgres
 def test_demo_cleans_up_on_ctrl_c():
-    import glob
+    import shutil
     import signal
     import tempfile
 
@@ -137,21 +217,26 @@ def test_demo_cleans_up_on_ctrl_c():
 
     if find_server_binaries() is None:
         pytest.skip("no PostgreSQL server binaries")
-    pattern = os.path.join(tempfile.gettempdir(), "pystrom-*")
-    before = set(glob.glob(pattern))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pystrom", "demo", "--rows", "50000000", "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    # A temporary directory of its own (short: the server's socket lives there), so that what other
+    # tests on this machine leave in /tmp meanwhile does not count.
+    tmp = tempfile.mkdtemp(prefix="pst-")
+    os.chmod(tmp, 0o755)  # as root the server runs as another user, who must reach its directory in here
     try:
-        for line in proc.stdout:
-            if line.startswith("PostgreSQL:"):
-                break
-        proc.send_signal(signal.SIGINT)  # while the server generates the rows
-        _, err = proc.communicate(timeout=120)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pystrom", "demo", "--rows", "50000000", "--device", "cpu"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": tmp},
+        )  # fmt: skip
+        try:
+            started = any(line.startswith("PostgreSQL:") for line in proc.stdout)  # stops at that line
+            assert started, proc.stderr.read()
+            assert os.listdir(tmp), "the demo made no server directory: TMPDIR was not used"
+            proc.send_signal(signal.SIGINT)  # while the server generates the rows
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, err
+        assert "interrupted" in err and "Traceback" not in err
+        assert os.listdir(tmp) == []  # server directory and work directory are gone
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
-    assert set(glob.glob(pattern)) <= before  # server directory and work directory are gone
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Run the example notebooks without Jupyter: each code cell in order, in one namespace, in a fresh process.
 
-For machines that have pystrom but no nbclient/ipykernel (neither is among the GPU image's listed
-packages or the wheels .gpu/ carries); tests/test_notebooks.py runs the notebooks in real kernels
+For machines that have pystrom but no nbclient/ipykernel (a GPU server's image, say);
+tests/test_notebooks.py runs the notebooks in real kernels
 where nbclient is installed. Like a notebook, the value of a cell's last bare expression is printed.
 
     python examples/notebooks/run_plain.py                # every notebook next to this file

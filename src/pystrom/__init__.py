@@ -4,8 +4,6 @@ The public API is what this module exports; everything in underscored modules is
 CuPy is imported only when a GPU is used, so ``import pystrom`` is fast on machines without one.
 """
 
-from __future__ import annotations
-
 from ._settings import defaults
 from .column import Column
 from .errors import (

@@ -288,7 +288,9 @@ def _cuda_backend(ordinal: int) -> CudaBackend:
 
 def no_gpu_reason() -> str:
     if importlib.util.find_spec("cupy") is None:
-        return "CuPy is not installed (pip install 'pystrom[cuda13]' or 'pystrom[cuda12]')"
+        from ._dist import install_hint
+
+        return f"CuPy is not installed ({install_hint('cuda13', 'cuda12')})"
     return "no CUDA GPU is visible to this process"
 
 

@@ -15,9 +15,10 @@ import sys
 import time
 from typing import Any
 
+from ._dist import DISTRIBUTION
 from .errors import InvalidArgumentError
 
-__all__ = ["add_commands", "libpq_version"]
+__all__ = ["add_commands", "add_progress_flag", "column_list", "libpq_version", "table_name"]
 
 
 def table_name(args: argparse.Namespace) -> str | tuple[str, str] | None:
@@ -37,7 +38,7 @@ def add_progress_flag(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def _column_list(text: str) -> list[str]:
+def column_list(text: str) -> list[str]:
     names = [c.strip() for c in text.split(",")]
     if not text.strip() or not all(names):
         raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
@@ -56,6 +57,17 @@ def _size(nbytes: float) -> str:
             return f"{nbytes:,.0f} {unit}" if unit == "bytes" else f"{nbytes:,.1f} {unit}"
         nbytes /= 1024
     raise AssertionError("unreachable")
+
+
+def throughput(nbytes: int, secs: float) -> str:
+    """``"1.23 GB/s"``, ``"45.6 MB/s"`` or ``"789 kB/s"`` (about three significant digits); ``""`` for reads too
+    short (under 10 ms) or too small (under 1 MB) for a rate to mean anything: there the time is start-up."""
+    if secs < 0.01 or nbytes < 1e6:
+        return ""
+    per_sec = nbytes / secs
+    unit, scale = ("GB/s", 1e9) if per_sec >= 1e9 else ("MB/s", 1e6) if per_sec >= 1e6 else ("kB/s", 1e3)
+    value = per_sec / scale
+    return f"{value:.{0 if value >= 100 else 1 if value >= 10 else 2}f} {unit}"
 
 
 def _store(socket: str | None) -> Any:
@@ -136,10 +148,8 @@ def _load(args: argparse.Namespace) -> int:
             rows, cols, nbytes = table.num_rows, table.num_columns, table.nbytes
             store.put(args.name, table, replace=args.replace)
         secs = time.perf_counter() - start
-    rate = ""
-    if read_secs > 0 and nbytes:
-        per_sec = nbytes / read_secs
-        rate = f", {per_sec / 1e9:.2f} GB/s" if per_sec >= 1e9 else f", {per_sec / 1e6:.1f} MB/s"
+    rate = throughput(nbytes, read_secs)
+    rate = f", {rate}" if rate else ""
     print(
         f"{args.name}: {rows:,} rows x {cols} columns, {nbytes:,} bytes from {source} in {secs:.2f} s "
         f"(read {read_secs:.2f} s{rate}; store {secs - read_secs:.2f} s) -> {store.address} on {device}"
@@ -199,7 +209,7 @@ def _checkout(start: pathlib.Path) -> pathlib.Path | None:
         runner, project = directory / "benchmarks" / "run.py", directory / "pyproject.toml"
         if runner.is_file() and project.is_file():
             try:
-                if 'name = "pystrom"' in project.read_text(encoding="utf-8", errors="replace"):
+                if f'name = "{DISTRIBUTION}"' in project.read_text(encoding="utf-8", errors="replace"):
                     return directory
             except OSError:
                 continue
@@ -241,7 +251,9 @@ def libpq_version() -> str:
     try:
         import psycopg
     except ImportError:
-        return "psycopg not installed (pip install 'pystrom[postgres]')"
+        from ._dist import install_hint
+
+        return f"psycopg not installed ({install_hint('postgres')})"
     except Exception as exc:  # psycopg present but no usable libpq
         return f"unusable ({type(exc).__name__}: {exc})"
     version = psycopg.pq.version()  # e.g. 170004 for 17.4 (10 and later: major * 10000 + minor)
@@ -269,7 +281,7 @@ def add_commands(sub: Any, positive_int: Any) -> None:
     source.add_argument("--arrow", metavar="PATH", type=_nonempty, help="Arrow IPC file (or a glob of files)")
     load.add_argument("-d", "--dsn", type=_nonempty, help="libpq connection string or URI")
     load.add_argument("--schema", type=_nonempty, help="schema of --table")
-    load.add_argument("--columns", type=_column_list, help="comma-separated columns (with --table or --arrow)")
+    load.add_argument("--columns", type=column_list, help="comma-separated columns (with --table or --arrow)")
     load.add_argument(
         "--where",
         type=_nonempty,

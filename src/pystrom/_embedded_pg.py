@@ -95,9 +95,11 @@ class EmbeddedPostgres:
     def __init__(self, bindir: Path | None = None):
         bindir = bindir if bindir is not None else find_server_binaries()
         if bindir is None:
+            from ._dist import install_hint
+
             raise FileError(
                 "no PostgreSQL server binaries: install Debian's postgresql package (apt-get install postgresql), "
-                "or pip install pgserver, or set PYSTROM_PG_BINDIR"
+                f"or {install_hint('demo')} (it brings the pgserver wheel), or set PYSTROM_PG_BINDIR"
             )
         self.bindir = bindir
         self.user = _system_user()

@@ -33,8 +33,12 @@ def _positive_int(text: str) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run
+    from .demo import missing_dependency, run
 
+    missing = missing_dependency(args.dsn)
+    if missing is not None:  # checked before anything starts: a plain install has no psycopg
+        print(f"pystrom demo: error: {missing}", file=sys.stderr)
+        return 2
     return run(rows=args.rows, device=args.device, dsn=args.dsn)
 
 
@@ -47,6 +51,7 @@ def _info(args: argparse.Namespace) -> int:
 
     from . import __version__, defaults
     from ._backend import cuda_device_count, no_gpu_reason, resolve_device
+    from ._dist import DISTRIBUTION
 
     def version(dist: str) -> str:
         try:
@@ -54,7 +59,7 @@ def _info(args: argparse.Namespace) -> int:
         except md.PackageNotFoundError:
             return "not installed"
 
-    print(f"pystrom {__version__} on Python {platform.python_version()} ({platform.machine()})")
+    print(f"pystrom {__version__} ({DISTRIBUTION}) on Python {platform.python_version()} ({platform.machine()})")
     for dist in ("numpy", "pyarrow", "cupy-cuda13x", "cupy-cuda12x", "kvikio-cu13", "kvikio-cu12"):
         print(f"  {dist:<14} {version(dist)}")
     from ._cli_commands import libpq_version
@@ -92,6 +97,8 @@ def _pg2arrow(args: argparse.Namespace) -> int:
         args.output,
         args.query,
         table=table_name(args),
+        columns=args.columns,
+        where=args.where,
         batch_rows=args.batch_rows,
         partitions=args.partitions,
         partition_on=args.partition_on,
@@ -124,27 +131,44 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ._cli_commands import add_progress_flag
+    from . import __version__
+    from ._cli_commands import add_progress_flag, column_list
+    from ._dist import DISTRIBUTION
 
     parser = _Parser(prog="pystrom", description="PostgreSQL and Arrow data straight into GPU memory.")
+    parser.add_argument("--version", action="version", version=f"pystrom {__version__} ({DISTRIBUTION})")
     sub = parser.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
-    demo = sub.add_parser("demo", help="the seed's logreg table: PostgreSQL -> GPU -> Arrow file -> another process")
+    demo = sub.add_parser(
+        "demo",
+        help="a guided tour: PostgreSQL -> GPU -> Arrow file -> another process fits a logistic regression",
+        description="Generate a table of labelled rows in a throwaway PostgreSQL server (or --dsn), load it "
+        "onto the GPU (the CPU without one), write and read it as an Arrow file, share it with a second "
+        f"process that fits a logistic regression, and print the time of each step. Needs {DISTRIBUTION}[demo].",
+    )
     demo.add_argument("--rows", type=_positive_int, default=10_000_000, help="rows to generate (default 10,000,000)")
     demo.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present)")
     demo.add_argument("--dsn", default=None, help="use this database instead of a throwaway PostgreSQL server")
     demo.set_defaults(run=_demo)
     info = sub.add_parser("info", help="versions, GPUs and settings")
     info.set_defaults(run=_info)
-    pg2arrow = sub.add_parser("pg2arrow", help="write a PostgreSQL query result or table to an Arrow IPC file")
+    pg2arrow = sub.add_parser(
+        "pg2arrow",
+        help="write a PostgreSQL query result or table to an Arrow IPC file",
+        description="Write a PostgreSQL query result or table to an Arrow IPC file with min/max statistics.",
+    )
     pg2arrow.add_argument("-d", "--dsn", required=True, help="libpq connection string or URI")
     source = pg2arrow.add_mutually_exclusive_group(required=True)
-    source.add_argument("-c", "--command", dest="query", help="SQL query whose result is written")
+    source.add_argument("-c", "--query", help="SQL query whose result is written")
+    # PG-Strom's pg2arrow (and pystrom until 0.1.0) spell it --command: still accepted, not advertised
+    source.add_argument("--command", dest="query", help=argparse.SUPPRESS)
     source.add_argument("-t", "--table", help="table to write (one identifier; schema.name with --schema)")
     pg2arrow.add_argument("--schema", default=None, help="schema of --table")
+    pg2arrow.add_argument("--columns", type=column_list, default=None, help="comma-separated columns (with --table)")
+    pg2arrow.add_argument("--where", default=None, help="rows to keep: a SQL condition (with --table)")
     pg2arrow.add_argument("-o", "--output", required=True, help="Arrow file to write")
     pg2arrow.add_argument("--batch-rows", type=_positive_int, default=1 << 20, help="rows per record batch")
     pg2arrow.add_argument("--partitions", type=_positive_int, default=None, help="connections for a --table read")
-    pg2arrow.add_argument("--partition-on", default=None, help="integer column splitting a -c query over connections")
+    pg2arrow.add_argument("--partition-on", default=None, help="integer column splitting --query over connections")
     pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
     pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
     add_progress_flag(pg2arrow, "read")
@@ -170,10 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # reported by the subcommand's parser, so the line names it ("pystrom load: error: ...")
         commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
         commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command is None:
+    if args.command is None:  # bare `pystrom`: what there is to do, which is no error
         parser.print_help()
-        print("pystrom: error: name a command (see the list above)", file=sys.stderr)
-        return 2
+        return 0
     try:
         code = int(args.run(args))
         sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at exit

@@ -5,8 +5,6 @@
 >>> print(model.summary())
 """
 
-from __future__ import annotations
-
 from ._irls import ConvergenceWarning, NumericalWarning, PerfectSeparationWarning
 from .logistic import LogisticRegression, logregr_predict, logregr_predict_prob, logregr_train
 

@@ -46,7 +46,7 @@ def psycopg_module() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise PostgresError("read_postgres needs psycopg: pip install 'psycopg[binary]'") from None
+        raise PostgresError("read_postgres needs psycopg: pip install 'pystrom-gpu[postgres]'") from None
     return psycopg
 
 
