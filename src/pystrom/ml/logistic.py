@@ -335,7 +335,19 @@ class LogisticRegression:
         frame_names = _frame_names(X)
         fitted_names = getattr(self, "feature_names_in_", None)
         if frame_names is not None and fitted_names is not None and list(frame_names) != list(fitted_names):
-            raise DataError(f"X has columns {list(frame_names)!r}, but this model was fitted on {list(fitted_names)!r}")
+            raise DataError(_names_mismatch(list(frame_names), [str(n) for n in fitted_names]))
+        if frame_names is not None and fitted_names is None:
+            warnings.warn(
+                "X has feature names, but LogisticRegression was fitted without feature names",
+                UserWarning,
+                stacklevel=2,
+            )
+        if frame_names is None and fitted_names is not None and not _is_frame_like(X):
+            warnings.warn(
+                "X does not have valid feature names, but LogisticRegression was fitted with feature names",
+                UserWarning,
+                stacklevel=2,
+            )
         if not hasattr(X, "__cuda_array_interface__") and not isinstance(X, np.ndarray):
             X = np.asarray(X)
         from .._backend import backend_of_array
@@ -423,6 +435,8 @@ class LogisticRegression:
         With a Table, ``y`` (and ``sample_weight``) may name columns; rows with a NULL in a feature,
         the target or the weight are skipped, with a warning that says how many.
         """
+        if not is_table(X) and (isinstance(y, str) or isinstance(sample_weight, str)):
+            raise DataError("score(X, 'name') names a column of a Table; for arrays pass the labels")
         d = self.decision_function(X)
         xp = _xp_of(d)
         keep = ~xp.isnan(d)
@@ -434,8 +448,6 @@ class LogisticRegression:
             if isinstance(sample_weight, str):
                 keep &= table.column(sample_weight).is_valid()
                 sample_weight = table.column(sample_weight).values
-        elif isinstance(y, str) or isinstance(sample_weight, str):
-            raise DataError("score(X, 'name') names a column of a Table; for arrays pass the labels")
         pred = self._labels(d)
         if isinstance(pred, np.ndarray) and xp is not np:  # labels only a host array can hold
             xp = np
@@ -501,6 +513,25 @@ def _frame_names(X: Any) -> list[str] | None:
         return None
     names = list(cols)
     return names if names and all(isinstance(n, str) for n in names) else None
+
+
+def _names_mismatch(given: list[str], fitted: list[str]) -> str:
+    """scikit-learn's wording (its checks match it), then the names."""
+    unseen, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
+    text = "The feature names should match those that were passed during fit.\n"
+    for title, names in (
+        ("Feature names unseen at fit time:", unseen),
+        ("Feature names seen at fit time, yet now missing:", missing),
+    ):
+        if names:
+            text += title + "\n" + "".join(f"- {n}\n" for n in names[:5]) + ("- ...\n" if len(names) > 5 else "")
+    if not unseen and not missing:
+        text += "Feature names must be in the same order as they were in fit.\n"
+    return text + f"(X has {given!r}; this model was fitted on {fitted!r})"
+
+
+def _is_frame_like(X: Any) -> bool:
+    return hasattr(X, "columns") and hasattr(X, "iloc")
 
 
 def _valid_rows(table: Any, names: Sequence[str]) -> Any:
