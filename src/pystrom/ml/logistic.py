@@ -204,6 +204,7 @@ class LogisticRegression:
                 raise DataError("with a Table, name the target column: target='name' (y must be None)")
             batch, classes = prepare_table(X, columns, target, weight, self.device, binary01=False)
             self.feature_names_in_ = np.array(batch.names, dtype=object)
+            self._names_from_frame = False
             return ArraySource(batch), classes
         if is_scan(X):
             weight = sample_weight if isinstance(sample_weight, str) else None
@@ -226,6 +227,7 @@ class LogisticRegression:
 
             batch0 = prepare(first)
             self.feature_names_in_ = np.array(batch0.names, dtype=object)
+            self._names_from_frame = False
             return ScanSource(X, prepare, backend, batch0), np.array([False, True])
         if columns is not None or target is not None:
             raise DataError("columns= and target= apply to Tables; for arrays pass fit(X, y)")
@@ -233,6 +235,7 @@ class LogisticRegression:
             del self.feature_names_in_
         names = _frame_names(X)
         batch, classes = prepare_array(X, y, sample_weight, self.device)
+        self._names_from_frame = names is not None  # scikit-learn warns when such a model gets bare arrays
         if names is not None:
             self.feature_names_in_ = np.array(names, dtype=object)
             batch.names = list(names)
@@ -342,7 +345,7 @@ class LogisticRegression:
                 UserWarning,
                 stacklevel=2,
             )
-        if frame_names is None and fitted_names is not None and not _is_frame_like(X):
+        if frame_names is None and getattr(self, "_names_from_frame", False) and not _is_frame_like(X):
             warnings.warn(
                 "X does not have valid feature names, but LogisticRegression was fitted with feature names",
                 UserWarning,
