@@ -45,7 +45,9 @@ class LogisticRegression:
         At most this many Newton steps (each one pass over the data, more when the step is halved).
     tol : float, default=1e-8
         Converged when the relative change of the log-likelihood and the Newton decrement (the
-        gradient's norm in the Hessian's metric, relative to the log-likelihood) are both at most ``tol``.
+        gradient's norm in the Hessian's metric, relative to the log-likelihood) are both at most ``tol``;
+        the Newton step computed at the last pass is then applied. ``0`` never stops early. For float32
+        input a tol below its precision is honoured as far as it can be (a NumericalWarning says so).
     class_weight : dict, "balanced" or None
         Weights of the classes, ``{label: weight}``, multiplied into ``sample_weight``.
     device : str, optional
@@ -60,18 +62,22 @@ class LogisticRegression:
     classes_ : ndarray of shape (2,)
         The two labels; ``classes_[1]`` is the positive class.
     n_iter_ : int
-        Newton steps taken.
+        Newton steps taken, the final one (applied without a pass) included.
     converged_ : bool
         Whether they converged.
     coefficients_ : ndarray
         Intercept first (MADlib's ``coef``); the statistics below use this order.
     log_likelihood_, std_err_, z_stats_, p_values_, odds_ratios_, condition_no_, variance_covariance_
         MADlib's statistics (``std_err_`` etc. come from the inverse of X^T A X at the solution,
-        penalised when ``penalty="l2"``). ``condition_no_`` is the condition number of X^T A X.
+        penalised when ``penalty="l2"``). ``condition_no_`` is MADlib's, sqrt(lambda_max / lambda_min)
+        of X^T A X. Aliased parameters have NaN (R's NA) in ``coef_`` and every statistic.
     num_rows_processed_, num_missing_rows_skipped_ : int
         Rows used, and rows left out for NULLs.
     n_features_in_, feature_names_in_
-        As in scikit-learn (names only for Tables).
+        As in scikit-learn (names for Tables and pandas DataFrames).
+    aliased_ : ndarray of str
+        Columns found collinear with the columns before them (or constant): fixed at 0, NaN in the
+        statistics, named in a NumericalWarning; the model is the one without them.
     separation_ : {None, "complete", "quasi-complete"}
         Not None when a PerfectSeparationWarning was issued.
     """
