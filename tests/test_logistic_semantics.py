@@ -262,6 +262,14 @@ def test_aliased_columns_are_nan_as_in_r(device):
     finally:
         ctx.__exit__(None, None, None)
     assert np.isfinite(c.coef_).all()
+    # penalised, the optimum is unique with every column (scikit-learn's): duplicates share the weight
+    ctx = _strict()
+    try:
+        pen = LogisticRegression(penalty="l2").fit(on(device, dup[:, :3]), on(device, y))
+    finally:
+        ctx.__exit__(None, None, None)
+    assert len(pen.aliased_) == 0 and np.isfinite(pen.coef_).all()
+    np.testing.assert_allclose(pen.coef_[0, 2], 2.0 * pen.coef_[0, 0], rtol=1e-6)  # min-norm split of a and 2a
 
 
 # -- 11. predict_log_proba and feature_names_in_ ---------------------------------------------------

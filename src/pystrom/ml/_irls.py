@@ -6,7 +6,8 @@ a scan of many batches differ only in how that pass is made. Steps, in order (as
 ``_NewtonSolver``):
 
 1. :meth:`IRLSSolver.setup`: the first pass (at w = 0), and from its X^T A X the aliased parameters
-   (collinear or constant columns, found in R's order: intercept first), which stay fixed at 0;
+   (collinear or constant columns, found in R's order: intercept first), which stay fixed at 0
+   (unpenalised fits only);
 2. per iteration :meth:`~IRLSSolver.newton_direction` (Cholesky in float64, a warned fallback),
    :meth:`~IRLSSolver.line_search` (step halving) and :meth:`~IRLSSolver.check_convergence` (the
    ``"pystrom"`` rule, or MADlib's: an absolute change of the log-likelihood below tol), after a check
@@ -130,7 +131,8 @@ class IRLSSolver:
         H = totals.hessian
         # R's order: the intercept first, then the columns as given; a later column is the aliased one
         order = ([self.k] if self.fit_intercept else []) + list(range(self.k))
-        self.aliased = sorted(find_aliased(H, order))
+        # (a penalised objective has its unique optimum with every column: scikit-learn's, kept)
+        self.aliased = [] if self.l2 else sorted(find_aliased(H, order))
         self.active = np.array(sorted(set(order) - set(self.aliased)), dtype=np.intp)  # features, then intercept
         self.n_free_features = int(np.count_nonzero(self.active < self.k))
         w[self.aliased] = 0.0
