@@ -91,7 +91,7 @@ def _train_in_child(pipe: Any, handle: bytes, device: str) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             start = time.perf_counter()
-            model = logregr_train(table, "t", FEATURES, max_iter=20, tol=1e-4)
+            model = logregr_train(table, "t", [1, *FEATURES], max_iter=20, tol=1e-4)  # 1: the intercept
             fitted = time.perf_counter() - start
         pipe.send({
             "device": table.device,
