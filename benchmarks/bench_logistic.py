@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from _harness import Result, measure
+from _harness import Result, measure, measure_pair
 
 
 def _seed(xp, n: int, k: int = 4, noise: float = 0.1, seed: int = 0):
@@ -225,8 +225,28 @@ def _run(device: str, quick: bool) -> list[Result]:
         t0 = time.perf_counter()
         naive_irls(np, Xw, tw, 20)
         results.append(Result(wl, "naive NumPy IRLS, 20 it", t_w, time.perf_counter() - t0, Xw.nbytes))
+    if not gpu:
+        results += cpu_gram()
     if gpu:
         print(f"device bandwidth (read+write, D2D copy): {bw / 1e9:.0f} GB/s; cores: {os.cpu_count()}")
     for line in floor_lines:
         print(line)
     return results
+
+
+def cpu_gram() -> list[Result]:
+    """X^T A X of one chunk of the CPU pass (8192 rows, as ml/_pass.py makes them for many features):
+    the symmetric rank-k update the pass uses, against the general product it replaced. Measured
+    alternately (measure_pair): the CI machine's two cores are shared."""
+    from pystrom.ml._pass import _weighted_gram
+
+    rng = np.random.default_rng(1)
+    out = []
+    for k in (8, 32, 256):
+        Xc = rng.standard_normal((8192, k))
+        a = rng.random(8192)
+        t_syrk, t_gemm = measure_pair(
+            lambda Xc=Xc, a=a: _weighted_gram(np, Xc, a), lambda Xc=Xc, a=a: Xc.T @ (Xc * a[:, None]), lambda: None, 15
+        )
+        out.append(Result(f"CPU pass X^T A X, 8192x{k} chunk", "general product X^T (X a)", t_syrk, t_gemm, Xc.nbytes))
+    return out

@@ -105,7 +105,7 @@ def _fit(table: Any, target: str) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
-        model = logregr_train(table, target, FEATURES, max_iter=20, tol=1e-4)
+        model = logregr_train(table, target, [1, *FEATURES], max_iter=20, tol=1e-4)  # 1: the intercept, as in MADlib
         fitted = time.perf_counter() - start
     return {
         "rows": model.num_rows_processed_,

@@ -3,24 +3,46 @@
 The solver never sees the data: it calls ``evaluate(w)``, which makes one pass over all rows and
 returns the float64 sums of that pass (:class:`~pystrom.ml._pass.PassTotals`). An in-memory array and
 a scan of many batches differ only in how that pass is made. Steps, in order (as in scikit-learn's
-``_NewtonSolver``): :meth:`IRLSSolver.setup`, then per iteration :meth:`~IRLSSolver.newton_direction`
-(Cholesky in float64, a warned fallback), :meth:`~IRLSSolver.line_search` (step halving),
-:meth:`~IRLSSolver.check_separation` and :meth:`~IRLSSolver.check_convergence`.
+``_NewtonSolver``):
+
+1. :meth:`IRLSSolver.setup`: the first pass (at w = 0), and from its X^T A X the aliased parameters
+   (collinear or constant columns, found in R's order: intercept first), which stay fixed at 0
+   (unpenalised fits only);
+2. per iteration :meth:`~IRLSSolver.newton_direction` (Cholesky in float64, a warned fallback),
+   :meth:`~IRLSSolver.line_search` (step halving) and :meth:`~IRLSSolver.check_convergence` (the
+   ``"pystrom"`` rule, or MADlib's: an absolute change of the log-likelihood below tol), after a check
+   of the complete-separation certificate;
+3. :meth:`~IRLSSolver.finish`: the Newton step computed at the last pass is applied, as MADlib's last
+   iteration does (its coefficients are one step past the pass its statistics come from);
+4. :meth:`~IRLSSolver.diagnose_separation`: more Newton steps from there, which never change the
+   result, to tell an existing maximum (the steps shrink quadratically) from a separation (they do
+   not, and a certificate is checked), whatever tol the fit used.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import DataError
 from ._pass import PassTotals
 
 __all__ = ["ConvergenceWarning", "PerfectSeparationWarning", "NumericalWarning", "IRLSSolver", "IRLSResult"]
 
 _MAX_HALVINGS = 30
+# A column is aliased when the part of it not explained by the columns before it has a squared norm
+# below this fraction of its own (R's glm: QR with tolerance 1e-7 on the column norms; squared here,
+# since X^T A X is a Gram matrix).
+ALIAS_TOL = 1e-14
+# Separation diagnosis: at most this many extra Newton steps; a step this small (in units of the
+# linear predictor, relative to the coefficients) means Newton has settled on an existing maximum;
+# and this many consecutive steps that do not shrink (ratio within [1/2, 2]) mean it never will.
+DIAG_STEPS = 30
+SETTLED = 1e-7
+STEADY_STEPS = 3
 
 
 class ConvergenceWarning(UserWarning):
@@ -32,17 +54,20 @@ class PerfectSeparationWarning(ConvergenceWarning):
 
 
 class NumericalWarning(UserWarning):
-    """A numerical fallback was taken (the Hessian was not positive definite)."""
+    """A numerical fallback was taken, or a tolerance could not be honoured at the input's precision."""
 
 
 @dataclass
 class IRLSResult:
-    w: np.ndarray  # (k + 1,): features, then the intercept (0 when there is none)
-    totals: PassTotals  # the pass at w
+    w: np.ndarray  # (k + 1,): features, then the intercept (0 when there is none); aliased ones are 0
+    totals: PassTotals  # the pass the statistics use
     n_iter: int
     converged: bool
     separation: str | None  # None, "complete" or "quasi-complete"
     passes: int
+    free: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))  # parameters fitted
+    aliased: list[int] = field(default_factory=list)  # parameters fixed at 0 (collinear or constant)
+    reach: float | None = None  # float32 input: the relative precision converged to, when tol asked for less
 
 
 class IRLSSolver:
@@ -58,14 +83,17 @@ class IRLSSolver:
         Whether the intercept (index k) is a free parameter; otherwise it stays 0.
     l2
         1 / C for ``penalty="l2"``, 0 for none. The intercept is never penalised.
+    max_iter, tol, rule
+        ``rule="pystrom"``: at most ``max_iter`` Newton steps; converged when the relative change of
+        the (penalised) log-likelihood is at most ``tol`` and so is the Newton decrement g^T H^-1 g
+        relative to the log-likelihood (it does not depend on how the features are scaled).
+        ``rule="madlib"``: MADlib's ``logregr_train``: at most ``max_iter`` iterations counting the
+        final step; converged when the log-likelihood changed by less than ``tol`` (absolute).
+        Either way the step computed at the last pass is applied (:meth:`finish`); ``tol=0`` never
+        stops early.
     ll_rounding
         ``() -> (rtol, atol)``: how exact a pass's log-likelihood is, relative to its size and per unit
         of row weight (0 for float64 per-row arithmetic); asked for after the first pass.
-    max_iter, tol
-        At most ``max_iter`` Newton steps; converged when the relative change of the (penalised)
-        log-likelihood is at most ``tol`` and so is the gradient's norm in the metric of the Hessian
-        (the Newton decrement g^T H^-1 g, relative to the log-likelihood: it does not depend on how
-        the features are scaled).
     """
 
     def __init__(
@@ -77,7 +105,10 @@ class IRLSSolver:
         max_iter: int,
         tol: float,
         ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
+        rule: str = "pystrom",
     ):
+        if rule not in ("pystrom", "madlib"):
+            raise ValueError(f"rule must be 'pystrom' or 'madlib'; got {rule!r}")
         self.evaluate = evaluate
         self.ll_rounding = ll_rounding
         self.k = n_features
@@ -85,16 +116,32 @@ class IRLSSolver:
         self.l2 = float(l2)
         self.max_iter = int(max_iter)
         self.tol = float(tol)
+        self.rule = rule
         self.passes = 0
+        self.reach: float | None = None
         self._warned_fallback = False
+        self._last_scale = 1.0
 
     # -- named steps ------------------------------------------------------------------------------
 
-    def setup(self, w0: np.ndarray | None = None, totals0: PassTotals | None = None) -> tuple[np.ndarray, PassTotals]:
-        """Start at ``w0`` (default 0), using the pass already made there when given."""
-        self.active = np.r_[np.arange(self.k), [self.k] if self.fit_intercept else []].astype(np.intp)
+    def setup(self, w0: np.ndarray | None = None) -> tuple[np.ndarray, PassTotals]:
+        """The first pass (at ``w0``, default 0); the aliased parameters and the scale of each from it."""
         w = np.zeros(self.k + 1) if w0 is None else np.array(w0, dtype=np.float64)
-        totals = totals0 if totals0 is not None else self._pass(w)
+        totals = self._pass(w)
+        H = totals.hessian
+        # R's order: the intercept first, then the columns as given; a later column is the aliased one
+        order = ([self.k] if self.fit_intercept else []) + list(range(self.k))
+        # (a penalised objective has its unique optimum with every column: scikit-learn's, kept)
+        self.aliased = [] if self.l2 else sorted(find_aliased(H, order))
+        self.active = np.array(sorted(set(order) - set(self.aliased)), dtype=np.intp)  # features, then intercept
+        self.n_free_features = int(np.count_nonzero(self.active < self.k))
+        w[self.aliased] = 0.0
+        # Each parameter's unit in the linear predictor: the root mean square of its column, weighted
+        # as X^T A X weights the rows (the intercept's column is 1), so step sizes compare across columns.
+        with np.errstate(all="ignore"):
+            base = H[self.k, self.k]
+            scale = np.sqrt(np.clip(np.diag(H), 0.0, None) / base) if base > 0 else np.ones(self.k + 1)
+        self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
         return w, totals
 
     def objective(self, w: np.ndarray, t: PassTotals) -> float:
@@ -104,114 +151,176 @@ class IRLSSolver:
 
     def penalized(self, w: np.ndarray, t: PassTotals) -> tuple[np.ndarray, np.ndarray]:
         """Gradient and negative Hessian of the objective over the free parameters."""
-        if self.fit_intercept and not self.l2:  # every parameter free, nothing added: read-only use
+        a = self.active
+        if len(a) == self.k + 1 and not self.l2:  # every parameter free, nothing added: read-only use
             return t.gradient, t.hessian
-        if self.fit_intercept:
-            g, H = t.gradient.copy(), t.hessian.copy()
-        else:
-            a = self.active
-            g, H = t.gradient[a].copy(), t.hessian[np.ix_(a, a)].copy()
+        g, H = t.gradient[a].copy(), t.hessian[np.ix_(a, a)].copy()
         if self.l2:
-            nf = self.k  # the features come first in `active`
-            g[:nf] -= self.l2 * w[:nf]
+            nf = self.n_free_features  # the features come first in `active`
+            g[:nf] -= self.l2 * w[a[:nf]]
             H[np.arange(nf), np.arange(nf)] += self.l2
         return g, H
 
     def newton_direction(self, w: np.ndarray, t: PassTotals) -> tuple[np.ndarray, float]:
         """The Newton step (full length, k + 1 values) and the decrement g^T H^-1 g, by Cholesky in float64."""
         g, H = self.penalized(w, t)
+        if not (np.isfinite(H).all() and np.isfinite(g).all()):
+            # LAPACK may never return on non-finite input (MADlib's MADLIB-138); the passes check
+            # their sums, so this is a last guard
+            raise DataError("IRLS met a non-finite X^T A X or gradient: the data overflow float64 arithmetic")
         try:
             step_a = _newton_solve(H, g)
         except np.linalg.LinAlgError:
             if not self._warned_fallback:
                 warnings.warn(
-                    "X^T R X is not positive definite (collinear or constant features, or fitted probabilities "
-                    "at 0/1): IRLS fell back to a least-squares step; the statistics may be unreliable. "
+                    "X^T A X is not positive definite (fitted probabilities at 0/1, or columns nearly "
+                    "collinear): IRLS fell back to a least-squares step; the statistics may be unreliable. "
                     "Drop redundant columns or use penalty='l2'.",
                     NumericalWarning,
                     stacklevel=4,
                 )
                 self._warned_fallback = True
             step_a = np.linalg.lstsq(H, g, rcond=None)[0]
+        if not np.isfinite(step_a).all():
+            raise DataError("the Newton step overflowed float64: X^T A X is numerically singular; scale the features")
+        dec = float(g @ step_a)
         if len(step_a) == self.k + 1:  # every parameter is free
-            return step_a, float(g @ step_a)
+            return step_a, dec
         step = np.zeros(self.k + 1)
         step[self.active] = step_a
-        return step, float(g @ step_a)
+        return step, dec
 
     def line_search(self, w: np.ndarray, step: np.ndarray, t: PassTotals) -> tuple[np.ndarray, PassTotals, bool]:
         """Take the step, halving it while the objective gets worse. Returns (w, totals, improved)."""
         f0 = self.objective(w, t)
-        # Not a real decrease: rounding in a sum over many rows, and, for float32 input, the float32
-        # logs of the pass (either evaluation may err by that much; _pass.F32_LL_RTOL says why).
-        rtol, atol = self.ll_rounding()
-        slack = 1e-13 * max(1.0, abs(f0)) + 2.0 * (rtol * abs(t.log_likelihood) + atol * t.weight_sum)
+        slack = self._slack(f0, t)
         scale = 1.0
         for _ in range(_MAX_HALVINGS + 1):
             w_new = w + scale * step
             t_new = self._pass(w_new)
             f_new = self.objective(w_new, t_new)
             if np.isfinite(f_new) and f_new >= f0 - slack:
+                self._last_scale = scale
                 return w_new, t_new, True
             scale *= 0.5
         return w, t, False
 
-    def check_separation(self, t: PassTotals) -> bool:
-        """Complete separation: the current weights classify every weighted row correctly with a
-        positive margin, so scaling them up drives the log-likelihood to 0 and no maximum exists."""
+    def certifies_separation(self, t: PassTotals) -> bool:
+        """Complete separation, proven: the weights of this pass classify every weighted row correctly
+        with a positive margin, so scaling them up drives the log-likelihood to 0 and no maximum exists."""
         return self.l2 == 0.0 and t.weight_sum > 0 and t.min_margin > 0.0
 
-    def check_convergence(self, f_old: float, f_new: float, decrement: float) -> bool:
-        rel = abs(f_new - f_old) / max(abs(f_new), 1e-300)
-        return rel <= self.tol and decrement <= self.tol * max(1.0, abs(f_new))
+    def check_convergence(self, f_old: float, f_new: float, dec: float, t: PassTotals) -> bool:
+        if self.tol == 0.0:  # MADlib: "a zero disables the convergence criterion"
+            return False
+        change = abs(f_new - f_old)
+        # float32 input: the log-likelihood is exact only to the pass's rounding; a tol below that is
+        # honoured as far as it can be, and the fit says so
+        floor = self._slack(f_new, t) if self.ll_rounding()[0] else 0.0
+        if self.rule == "madlib":
+            ok, waived = change < self.tol or change <= floor, change >= self.tol
+        else:
+            bound, dbound = self.tol * max(abs(f_new), 1e-300), self.tol * max(1.0, abs(f_new))
+            ok = (change <= bound or change <= floor) and (dec <= dbound or dec <= floor)
+            waived = dec > dbound  # the change of a float32 log-likelihood may jitter; its decrement is what counts
+        if ok and waived:
+            self.reach = floor / max(abs(f_new), 1e-300)
+        return ok
+
+    def finish(self, w: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """Apply the Newton step computed at the last pass (MADlib's last iteration does)."""
+        out = w + step
+        out[self.aliased] = 0.0
+        return out
+
+    def diagnose_separation(
+        self, w: np.ndarray, t: PassTotals, step: np.ndarray
+    ) -> tuple[str | None, PassTotals | None]:
+        """Whether the classes are separated, judged by Newton steps beyond the fit (which they leave alone).
+
+        Near an existing maximum Newton's steps shrink quadratically; under separation they approach a
+        constant step along the separating direction, for ever. So: step on until the step is
+        negligible (the maximum exists) or :data:`STEADY_STEPS` steps in a row keep their size; then
+        the direction of the steps (its negligible components dropped) is checked as a certificate:
+        a pass at it has every signed margin >= 0. Returns the kind (None where the maximum exists)
+        and the pass at ``w + step`` where one was made.
+        """
+        if self.l2:
+            return None, None
+        if self.certifies_separation(t):
+            return "complete", None
+        rtol, _ = self.ll_rounding()
+        if rtol and abs(float(step[self.active] @ t.gradient[self.active])) <= self._slack(t.log_likelihood, t):
+            return None, None  # float32 at its floor: no step can show anything
+        at_next, prev, steady = None, None, 0
+        for i in range(DIAG_STEPS):
+            size = self._size(step)
+            if size <= SETTLED * max(1.0, self._size(w)):
+                return None, at_next
+            if prev is not None:
+                ratio = size / max(self._size(prev), 1e-300)
+                steady = steady + 1 if 0.5 <= ratio <= 2.0 and self._last_scale == 1.0 else 0
+                if steady >= STEADY_STEPS:
+                    break
+            w_new, t_new, improved = self.line_search(w, step, t)
+            if not improved:
+                return None, at_next
+            if i == 0 and self._last_scale == 1.0:
+                at_next = t_new
+            if self.certifies_separation(t_new):
+                return "complete", at_next
+            prev, w, t = step, w_new, t_new
+            step, _ = self.newton_direction(w, t)
+        else:
+            return None, at_next
+        d = step.copy()
+        units = np.abs(d) * self.scale
+        d[units < 1e-3 * units.max()] = 0.0
+        cert = self._pass(d)
+        if cert.min_margin > 0.0:
+            return "complete", at_next
+        if cert.min_margin >= 0.0 or t.saturated_rows > 0:
+            return "quasi-complete", at_next
+        return None, at_next
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def solve(self, w0: np.ndarray | None = None, totals0: PassTotals | None = None) -> IRLSResult:
-        w, t = self.setup(w0, totals0)
+    def solve(self, w0: np.ndarray | None = None) -> IRLSResult:
+        w, t = self.setup(w0)
         step, dec = self.newton_direction(w, t)
         converged, separation, n_iter = False, None, 0
-        w_prev = w  # the coefficients before the last step taken
-        while n_iter < self.max_iter:
-            if self.check_separation(t):
+        # MADlib counts the final step (applied without a pass) as an iteration
+        limit = self.max_iter - 1 if self.rule == "madlib" else self.max_iter
+        while n_iter < limit:
+            if self.certifies_separation(t):
                 separation = "complete"
                 break
             n_iter += 1
             f_old = self.objective(w, t)
             w_new, t_new, improved = self.line_search(w, step, t)
-            if not improved:  # no decrease possible: at the optimum up to rounding, or stuck
+            if not improved:  # no increase possible: at the optimum up to rounding, or stuck
                 converged = dec <= 1e-6 * max(1.0, abs(f_old))
+                step = np.zeros_like(step)
                 break
-            w_prev, w, t = w, w_new, t_new
+            w, t = w_new, t_new
             step, dec = self.newton_direction(w, t)
-            if self.check_separation(t):
-                separation = "complete"
-                break
-            if self.check_convergence(f_old, self.objective(w, t), dec):
+            if self.check_convergence(f_old, self.objective(w, t), dec, t):
                 converged = True
                 break
-        if separation is None and self.l2 == 0.0 and t.saturated_rows > 0:
-            # Quasi-complete separation: some rows are fitted with probability 0/1 while the
-            # coefficients still move by a sizeable fraction of themselves at every step.
-            last_step_norm = float(np.max(np.abs(w - w_prev)))
-            if not converged or last_step_norm > 1e-3 * max(1.0, float(np.max(np.abs(w)))):
-                separation = "quasi-complete"
+        if separation is None and self.certifies_separation(t):
+            separation = "complete"
+        stats_totals = t
+        if separation is None:
+            separation, at_next = self.diagnose_separation(w, t, step)
+            if at_next is not None and self.rule == "pystrom" and converged:
+                stats_totals = at_next  # the statistics at the very coefficients returned
+        w_out = w
+        if separation is None and (converged or self.rule == "madlib") and step.any():
+            w_out = self.finish(w, step)
+            n_iter += 1
         if separation is not None:
             converged = False
-            warnings.warn(
-                (
-                    "perfect separation: the current coefficients classify every row correctly"
-                    if separation == "complete"
-                    else f"perfect separation suspected: {t.saturated_rows:,} row(s) are fitted with probability 0 "
-                    "or 1 while the coefficients keep growing (quasi-complete separation, or complete separation "
-                    "not yet certified)"
-                )
-                + f" after {n_iter} iteration(s). The maximum likelihood estimate does not exist, so the coefficients "
-                "are not meaningful (they would grow without bound). Use penalty='l2' (C=...) for a finite fit, "
-                "or remove the feature(s) that separate the classes.",
-                PerfectSeparationWarning,
-                stacklevel=3,
-            )
+            self._warn_separation(separation, stats_totals, n_iter)
         elif not converged:
             warnings.warn(
                 f"IRLS did not converge in {n_iter} iteration(s) (max_iter={self.max_iter}, tol={self.tol:g}); "
@@ -219,11 +328,60 @@ class IRLSSolver:
                 ConvergenceWarning,
                 stacklevel=3,
             )
-        return IRLSResult(w, t, n_iter, converged, separation, self.passes)
+        return IRLSResult(
+            w_out, stats_totals, n_iter, converged, separation, self.passes, self.active, list(self.aliased), self.reach
+        )
+
+    # -- helpers ----------------------------------------------------------------------------------
 
     def _pass(self, w: np.ndarray) -> PassTotals:
         self.passes += 1
         return self.evaluate(w)
+
+    def _size(self, v: np.ndarray) -> float:
+        """The largest change a parameter vector makes to the linear predictor, column by column."""
+        return float(np.max(np.abs(v[self.active]) * self.scale[self.active])) if len(self.active) else 0.0
+
+    def _slack(self, f: float, t: PassTotals) -> float:
+        """Differences of the objective below this are rounding: in a sum over many rows, and for
+        float32 input the float32 logs of the pass (either evaluation may err by that much;
+        _pass.F32_LL_RTOL says why)."""
+        rtol, atol = self.ll_rounding()
+        return 1e-13 * max(1.0, abs(f)) + 2.0 * (rtol * abs(t.log_likelihood) + atol * t.weight_sum)
+
+    def _warn_separation(self, kind: str, t: PassTotals, n_iter: int) -> None:
+        what = (
+            "complete separation: the coefficients of a pass classify every row correctly"
+            if kind == "complete"
+            else "quasi-complete separation: Newton's steps do not shrink along a direction in which no row's "
+            f"fit gets worse ({t.saturated_rows:,} row(s) fitted with probability 0 or 1)"
+        )
+        warnings.warn(
+            f"perfect separation ({what}) after {n_iter} iteration(s). The maximum likelihood estimate does not "
+            "exist, so the coefficients are not meaningful (they would grow without bound). Use penalty='l2' "
+            "(C=...) for a finite fit, or remove the feature(s) that separate the classes.",
+            PerfectSeparationWarning,
+            stacklevel=4,
+        )
+
+
+def find_aliased(H: np.ndarray, order: list[int], tol: float = ALIAS_TOL) -> list[int]:
+    """Parameters whose column of the (Gram) matrix ``H`` depends linearly on those before it in ``order``.
+
+    A Cholesky factorisation in that order that skips such a column (its pivot, the squared norm of
+    what the kept columns before it leave unexplained, is at most ``tol`` times its diagonal entry).
+    """
+    A = H[np.ix_(order, order)]
+    p = len(order)
+    L = np.zeros((p, p))
+    keep = np.zeros(p, dtype=bool)
+    for j in range(p):
+        kept = np.flatnonzero(keep[:j])
+        v = A[j:, j] - L[j:, kept] @ L[j, kept]
+        if A[j, j] > 0 and v[0] > tol * A[j, j]:
+            L[j:, j] = v / np.sqrt(v[0])
+            keep[j] = True
+    return [order[j] for j in range(p) if not keep[j]]
 
 
 def _newton_solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:

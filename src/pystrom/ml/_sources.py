@@ -47,10 +47,33 @@ class Source:
                 with batch.backend.activate():
                     if not bool(batch.backend.xp.isfinite(batch.X).all()):
                         raise locate_nonfinite(batch.backend.xp, batch.X, batch.names)
-            raise DataError("the pass met non-finite values (NaN/Inf) in the features")
+            raise self._overflow_error(w, "w.x")
+        if not (
+            np.isfinite(totals.hessian).all()
+            and np.isfinite(totals.gradient).all()
+            and np.isfinite(totals.log_likelihood)
+        ):  # finite values whose squares or sums overflow float64: no solver may see them (LAPACK can hang)
+            raise self._overflow_error(w, "X^T A X")
         if first:
             self._check_classes(totals)
         return totals
+
+    def _overflow_error(self, w: np.ndarray, what: str) -> DataError:
+        """The error for sums that overflowed float64, naming the column that drives them: the largest
+        |w_j| max|x_j| (or the largest max|x_j| at w = 0)."""
+        top = np.zeros(self.n_features)
+        for batch in self.batches():
+            if batch.X.shape[0]:
+                with batch.backend.activate():
+                    m = batch.backend.to_host(batch.backend.xp.abs(batch.X).max(axis=0))
+                top = np.maximum(top, np.asarray(m, dtype=np.float64))
+        with np.errstate(all="ignore"):
+            drive = np.abs(w[: self.n_features]) * top if np.any(w[: self.n_features]) else top
+        j = int(np.nanargmax(drive)) if len(drive) else 0
+        return DataError(
+            f"{what} overflows float64 (over- or underflow in an intermediate calculation): column "
+            f"{self.names[j]!r} holds values up to {top[j]:.3g}; rescale it (e.g. standardise the features)"
+        )
 
     def _check_classes(self, t: PassTotals) -> None:
         if self.rows == 0:

@@ -26,22 +26,38 @@ class Statistics:
     variance_covariance: np.ndarray
 
 
-def compute_statistics(coef: np.ndarray, hessian: np.ndarray, log_likelihood: float) -> Statistics:
-    """``coef`` and the (penalised, when a penalty was used) negative Hessian in the same order."""
+def compute_statistics(
+    coef: np.ndarray, hessian: np.ndarray, log_likelihood: float, free: np.ndarray | None = None
+) -> Statistics:
+    """``coef`` and the (penalised, when a penalty was used) negative Hessian in the same order.
+
+    ``free``: a mask of the fitted parameters; the others are aliased (collinear or constant columns)
+    and get NaN for the coefficient and every statistic, as R's glm reports NA. The condition number
+    is MADlib's: sqrt(lambda_max / lambda_min) of X^T A X (over the fitted parameters).
+    """
+    p = len(coef)
+    free = np.ones(p, dtype=bool) if free is None else np.asarray(free, dtype=bool)
+    idx = np.flatnonzero(free)
+    Hf = hessian[np.ix_(idx, idx)]
+    cov = np.full((p, p), np.nan)
+    cond = float("inf")
     with np.errstate(all="ignore"):
-        try:
-            L = np.linalg.cholesky(hessian)
-            Linv = np.linalg.solve(L, np.eye(len(coef)))
-            cov = Linv.T @ Linv
-        except np.linalg.LinAlgError:  # singular (separation, collinear columns): the pseudo-inverse, as MADlib
-            cov = np.linalg.pinv(hessian)
+        if len(idx) and np.isfinite(Hf).all():  # LAPACK may never return on non-finite input
+            try:
+                L = np.linalg.cholesky(Hf)
+                Linv = np.linalg.solve(L, np.eye(len(idx)))
+                cov_f = Linv.T @ Linv
+            except np.linalg.LinAlgError:  # singular (separation): the pseudo-inverse, as MADlib
+                cov_f = np.linalg.pinv(Hf)
+            cov[np.ix_(idx, idx)] = cov_f
+            eig = np.linalg.eigvalsh(Hf)
+            cond = float(np.sqrt(eig[-1] / eig[0])) if eig[0] > 0 and eig[-1] > 0 else float("inf")
+        coef = np.where(free, coef, np.nan)
         std_err = np.sqrt(np.clip(np.diag(cov), 0.0, None))
         z = coef / std_err
-        p = np.array([math.erfc(abs(v) / math.sqrt(2.0)) if np.isfinite(v) else np.nan for v in z])
-        eig = np.linalg.eigvalsh(hessian)
-        cond = float(eig[-1] / eig[0]) if eig[0] > 0 else float("inf")
+        p_values = np.array([math.erfc(abs(v) / math.sqrt(2.0)) if np.isfinite(v) else np.nan for v in z])
         odds = np.exp(coef)
-    return Statistics(coef, float(log_likelihood), std_err, z, p, odds, cond, cov)
+    return Statistics(coef, float(log_likelihood), std_err, z, p_values, odds, cond, cov)
 
 
 @dataclass

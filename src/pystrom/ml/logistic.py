@@ -13,6 +13,7 @@ import functools
 import inspect
 import numbers
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 from .._backend import resolve_device
 from ..errors import DataError, NotFittedError, SchemaMismatchError, UnsupportedTypeError
 from ._data import is_scan, is_table, not_2d_message, prepare_array, prepare_table
-from ._irls import IRLSSolver
+from ._irls import IRLSSolver, NumericalWarning
 from ._sources import ArraySource, ScanSource, Source
 from ._stats import Summary, compute_statistics
 
@@ -44,7 +45,9 @@ class LogisticRegression:
         At most this many Newton steps (each one pass over the data, more when the step is halved).
     tol : float, default=1e-8
         Converged when the relative change of the log-likelihood and the Newton decrement (the
-        gradient's norm in the Hessian's metric, relative to the log-likelihood) are both at most ``tol``.
+        gradient's norm in the Hessian's metric, relative to the log-likelihood) are both at most ``tol``;
+        the Newton step computed at the last pass is then applied. ``0`` never stops early. For float32
+        input a tol below its precision is honoured as far as it can be (a NumericalWarning says so).
     class_weight : dict, "balanced" or None
         Weights of the classes, ``{label: weight}``, multiplied into ``sample_weight``.
     device : str, optional
@@ -59,18 +62,22 @@ class LogisticRegression:
     classes_ : ndarray of shape (2,)
         The two labels; ``classes_[1]`` is the positive class.
     n_iter_ : int
-        Newton steps taken.
+        Newton steps taken, the final one (applied without a pass) included.
     converged_ : bool
         Whether they converged.
     coefficients_ : ndarray
         Intercept first (MADlib's ``coef``); the statistics below use this order.
     log_likelihood_, std_err_, z_stats_, p_values_, odds_ratios_, condition_no_, variance_covariance_
         MADlib's statistics (``std_err_`` etc. come from the inverse of X^T A X at the solution,
-        penalised when ``penalty="l2"``). ``condition_no_`` is the condition number of X^T A X.
+        penalised when ``penalty="l2"``). ``condition_no_`` is MADlib's, sqrt(lambda_max / lambda_min)
+        of X^T A X. Aliased parameters have NaN (R's NA) in ``coef_`` and every statistic.
     num_rows_processed_, num_missing_rows_skipped_ : int
         Rows used, and rows left out for NULLs.
     n_features_in_, feature_names_in_
-        As in scikit-learn (names only for Tables).
+        As in scikit-learn (names for Tables and pandas DataFrames).
+    aliased_ : ndarray of str
+        Columns found collinear with the columns before them (or constant): fixed at 0, NaN in the
+        statistics, named in a NumericalWarning; the model is the one without them.
     separation_ : {None, "complete", "quasi-complete"}
         Not None when a PerfectSeparationWarning was issued.
     """
@@ -155,6 +162,20 @@ class LogisticRegression:
         0/1 or bool (or two-valued) target, and ``sample_weight`` may name a weight column. Rows with
         a NULL in any of them are skipped and counted in ``num_missing_rows_skipped_``.
         """
+        return self._fit(X, y, sample_weight, columns, target)
+
+    def _fit(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any,
+        columns: Any,
+        target: Any,
+        rule: str = "pystrom",
+        intercept_at: int = 0,
+    ) -> LogisticRegression:
+        """``rule``: the solver's stopping rule (``"madlib"`` for :func:`logregr_train`); ``intercept_at``:
+        where the intercept goes in ``coefficients_`` and the statistics (MADlib: where the array holds 1)."""
         self._validate_params()
         if isinstance(y, str) and target is None and (is_table(X) or is_scan(X)):
             target, y = y, None
@@ -164,10 +185,20 @@ class LogisticRegression:
         k = source.n_features
         l2 = 1.0 / float(self.C) if self.penalty == "l2" else 0.0
         solver = IRLSSolver(
-            source.evaluate, k, bool(self.fit_intercept), l2, int(self.max_iter), float(self.tol), source.ll_rounding
+            source.evaluate,
+            k,
+            bool(self.fit_intercept),
+            l2,
+            int(self.max_iter),
+            float(self.tol),
+            source.ll_rounding,
+            rule=rule,
         )
         res = solver.solve()
-        self._set_learned(res, source, classes, l2)
+        order = list(range(k))
+        if self.fit_intercept:
+            order.insert(min(max(int(intercept_at), 0), k), k)
+        self._set_learned(res, source, classes, l2, order)
         return self
 
     def _source(self, X: Any, y: Any, sample_weight: Any, columns: Any, target: Any) -> tuple[Source, np.ndarray]:
@@ -179,6 +210,7 @@ class LogisticRegression:
                 raise DataError("with a Table, name the target column: target='name' (y must be None)")
             batch, classes = prepare_table(X, columns, target, weight, self.device, binary01=False)
             self.feature_names_in_ = np.array(batch.names, dtype=object)
+            self._names_from_frame = False
             return ArraySource(batch), classes
         if is_scan(X):
             weight = sample_weight if isinstance(sample_weight, str) else None
@@ -201,12 +233,18 @@ class LogisticRegression:
 
             batch0 = prepare(first)
             self.feature_names_in_ = np.array(batch0.names, dtype=object)
+            self._names_from_frame = False
             return ScanSource(X, prepare, backend, batch0), np.array([False, True])
         if columns is not None or target is not None:
             raise DataError("columns= and target= apply to Tables; for arrays pass fit(X, y)")
         if hasattr(self, "feature_names_in_"):
             del self.feature_names_in_
+        names = _frame_names(X)
         batch, classes = prepare_array(X, y, sample_weight, self.device)
+        self._names_from_frame = names is not None  # scikit-learn warns when such a model gets bare arrays
+        if names is not None:
+            self.feature_names_in_ = np.array(names, dtype=object)
+            batch.names = list(names)
         return ArraySource(batch), classes
 
     def _class_weights(self, classes: np.ndarray, source: Source) -> tuple[float, float]:
@@ -228,11 +266,14 @@ class LogisticRegression:
             out.append(float(match[0]) if match else 1.0)
         return out[0], out[1]
 
-    def _set_learned(self, res: Any, source: Source, classes: np.ndarray, l2: float) -> None:
+    def _set_learned(self, res: Any, source: Source, classes: np.ndarray, l2: float, order: list[int]) -> None:
+        """``order``: the parameters (k = the intercept) in the order of ``coefficients_`` and the statistics."""
         k = source.n_features
         w = res.w
+        free = np.zeros(k + 1, dtype=bool)
+        free[res.free] = True
         self.classes_ = classes
-        self.coef_ = w[:k].reshape(1, k).copy()
+        self.coef_ = np.where(free[:k], w[:k], np.nan).reshape(1, k)  # aliased: NaN, as R's NA
         self.intercept_ = np.array([w[k] if self.fit_intercept else 0.0])
         self.n_iter_ = res.n_iter
         self.converged_ = bool(res.converged)
@@ -242,13 +283,11 @@ class LogisticRegression:
         self.num_missing_rows_skipped_ = int(source.skipped)
         self.n_passes_ = int(res.passes)
         self.device_ = source.backend.device
-        # MADlib's order: intercept first.
-        order = ([k] if self.fit_intercept else []) + list(range(k))
         H = res.totals.hessian[np.ix_(order, order)].copy()
         if l2:
-            feats = np.arange(1 if self.fit_intercept else 0, len(order))
+            feats = np.array([i for i, j in enumerate(order) if j != k], dtype=np.intp)
             H[feats, feats] += l2
-        stats = compute_statistics(w[order], H, res.totals.log_likelihood)
+        stats = compute_statistics(w[order], H, res.totals.log_likelihood, free[order])
         self.coefficients_ = stats.coef
         self.log_likelihood_ = stats.log_likelihood
         self.std_err_ = stats.std_err
@@ -257,9 +296,25 @@ class LogisticRegression:
         self.odds_ratios_ = stats.odds_ratios
         self.condition_no_ = stats.condition_no
         self.variance_covariance_ = stats.variance_covariance
-        names = list(getattr(self, "feature_names_in_", source.names))
-        self._stat_names = (["intercept"] if self.fit_intercept else []) + [str(n) for n in names]
+        names = [str(n) for n in getattr(self, "feature_names_in_", source.names)]
+        self._stat_names = [names[j] if j < k else "intercept" for j in order]
         self._stats = stats
+        self.aliased_ = np.array([names[j] if j < k else "intercept" for j in res.aliased], dtype=object)
+        if len(self.aliased_):
+            warnings.warn(
+                f"column(s) {', '.join(map(repr, self.aliased_))} are aliased (collinear with the columns before "
+                "them, or constant): their coefficients and statistics are NaN (R's NA) and the model is the "
+                "one without them",
+                NumericalWarning,
+                stacklevel=4,
+            )
+        if res.reach is not None:
+            warnings.warn(
+                f"tol={self.tol:g} is below what float32 input can resolve: the fit converged to a relative change "
+                f"of the log-likelihood of {res.reach:.2g} (float32 sigmoids and logs); pass float64 for more",
+                NumericalWarning,
+                stacklevel=4,
+            )
 
     # -- using the model --------------------------------------------------------------------------
 
@@ -268,25 +323,45 @@ class LogisticRegression:
             raise _not_fitted_error()("this LogisticRegression is not fitted yet: call fit(X, y) before using it")
 
     def decision_function(self, X: Any, *, columns: Sequence[str] | None = None) -> Any:
-        """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32)."""
+        """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32).
+
+        A Table may hold NULLs in the feature columns: those rows give NaN (MADlib returns NULL).
+        Aliased coefficients (NaN) count as 0: the predictions are the reduced model's.
+        """
         self._check_fitted()
         if is_table(X):
             names = list(columns) if columns is not None else list(getattr(self, "feature_names_in_", []))
             if not names:
                 raise DataError("this model was fitted on an array: pass columns=[...] to predict from a Table")
             table = X if self.device is None else X.to(self.device)
-            return self._decision_array(table.to_array(names, dtype=_table_dtype(table, names)), names)
+            valid = _valid_rows(table, names)
+            array = table.to_array(names, dtype=_table_dtype(table, names), nulls="raise" if valid is None else "nan")
+            return self._decision_array(array, names, valid)
         if is_scan(X):
             parts = [self.decision_function(t, columns=columns) for t in X]
             xp = _xp_of(parts[0]) if parts else np
             return xp.concatenate(parts) if parts else np.zeros(0)
-        backend = None
+        frame_names = _frame_names(X)
+        fitted_names = getattr(self, "feature_names_in_", None)
+        if frame_names is not None and fitted_names is not None and list(frame_names) != list(fitted_names):
+            raise DataError(_names_mismatch(list(frame_names), [str(n) for n in fitted_names]))
+        if frame_names is not None and fitted_names is None:
+            warnings.warn(
+                "X has feature names, but LogisticRegression was fitted without feature names",
+                UserWarning,
+                stacklevel=2,
+            )
+        if frame_names is None and getattr(self, "_names_from_frame", False) and not _is_frame_like(X):
+            warnings.warn(
+                "X does not have valid feature names, but LogisticRegression was fitted with feature names",
+                UserWarning,
+                stacklevel=2,
+            )
         if not hasattr(X, "__cuda_array_interface__") and not isinstance(X, np.ndarray):
             X = np.asarray(X)
         from .._backend import backend_of_array
 
-        backend = backend_of_array(X)
-        if backend is None:
+        if backend_of_array(X) is None:
             X = np.asarray(X)
         if X.ndim != 2:
             raise SchemaMismatchError(not_2d_message(X))
@@ -297,9 +372,10 @@ class LogisticRegression:
                 raise UnsupportedTypeError(f"X has dtype object and holds non-numbers: {exc}") from None
         if X.dtype.kind not in "iufb":
             raise UnsupportedTypeError(f"X has dtype {X.dtype}; numeric features are needed")
-        return self._decision_array(X, [f"x{j}" for j in range(X.shape[1])])
+        names = list(frame_names) if frame_names is not None else [f"x{j}" for j in range(X.shape[1])]
+        return self._decision_array(X, names)
 
-    def _decision_array(self, X: Any, names: list[str]) -> Any:
+    def _decision_array(self, X: Any, names: list[str], valid: Any = None) -> Any:
         from .._backend import backend_of_array
         from ._data import locate_nonfinite
 
@@ -312,34 +388,94 @@ class LogisticRegression:
             dtype = X.dtype if X.dtype in (np.float32, np.float64) else np.float64
             if X.dtype != dtype:
                 X = X.astype(dtype)
-            coef = xp.asarray(self.coef_[0].astype(dtype))
-            out = (X @ coef).astype(np.float64) + float(self.intercept_[0])
-            if not bool(xp.isfinite(out).all()):
-                raise locate_nonfinite(xp, X, names)
+            coef = xp.asarray(np.nan_to_num(self.coef_[0], nan=0.0).astype(dtype))
+            intercept = float(np.nan_to_num(self.intercept_[0], nan=0.0))
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = (X @ coef).astype(np.float64) + intercept
+            bad = ~xp.isfinite(out)
+            if valid is not None:
+                bad &= valid
+            if bool(bad.any()):
+                raise locate_nonfinite(xp, X if valid is None else X[valid], names)
+            if valid is not None:
+                out[~valid] = np.nan
             return out
 
     def predict_proba(self, X: Any, **kwargs: Any) -> Any:
-        """(n, 2) probabilities of ``classes_[0]`` and ``classes_[1]``."""
+        """(n, 2) probabilities of ``classes_[0]`` and ``classes_[1]`` (NaN for rows with NULLs)."""
         d = self.decision_function(X, **kwargs)
         xp = _xp_of(d)
         p1 = _sigmoid(xp, d)
         return xp.stack([1.0 - p1, p1], axis=1)
 
-    def predict(self, X: Any, **kwargs: Any) -> Any:
-        """The predicted label of every row (``classes_[1]`` where the decision function is positive)."""
+    def predict_log_proba(self, X: Any, **kwargs: Any) -> Any:
+        """(n, 2) natural logs of :meth:`predict_proba`, computed without rounding to 0 first."""
         d = self.decision_function(X, **kwargs)
         xp = _xp_of(d)
-        return xp.asarray(self.classes_)[(d > 0).astype(np.int64)]
+        tail = xp.log1p(xp.exp(-xp.abs(d)))
+        return xp.stack([-(xp.maximum(d, 0.0) + tail), -(xp.maximum(-d, 0.0) + tail)], axis=1)
+
+    def predict(self, X: Any, **kwargs: Any) -> Any:
+        """The predicted label of every row (``classes_[1]`` where the decision function is positive).
+
+        Rows of a Table with NULL features have no label: the result is then float64 with NaN there
+        for numeric or bool labels (True as 1.0, as pandas does), or a NumPy object array with None.
+        """
+        return self._labels(self.decision_function(X, **kwargs))
+
+    def _labels(self, d: Any) -> Any:
+        xp = _xp_of(d)
+        missing = xp.isnan(d)
+        classes = self.classes_
+        if not bool(missing.any()):
+            return xp.asarray(classes)[(d > 0).astype(np.int64)]
+        if classes.dtype.kind in "biuf":
+            out = xp.asarray(classes.astype(np.float64))[(d > 0).astype(np.int64)]
+            out[missing] = np.nan
+            return out
+        host = np.asarray(d.get() if xp is not np else d)
+        out = classes[(host > 0).astype(np.int64)].astype(object)
+        out[np.isnan(host)] = None
+        return out
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Mean accuracy (weighted by ``sample_weight``)."""
-        pred = self.predict(X)
-        xp = _xp_of(pred)
+        """Mean accuracy (weighted by ``sample_weight``).
+
+        With a Table, ``y`` (and ``sample_weight``) may name columns; rows with a NULL in a feature,
+        the target or the weight are skipped, with a warning that says how many.
+        """
+        if not is_table(X) and (isinstance(y, str) or isinstance(sample_weight, str)):
+            raise DataError("score(X, 'name') names a column of a Table; for arrays pass the labels")
+        d = self.decision_function(X)
+        xp = _xp_of(d)
+        keep = ~xp.isnan(d)
+        if is_table(X):
+            table = X if self.device is None else X.to(self.device)
+            if isinstance(y, str):
+                keep &= table.column(y).is_valid()
+                y = table.column(y).values
+            if isinstance(sample_weight, str):
+                keep &= table.column(sample_weight).is_valid()
+                sample_weight = table.column(sample_weight).values
+        pred = self._labels(d)
+        if isinstance(pred, np.ndarray) and xp is not np:  # labels only a host array can hold
+            xp = np
+            keep = keep.get()
+        if xp is np:
+            y = y.get() if hasattr(y, "get") else y
+            sample_weight = sample_weight.get() if hasattr(sample_weight, "get") else sample_weight
         y = xp.asarray(y)
-        hit = (pred == y).astype(np.float64)
+        if y.shape != d.shape:
+            raise SchemaMismatchError(f"y has shape {tuple(y.shape)} but X has {d.shape[0]:,} rows")
+        skipped = int(d.shape[0] - int(xp.count_nonzero(keep)))
+        if skipped:
+            warnings.warn(f"score skipped {skipped:,} row(s) with NULLs", UserWarning, stacklevel=2)
+            if skipped == d.shape[0]:
+                raise DataError("score has no rows to compare: every row holds a NULL")
+        hit = (pred[keep] == y[keep]).astype(np.float64)
         if sample_weight is None:
             return float(hit.mean())
-        sw = xp.asarray(sample_weight, dtype=np.float64)
+        sw = xp.asarray(sample_weight, dtype=np.float64)[keep]
         return float((hit * sw).sum() / sw.sum())
 
     def summary(self) -> Summary:
@@ -379,6 +515,45 @@ def _same_label(a: Any, b: Any) -> bool:
         return False
 
 
+def _frame_names(X: Any) -> list[str] | None:
+    """A pandas DataFrame's column names (all strings), as scikit-learn's ``feature_names_in_``."""
+    cols = getattr(X, "columns", None)
+    if cols is None or not hasattr(X, "iloc"):
+        return None
+    names = list(cols)
+    return names if names and all(isinstance(n, str) for n in names) else None
+
+
+def _names_mismatch(given: list[str], fitted: list[str]) -> str:
+    """scikit-learn's wording (its checks match it), then the names."""
+    unseen, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
+    text = "The feature names should match those that were passed during fit.\n"
+    for title, names in (
+        ("Feature names unseen at fit time:", unseen),
+        ("Feature names seen at fit time, yet now missing:", missing),
+    ):
+        if names:
+            text += title + "\n" + "".join(f"- {n}\n" for n in names[:5]) + ("- ...\n" if len(names) > 5 else "")
+    if not unseen and not missing:
+        text += "Feature names must be in the same order as they were in fit.\n"
+    return text + f"(X has {given!r}; this model was fitted on {fitted!r})"
+
+
+def _is_frame_like(X: Any) -> bool:
+    return hasattr(X, "columns") and hasattr(X, "iloc")
+
+
+def _valid_rows(table: Any, names: Sequence[str]) -> Any:
+    """True where none of the named columns is NULL; None when they hold no NULLs."""
+    valid = None
+    for name in names:
+        col = table.column(name)
+        if col.null_count:
+            v = col.is_valid()
+            valid = v if valid is None else valid & v
+    return valid
+
+
 def _table_dtype(table: Any, names: list[str]) -> Any:
     return np.float32 if {str(table.column(n).type) for n in names} == {"float"} else np.float64
 
@@ -399,22 +574,25 @@ def _sigmoid(xp: Any, d: Any) -> Any:
 # -- MADlib's functions ---------------------------------------------------------------------------
 
 
-def _independent(independent: str | Sequence[Any]) -> tuple[list[str], bool]:
-    """Column names, and whether MADlib's intercept marker ``1`` was among them."""
+def _independent(independent: str | Sequence[Any]) -> tuple[list[str], int | None]:
+    """Column names, and where MADlib's intercept marker ``1`` stands among the items (None: absent)."""
     if isinstance(independent, str):
         text = independent.strip()
         if text.upper().startswith("ARRAY[") and text.endswith("]"):
             text = text[6:-1]
         independent = [p.strip() for p in text.split(",") if p.strip()]
-    names, intercept = [], False
+    names: list[str] = []
+    intercept_at = None
     for item in independent:
-        if item == 1 or item == "1":
-            intercept = True
+        if not isinstance(item, bool) and (item == 1 or item == "1"):
+            if intercept_at is not None:
+                raise DataError("the independent variables hold the intercept marker 1 twice")
+            intercept_at = len(names)
         elif isinstance(item, str):
             names.append(item)
         else:
             raise DataError(f"independent variables are column names (and 1 for the intercept); got {item!r}")
-    return names, intercept
+    return names, intercept_at
 
 
 def logregr_train(
@@ -425,40 +603,71 @@ def logregr_train(
     tol: float = 1e-4,
     **kwargs: Any,
 ) -> LogisticRegression:
-    """MADlib's ``logregr_train`` on a Table or a scan: returns the fitted model.
+    """MADlib's ``logregr_train`` (optimizer ``'irls'``) on a Table or a scan: returns the fitted model.
 
-    ``independent`` lists feature column names (``"ARRAY[1, x1, x2]"`` or ``[1, "x1", "x2"]`` as in
-    MADlib; the intercept is fitted either way unless ``fit_intercept=False`` is passed). The model's
-    ``coefficients_`` hold the intercept first, like MADlib's ``coef``; the statistics are the
-    estimator's attributes. Other keyword arguments go to :class:`LogisticRegression`.
+    As in MADlib, point by point (docs/ml.md lists them): ``independent`` lists feature column names
+    and the intercept is fitted only where it holds ``1`` (``"ARRAY[1, x1, x2]"`` or ``[1, "x1", "x2"]``);
+    ``coefficients_`` and the statistics follow the array's order; iteration stops after ``max_iter``
+    iterations or when the log-likelihood changed by less than ``tol`` (absolute), and the last
+    iteration's Newton step is applied (its statistics are those of the pass before it); rows with a
+    NULL are skipped and counted. Other keyword arguments go to :class:`LogisticRegression`.
     """
-    names, _ = _independent(independent)
+    names, intercept_at = _independent(independent)
+    if "fit_intercept" in kwargs and bool(kwargs["fit_intercept"]) != (intercept_at is not None):
+        raise DataError(
+            "logregr_train takes the intercept from the independent array: include 1 in it, or leave it out"
+        )
+    kwargs["fit_intercept"] = intercept_at is not None
     model = LogisticRegression(max_iter=max_iter, tol=tol, **kwargs)
-    return model.fit(table, columns=names, target=dependent)
+    return model._fit(table, None, None, names, dependent, rule="madlib", intercept_at=intercept_at or 0)
 
 
 def _model_and_names(model: Any, independent: Any) -> tuple[LogisticRegression, list[str] | None]:
-    names = _independent(independent)[0] if independent is not None else None
     if isinstance(model, LogisticRegression):
         model._check_fitted()
-        return model, names
-    coef = np.asarray(model, dtype=np.float64).ravel()  # MADlib's coef array: intercept first
-    if coef.size < 2:
-        raise DataError("coefficients must hold the intercept and at least one feature weight")
+        return model, _independent(independent)[0] if independent is not None else None
+    coef = np.asarray(model, dtype=np.float64).ravel()  # MADlib's coef array, in the array's order
+    if independent is None:  # no array to align with: intercept first
+        if coef.size < 2:
+            raise DataError("coefficients must hold the intercept and at least one feature weight")
+        intercept, weights, names = coef[0], coef[1:], None
+    else:
+        names, at = _independent(independent)
+        if at is None and coef.size == len(names) + 1:  # names without the 1, coef with the intercept first
+            at = 0
+        if coef.size != len(names) + (at is not None):
+            raise DataError(
+                f"{coef.size} coefficient(s) for {len(names) + (at is not None)} independent variable(s): "
+                "the lengths must be equal"
+            )
+        intercept = coef[at] if at is not None else 0.0
+        weights = np.delete(coef, at) if at is not None else coef
+        if not len(names):
+            raise DataError("the independent variables name no column")
     m = LogisticRegression()
-    m.coef_, m.intercept_ = coef[1:].reshape(1, -1), coef[:1].copy()
+    m.coef_, m.intercept_ = weights.reshape(1, -1), np.array([intercept])
     m.classes_ = np.array([False, True])
     return m, names
 
 
 def logregr_predict(model: Any, table: Any, independent: Any = None) -> Any:
-    """MADlib's ``logregr_predict``: True where the predicted probability is above 0.5."""
+    """MADlib's ``logregr_predict``: True where the predicted probability is above 0.5.
+
+    Rows with a NULL feature have no prediction (MADlib: NULL): the result is then float64, NaN there.
+    """
     m, names = _model_and_names(model, independent)
-    return m.decision_function(table, columns=names) > 0
+    d = m.decision_function(table, columns=names)
+    xp = _xp_of(d)
+    missing = xp.isnan(d)
+    if not bool(missing.any()):
+        return d > 0
+    out = (d > 0).astype(np.float64)
+    out[missing] = np.nan
+    return out
 
 
 def logregr_predict_prob(model: Any, table: Any, independent: Any = None) -> Any:
-    """MADlib's ``logregr_predict_prob``: the probability of the positive class for every row."""
+    """MADlib's ``logregr_predict_prob``: the probability of the positive class for every row (NaN for NULLs)."""
     m, names = _model_and_names(model, independent)
     d = m.decision_function(table, columns=names)
     return _sigmoid(_xp_of(d), d)
