@@ -240,14 +240,15 @@ def run_case(case: dict, workdir: str, device: str) -> str:
         time.sleep(3600)
 
     data = Path(case["seed_file"]).read_bytes()
-    mutant, _ = mutate(data, random.Random(case["rng"]))
+    if case["rng"] is not None:
+        data, _ = mutate(data, random.Random(case["rng"]))
     path = os.path.join(workdir, f"mutant{case['index']}{Path(case['seed_file']).suffix}")
     with open(path, "wb") as f:
-        f.write(mutant)
+        f.write(data)
     try:
         ref = _reference(path)
         try:
-            if case["index"] % 3 == 2:
+            if case["index"] % 3 == 2 and case["rng"] is not None:
                 got = pystrom.scan_arrow(path, where="i64 >= 0 or i64 < 0 or i64 is null", device=device).collect()
             else:
                 got = pystrom.read_arrow(path, device=device)
@@ -293,7 +294,7 @@ def run_cases(all_cases: list[dict], device: str = "cpu", case_timeout: float = 
             spec = Path(tmp) / "spec.json"
             spec.write_text(json.dumps({"cases": todo, "device": device}))
             proc = subprocess.Popen(
-                [sys.executable, __file__, "worker", str(spec)],
+                [sys.executable, *(["-S"] if sys.flags.no_site else []), __file__, "worker", str(spec)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONFAULTHANDLER": ""},
@@ -349,22 +350,30 @@ def main(argv: list[str]) -> None:
     p.add_argument("--cases", type=int, default=20000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--corpus", help="read every file under this folder as it is (e.g. arrow-testing's data/)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        seeds = write_seeds(Path(tmp) / "seeds")
         start = time.monotonic()
-        all_cases = cases(seeds, args.cases, args.seed)
+        if args.corpus:
+            files = sorted(f for f in Path(args.corpus).rglob("*") if f.is_file() and f.suffix not in (".gz", ".md"))
+            all_cases = [{"seed_file": str(f), "rng": None, "index": i} for i, f in enumerate(files)]
+        else:
+            all_cases = cases(write_seeds(Path(tmp) / "seeds"), args.cases, args.seed)
         outcomes = run_cases(all_cases, args.device)
         print(f"{len(outcomes)} mutants in {time.monotonic() - start:.0f} s")
         per_seed: dict[str, Counter] = {}
         for case in all_cases:
-            per_seed.setdefault(Path(case["seed_file"]).name, Counter())[outcomes[case["index"]].split(" ")[0]] += 1
+            group = Path(case["seed_file"]).parent.name if args.corpus else Path(case["seed_file"]).name
+            per_seed.setdefault(group, Counter())[outcomes[case["index"]].split(" ")[0]] += 1
         for name, counts in per_seed.items():
             print(f"  {name}: {dict(counts)}")
         print("total:", dict(summary(outcomes)))
         for case in all_cases:
             o = outcomes[case["index"]]
             if o.startswith(FAILURES) or o == "error:FileFormatError ref-ok":
+                if args.corpus:
+                    print("FAILURE" if o.startswith(FAILURES) else "refused", case["seed_file"], o)
+                    continue
                 data = Path(case["seed_file"]).read_bytes()
                 print(
                     "FAILURE" if o.startswith(FAILURES) else "refused",
