@@ -7,8 +7,7 @@ Per column, the batches land one after the other:
   in one pass (:mod:`.offsets`: monotone, inside their data buffer); their first/last values give each
   batch's exact byte count, needed before the table can be allocated; then they are rebased into place;
 - bit-packed booleans and validity bitmaps are read to scratch and re-laid out by the bitmap kernels
-  (a batch boundary is rarely on a multiple of 8 rows, and pystrom keeps booleans one byte each).
-
+  (a batch boundary is rarely on a multiple of 8 rows, and pystrom keeps booleans one byte each);
 - the NULLs in the unpacked validity bitmaps are counted on the device and compared with the counts
   the metadata claimed (read back once, after every column is in place).
 
