@@ -1,7 +1,8 @@
 """Arrow IPC files to the device: read_arrow and scan_arrow against what users do without pystrom.
 
 One file of 6 float64 + 2 int64 columns (8 GiB; 512 MiB with --quick), written once by
-pystrom.write_arrow. Baselines, measured in the same run:
+pystrom.write_arrow, and one file of a string column (1 GiB of string data; 64 MiB with --quick), whose
+offsets read_arrow checks on the device before using them. Baselines, measured in the same run:
 
 - ``pyarrow.feather.read_table`` + ``cupy.asarray`` per column (``numpy.array`` copies on the CPU);
 - a raw KvikIO read of the whole file into one device buffer, with the same thread/task settings
@@ -40,6 +41,23 @@ def _write(path: str, rows: int, batch_rows: int) -> None:
             cols["i0"] = rng.integers(0, 1 << 40, n)
             cols["ts"] = np.arange(start, start + n, dtype=np.int64)  # sorted: statistics can skip batches
             yield pa.RecordBatch.from_pydict(cols)
+
+    pystrom.write_arrow(batches(), path)
+
+
+def _write_strings(path: str, data_bytes: int, batch_rows: int) -> None:
+    """One string column of ASCII values 0..31 bytes long (about ``data_bytes`` of string data)."""
+
+    def batches():
+        rng = np.random.default_rng(1)
+        done = 0
+        while done < data_bytes:
+            lengths = rng.integers(0, 32, batch_rows, dtype=np.int32)
+            offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int32)]).astype(np.int32)
+            data = rng.integers(97, 123, int(offsets[-1]), dtype=np.uint8)
+            arr = pa.StringArray.from_buffers(batch_rows, pa.py_buffer(offsets), pa.py_buffer(data))
+            done += int(offsets[-1])
+            yield pa.record_batch([arr], names=["s"])
 
     pystrom.write_arrow(batches(), path)
 
@@ -129,6 +147,15 @@ def run(device: str, quick: bool) -> list[Result]:
                               measure(narrow.collect, sync, repeat),
                               measure(lambda: _mask_ts(baseline_read(), rows), sync, repeat), size))  # fmt: skip
         print(f"  stats of the narrow scan: {narrow.stats}")
+
+        # A string column: its offsets are checked on the device (one launch for the read) before use.
+        spath = os.path.join(tmp, "strings.arrow")
+        _write_strings(spath, (64 << 20) if quick else (1 << 30), 1 << 20)
+        ssize = os.path.getsize(spath)
+        results.append(Result(f"read_arrow {ssize / 2**30:.2f} GiB string column, warm", "raw read of the whole file",
+                              measure(lambda: pystrom.read_arrow(spath, device=device), sync, repeat),
+                              measure(lambda: _raw_read(spath, ssize, backend), sync, repeat), ssize))  # fmt: skip
+        os.unlink(spath)
 
         cold_repeat = 1 if quick else 2
         ours_cold = _measure_cold(path, lambda: pystrom.read_arrow(path, device=device), sync, cold_repeat)

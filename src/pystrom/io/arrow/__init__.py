@@ -3,9 +3,13 @@
 1. :mod:`.scan` - ``read_arrow`` / ``scan_arrow``: which files, columns and record batches; batches
    whose statistics (:mod:`.stats`) rule out ``where`` are skipped unread; ``where`` runs on the device.
 2. :mod:`.file` - the file's metadata: the schema and where each requested column's buffers sit.
-3. :mod:`.direct` - those byte ranges read straight into one Table allocation (or inflated on the
-   host where the file is compressed or dictionary-encoded), through :mod:`.ranges` (KvikIO on a GPU,
-   threaded ``pread`` on the CPU).
+3. :mod:`.direct` - those byte ranges read straight into one Table allocation, through :mod:`.ranges`
+   (KvikIO on a GPU, threaded ``pread`` on the CPU), string offsets checked by :mod:`.offsets` before
+   use; columns that cannot be read that way (compressed, big-endian, dictionary-encoded, large
+   strings) go through pyarrow on the host, validated first, in :mod:`.host`.
+
+Nothing from the file is followed unchecked: docs/arrow-files.md ("Corrupt and hostile files") lists
+every check and where it happens.
 
 Writing: :mod:`.write` (``write_arrow``) turns what the caller holds into record batches, and
 :mod:`.file_writer` writes them 64-byte aligned with their statistics, using the flatbuffer messages of

@@ -3,13 +3,18 @@
 Per column, the batches land one after the other:
 
 - fixed-width values and string bytes are read from the file directly to their final position;
-- string offsets are read to a scratch array first (their first/last values give each batch's exact
-  byte count, needed before the table can be allocated), then rebased into place;
+- string offsets (all string columns of the read) are read to one scratch array first and checked there
+  in one pass (:mod:`.offsets`: monotone, inside their data buffer); their first/last values give each
+  batch's exact byte count, needed before the table can be allocated; then they are rebased into place;
 - bit-packed booleans and validity bitmaps are read to scratch and re-laid out by the bitmap kernels
-  (a batch boundary is rarely on a multiple of 8 rows, and pystrom keeps booleans one byte each).
+  (a batch boundary is rarely on a multiple of 8 rows, and pystrom keeps booleans one byte each);
+- the NULLs in the unpacked validity bitmaps are counted on the device and compared with the counts
+  the metadata claimed (read back once, after every column is in place).
 
 Columns whose file layout is not pystrom's (dictionaries, large or view strings) and files with
-compressed bodies go through pyarrow on the host and the common table builder instead.
+compressed bodies go through pyarrow on the host (:mod:`.host`, validated there) and the common table
+builder instead. Everything else the read relies on (row counts, null counts, buffer ranges inside
+the file and long enough) was checked by :mod:`.file` from the metadata.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from ..._backend import Backend, Block
 from ..._layout import ColumnPlan, ColumnSpec, plan_table
 from ..._types import ColumnType, Layout
 from ...errors import CapacityError, FileFormatError
-from ...interop.arrow_import import host_column
-from ...interop.build import HostColumn, _fill_host, _Writer
+from ...interop.build import _fill_host, _Writer
 from ...kernels import launch
 from ...table import Table
 from .file import ArrowFile, BatchLayout
+from .host import host_columns
+from .offsets import check_offsets
 from .ranges import RangeReader, as_bytes
 
 __all__ = ["read_batches"]
@@ -62,22 +68,11 @@ def read_batches(
     num_rows = sum(b.num_rows for b in batches)
     row_starts = np.cumsum([0] + [b.num_rows for b in batches])[:-1]
     direct = [c for c in columns if types[c] is not None and not file.compressed]
-    host: dict[str, HostColumn] = {}
-    host_names = [c for c in columns if c not in direct]
-    if host_names:
-        host_batches = [file.host_batch(b.index, host_names) for b in batches]
-        for i, name in enumerate(host_names):
-            field = schema.field(name)
-            chunks = pa.chunked_array([hb.column(i) for hb in host_batches], type=field.type)
-            host[name] = host_column(name, field, chunks)
+    host = host_columns(file, batches, [c for c in columns if c not in direct])
 
     with RangeReader(file.path, backend, progress) as reader, backend.activate():
         xp = backend.xp
-        strings = {
-            name: _string_sizes(file, reader, xp, batches, name)
-            for name in direct
-            if types[name].layout == Layout.VARBINARY
-        }
+        strings = _string_sizes(file, reader, xp, batches, [n for n in direct if types[n].layout == Layout.VARBINARY])
         specs = []
         for name in columns:
             if name in host:
@@ -98,8 +93,8 @@ def read_batches(
             if col_plan.name in direct:
                 fixups.append(_read_column(reader, block, col_plan, batches, row_starts, strings.get(col_plan.name)))
         reader.wait()
-        for fixup in fixups:
-            fixup()
+        null_counts = [fixup() for fixup in fixups]
+        _check_null_counts(file, backend, plan, [c for c in null_counts if c is not None])
         if host:
             writer = _Writer(block)
             for col_plan in plan.columns:
@@ -113,43 +108,55 @@ def read_batches(
     return table, bytes_read
 
 
-def _string_sizes(file: ArrowFile, reader: RangeReader, xp: Any, batches: Sequence[BatchLayout], name: str):
-    """Read a string column's offsets to scratch; check them; each batch's first offset and byte count."""
-    counts = np.array([b.chunks[name].length for b in batches], dtype=np.int64)
+def _string_sizes(
+    file: ArrowFile, reader: RangeReader, xp: Any, batches: Sequence[BatchLayout], names: Sequence[str]
+) -> dict[str, _StringSizes]:
+    """Read the string columns' offsets to one scratch array; check them all (:mod:`.offsets`); each
+    batch's first offset and byte count per column."""
+    if not names:
+        return {}
+    counts = np.array([[b.chunks[n].length for b in batches] for n in names], dtype=np.int64).reshape(-1)
     sizes = np.where(counts > 0, counts + 1, 0)
     starts = np.cumsum(np.concatenate([[0], sizes]))
     scratch = xp.zeros(int(starts[-1]), dtype=xp.int32)
     raw = as_bytes(scratch)
-    for b, start, size in zip(batches, starts[:-1], sizes):
+    chunks = [b.chunks[n] for n in names for b in batches]
+    for chunk, start, size in zip(chunks, starts[:-1], sizes):
         if size:
-            reader.read(b.chunks[name].values.offset, int(size) * 4, raw[int(start) * 4 : int(start + size) * 4])
+            reader.read(chunk.values.offset, int(size) * 4, raw[int(start) * 4 : int(start + size) * 4])
     reader.wait()
-    nonempty = counts > 0
-    first = np.zeros(len(batches), dtype=np.int64)
-    last = np.zeros(len(batches), dtype=np.int64)
-    if nonempty.any():
-        ends = starts[1:][nonempty] - 1
-        firsts = starts[:-1][nonempty]
-        backend = reader.backend
-        edges = backend.to_host(scratch[backend.from_host(np.concatenate([firsts, ends]))])
-        k = int(nonempty.sum())
-        first[nonempty] = edges[:k]
-        last[nonempty] = edges[k:]
-        # offsets must not decrease inside a batch (batch boundaries are allowed to jump)
-        steps = scratch[1:] - scratch[:-1]
-        if len(steps):
-            inner = xp.ones(len(steps), dtype=bool)
-            boundary = starts[1:-1] - 1  # the step from one batch's last offset to the next batch's first
-            boundary = boundary[(boundary >= 0) & (boundary < len(steps))]
-            if len(boundary):
-                inner[backend.from_host(boundary)] = False
-            bad = bool(((steps < 0) & inner).any())
-        else:
-            bad = False
-        data_sizes = np.array([b.chunks[name].data.size if b.chunks[name].data else 0 for b in batches])
-        if bad or (first < 0).any() or (last < first).any() or (last > data_sizes).any():
-            raise FileFormatError(f"{file.path!r}: column {name!r} has invalid string offsets (corrupt file)")
-    return _StringSizes(scratch, starts[:-1], first, last - first)
+    nonempty = np.flatnonzero(sizes)
+    data_sizes = np.array([c.data.size if c.data is not None else 0 for c in chunks], dtype=np.int64)
+    f, la, bad = check_offsets(reader.backend, scratch, starts[:-1][nonempty], sizes[nonempty], data_sizes[nonempty])
+    if bad.any():
+        k = int(nonempty[int(np.flatnonzero(bad)[0])])
+        name, batch = names[k // len(batches)], batches[k % len(batches)].index
+        raise FileFormatError(
+            f"{file.path!r}: record batch {batch}, column {name!r} has invalid string offsets (they decrease, start "
+            "below 0 or end beyond the data buffer: corrupt file)"
+        )
+    first = np.zeros(len(chunks), dtype=np.int64)
+    last = np.zeros(len(chunks), dtype=np.int64)
+    first[nonempty], last[nonempty] = f, la
+    out = {}
+    for i, name in enumerate(names):
+        cols = slice(i * len(batches), (i + 1) * len(batches))
+        out[name] = _StringSizes(scratch, starts[cols], first[cols], last[cols] - first[cols])
+    return out
+
+
+def _check_null_counts(file: ArrowFile, backend: Backend, plan: Any, counted: list[tuple[str, int, Any]]) -> None:
+    """Compare the NULLs found in the bitmaps with the counts the metadata gave (one copy back)."""
+    if not counted:
+        return
+    xp = backend.xp
+    found = backend.to_host(xp.stack([c for _, _, c in counted]))
+    for (name, claimed, _), got in zip(counted, found):
+        if int(got) != claimed:
+            raise FileFormatError(
+                f"{file.path!r}: column {name!r}: the record batches claim {claimed} NULLs, their validity bitmaps "
+                f"hold {int(got)} (corrupt file)"
+            )
 
 
 def _read_column(
@@ -184,16 +191,19 @@ def _read_column(
         bits = _read_bitmaps(reader, xp, batches, name, lambda c: c.values)
     validity = _read_bitmaps(reader, xp, batches, name, lambda c: c.validity) if plan.validity else None
 
-    def fixup() -> None:
+    def fixup() -> tuple[str, int, Any] | None:
+        """Lay out what was read; (name, NULLs claimed, NULLs found on the device) for a nullable column."""
         if layout == Layout.VARBINARY:
             _place_offsets(xp, block, plan, strings, row_starts, batches, name)
         elif layout == Layout.BOOL:
             values = block.array(plan.values.offset, np.uint8, (plan.length,))
             _unpack_batches(backend, bits, batches, name, row_starts, values, missing=None)
-        if validity is not None:
-            valid = xp.empty(plan.length, dtype=np.uint8)
-            _unpack_batches(backend, validity, batches, name, row_starts, valid, missing=1)
-            _pack_into(backend, valid, block.array(plan.validity.offset, np.uint8, (plan.validity.size,)))
+        if validity is None:
+            return None
+        valid = xp.empty(plan.length, dtype=np.uint8)
+        _unpack_batches(backend, validity, batches, name, row_starts, valid, missing=1)
+        _pack_into(backend, valid, block.array(plan.validity.offset, np.uint8, (plan.validity.size,)))
+        return name, plan.null_count, plan.length - xp.count_nonzero(valid)
 
     return fixup
 

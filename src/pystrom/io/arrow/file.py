@@ -5,14 +5,25 @@ body, the buffers it hands back are slices of the mapping, so ``buffer.address -
 buffer's file offset. Only the metadata pages are touched on the host: the data pages are later read
 by KvikIO (or threaded ``pread`` on the CPU backend) straight to their place in the table.
 
-A compressed body cannot be sliced like that (pyarrow inflates it into fresh memory): such a file is
-marked ``compressed`` and read on the host. IPC stream files (no footer) are walked message by
-message in the same way.
+A compressed (or big-endian: pyarrow swaps it) body cannot be sliced like that (pyarrow writes it
+into fresh memory): such a file is marked ``compressed`` and read on the host (:mod:`.host`). IPC
+stream files (no footer), also the pre-0.15 "legacy" streams without the continuation marker, are
+walked message by message in the same way.
+
+What is checked here, before anything reads a data page (the file may come from anyone): every
+requested column's type is one pystrom can hold (else UnsupportedTypeError naming it); each column's
+row count equals its batch's; null counts lie in [0, rows]; every buffer lies inside the file and is
+as long as its row count needs. pyarrow's own parser checks the flatbuffers (its verifier bounds
+their depth and size) and that buffers lie inside their body; every error it raises becomes a
+FileFormatError naming the file, the record batch and the column. String offsets are data, checked
+once read (:mod:`.offsets`); the footer statistics are trusted only with their fingerprint
+(:attr:`ArrowFile.footer_stats_trusted`, :mod:`.stats`).
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +33,24 @@ import pyarrow.ipc as ipc
 
 from ..._types import ColumnType, Layout, column_type
 from ...errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError, UnsupportedTypeError
-from .stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY
+from .format import MAX_FOOTER_BYTES, FooterError, read_footer
+from .stats import FINGERPRINT_KEY, FOOTER_MAX_KEY, FOOTER_MIN_KEY, BlocksFingerprint
 
-__all__ = ["Range", "ChunkLayout", "BatchLayout", "ArrowFile", "open_arrow_file"]
+__all__ = ["Range", "ChunkLayout", "BatchLayout", "ArrowFile", "open_arrow_file", "ARROW_ERRORS", "check_types"]
 
 _FILE_MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
+
+# What pyarrow raises on a corrupt file: its own classes (ArrowInvalid, ArrowIndexError,
+# ArrowNotImplementedError, ArrowMemoryError, ... all ArrowException), and plain IndexError, KeyError
+# (an unknown type id), UnicodeDecodeError/ValueError, OverflowError from its Python layer.
+ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, IndexError, KeyError, OverflowError, MemoryError)
+
+
+def corrupt(path: str, what: str, exc: BaseException | None = None) -> FileFormatError:
+    """The FileFormatError for a corrupt ``path``; ``what`` names the record batch and column."""
+    why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+    return FileFormatError(f"{path!r}: {what} is corrupt{why}")
 
 
 @dataclass(frozen=True)
@@ -99,10 +122,18 @@ class ArrowFile:
         self._base = self._whole.address
         head = self._whole[:8].to_pybytes()
         self.is_stream = not head.startswith(_FILE_MAGIC)
-        if self.is_stream and not head.startswith(_CONTINUATION):
+        # A stream written before Arrow 0.15 has no continuation marker: it starts with the int32
+        # length of the schema flatbuffer (pyarrow still reads those).
+        legacy_length = struct.unpack("<i", head[:4])[0]
+        self.legacy_stream = self.is_stream and not head.startswith(_CONTINUATION)
+        if self.legacy_stream and not 8 <= legacy_length <= self.size - 4:
             self.close()
-            raise FileFormatError(f"{path!r} is not an Arrow IPC file or stream (it starts with {head!r})")
+            raise FileFormatError(
+                f"{path!r} is not an Arrow IPC file or stream (it starts with {head!r}: neither the file magic "
+                "'ARROW1', nor a stream's continuation marker, nor the schema length of a pre-0.15 legacy stream)"
+            )
         self._file_reader: Any = None
+        self._footer_trusted: bool | None = None
         self._stream_batches: list[tuple[pa.RecordBatch, Any]] | None = None
         try:
             if self.is_stream:
@@ -119,11 +150,14 @@ class ArrowFile:
                 self._file_reader = ipc.open_file(self._mmap)
                 self.schema = self._file_reader.schema
                 self.num_batches = self._file_reader.num_record_batches
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            # names and metadata are decoded lazily by pyarrow: a mutated name would raise later
+            _ = [(f.name, f.metadata) for f in self.schema], self.schema.metadata
+            self.raw_schema = self.schema  # with any footer statistics, for the statistics reader
+            self.schema = _without_footer_stats(self.schema)
+        except ARROW_ERRORS as exc:
             self.close()
-            raise FileFormatError(f"{path!r} is not a readable Arrow IPC file: {exc}") from None
-        self.raw_schema = self.schema  # with any footer statistics, for the statistics reader
-        self.schema = _without_footer_stats(self.schema)
+            kind = "pre-0.15 legacy IPC stream" if self.legacy_stream else "Arrow IPC file"
+            raise FileFormatError(f"{path!r} is not a readable {kind}: {type(exc).__name__}: {exc}") from None
         self.compressed = False
 
     # -- batches ---------------------------------------------------------------------------------
@@ -134,8 +168,37 @@ class ArrowFile:
             return self._stream_batches[index]
         try:
             return self._file_reader.get_batch_with_custom_metadata(index)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-            raise FileFormatError(f"{self.path!r}: record batch {index} cannot be read: {exc}") from None
+        except ARROW_ERRORS as exc:
+            raise corrupt(self.path, f"record batch {index}", exc) from None
+
+    @property
+    def footer_stats_trusted(self) -> bool:
+        """Whether the footer's min/max lists describe this file's batches (the rule in :mod:`.stats`):
+        the footer's custom metadata holds the fingerprint of the record batch messages, and it matches."""
+        if self._footer_trusted is None:
+            self._footer_trusted = not self.is_stream and self._fingerprint_matches()
+        return self._footer_trusted
+
+    def _fingerprint_matches(self) -> bool:
+        whole = self._whole
+        tail = whole[self.size - 10 :].to_pybytes()
+        length = struct.unpack("<i", tail[:4])[0]
+        if tail[4:] != _FILE_MAGIC or not 0 < length <= min(MAX_FOOTER_BYTES, self.size - 18):
+            return False
+        try:
+            blocks, meta = read_footer(memoryview(whole)[self.size - 10 - length : self.size - 10])
+        except FooterError:
+            return False  # pyarrow read the footer, we could not: no trust, nothing worse
+        want = meta.get(FINGERPRINT_KEY.encode())
+        if want is None or len(blocks) != self.num_batches:
+            return False
+        fp = BlocksFingerprint()
+        view = memoryview(whole)
+        for b in blocks:
+            if b.offset < 0 or b.metadata_length <= 0 or b.offset + b.metadata_length > self.size:
+                return False
+            fp.add(b.offset, b.metadata_length, b.body_length, view[b.offset : b.offset + b.metadata_length])
+        return fp.hexdigest().encode() == want
 
     def _range(self, buf: pa.Buffer | None, what: str) -> Range | None:
         if buf is None:
@@ -153,16 +216,28 @@ class ArrowFile:
         """The file ranges of ``columns`` in batch ``index`` (``types``: None where not direct)."""
         batch, _ = self.record_batch(index)
         chunks: dict[str, ChunkLayout] = {}
+        num_rows = batch.num_rows
+        if num_rows < 0:
+            raise corrupt(self.path, f"record batch {index} (it claims {num_rows} rows)")
         for name in columns:
             ctype = types[name]
             if ctype is None:
                 continue
-            arr = batch.column(name)
-            if isinstance(arr, pa.ExtensionArray):
-                arr = arr.storage
-            bufs = arr.buffers()
-            n = len(arr)
-            validity = self._range(bufs[0], "validity") if arr.null_count else None
+            try:
+                arr = batch.column(name)
+                if isinstance(arr, pa.ExtensionArray):
+                    arr = arr.storage
+                bufs = arr.buffers()
+                n, null_count = len(arr), arr.null_count
+            except ARROW_ERRORS as exc:
+                raise corrupt(self.path, f"record batch {index}, column {name!r}", exc) from None
+            if n != num_rows or not 0 <= null_count <= n or len(bufs) < 2:
+                raise corrupt(
+                    self.path,
+                    f"record batch {index}, column {name!r} ({n} rows and {null_count} NULLs in a batch of "
+                    f"{num_rows} rows)",
+                )
+            validity = self._range(bufs[0], "validity") if null_count else None
             values = self._range(bufs[1], "values")
             data = self._range(bufs[2], "data") if ctype.layout == Layout.VARBINARY else None
             if self.compressed:
@@ -170,15 +245,19 @@ class ArrowFile:
             if values is None:
                 values = Range(0, 0)
             _check_sizes(self.path, index, name, ctype, n, validity, values, data)
-            chunks[name] = ChunkLayout(n, arr.null_count, validity, values, data)
-        return BatchLayout(index, batch.num_rows, chunks)
+            chunks[name] = ChunkLayout(n, null_count, validity, values, data)
+        return BatchLayout(index, num_rows, chunks)
 
     def custom_metadata(self, index: int) -> Any:
         return self.record_batch(index)[1]
 
     def host_batch(self, index: int, columns: Sequence[str]) -> pa.RecordBatch:
-        """Batch ``index`` restricted to ``columns``, in host memory (decompressed if need be)."""
-        return self.record_batch(index)[0].select(list(columns))
+        """Batch ``index`` restricted to ``columns``, in host memory (decompressed if need be), not
+        yet validated: :mod:`.host` does that before anything reads its data."""
+        try:
+            return self.record_batch(index)[0].select(list(columns))
+        except ARROW_ERRORS as exc:
+            raise corrupt(self.path, f"record batch {index}", exc) from None
 
     def close(self) -> None:
         self._file_reader = None
@@ -203,7 +282,7 @@ def _check_sizes(path: str, index: int, name: str, ctype: ColumnType, n: int, va
         need = (n + 1) * 4 if n else 0
     else:
         need = n * ctype.width
-    short = values.size < need or (validity is not None and validity.size < (n + 7) // 8)
+    short = values.size < need or (validity is not None and n and validity.size < (n + 7) // 8)
     if ctype.layout == Layout.VARBINARY and n and data is None:
         short = True
     if short:
@@ -248,6 +327,30 @@ def resolve_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str)
 
 def direct_types(schema: pa.Schema, columns: Sequence[str]) -> dict[str, ColumnType | None]:
     return {name: _direct_type(schema.field(name).type, name) for name in columns}
+
+
+_NARROWED = {"large_string": pa.string(), "string_view": pa.string(), "large_binary": pa.binary(),
+             "binary_view": pa.binary()}  # fmt: skip
+
+
+def _held_type(t: pa.DataType) -> pa.DataType:
+    """The type a column of Arrow type ``t`` has in a Table (dictionaries decoded, strings narrowed)."""
+    if pa.types.is_dictionary(t):
+        return _held_type(t.value_type)
+    if isinstance(t, pa.BaseExtensionType):
+        return t  # its storage type is checked by column_type
+    return _NARROWED.get(str(t), t)
+
+
+def check_types(schema: pa.Schema, columns: Sequence[str], path: str) -> None:
+    """Refuse, before any batch is read, a requested column whose type pystrom cannot hold (intervals,
+    nested, decimal256...), naming it; pyarrow cannot even wrap some of them (month_interval)."""
+    for name in columns:
+        t = schema.field(name).type
+        try:
+            column_type(_held_type(t), name)
+        except UnsupportedTypeError as exc:
+            raise UnsupportedTypeError(f"{path!r}: {exc}") from None
 
 
 def open_arrow_file(path: Any) -> ArrowFile:

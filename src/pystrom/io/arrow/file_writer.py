@@ -34,7 +34,15 @@ import pyarrow.types as pt
 from ... import _core
 from ...errors import FileError, SchemaMismatchError, UnsupportedTypeError
 from . import format as fmt
-from .stats import FOOTER_MAX_KEY, FOOTER_MIN_KEY, STATS_KEY_PREFIX, column_stats, footer_lists
+from .stats import (
+    FINGERPRINT_KEY,
+    FOOTER_MAX_KEY,
+    FOOTER_MIN_KEY,
+    STATS_KEY_PREFIX,
+    BlocksFingerprint,
+    column_stats,
+    footer_lists,
+)
 
 __all__ = ["write_ipc_file", "WriteSummary", "ALIGNMENT"]
 
@@ -144,6 +152,7 @@ class _Sink:
 
     def __init__(self, fd: int, path: str) -> None:
         self.fd, self.path, self.pos = fd, path, 0
+        self.fingerprint = BlocksFingerprint()  # of the batches, for the footer statistics (stats.py)
 
     def write(self, pieces: list[Any]) -> None:
         views = []
@@ -169,13 +178,16 @@ class _Sink:
         except OSError as e:
             raise FileError(e.errno, f"cannot write Arrow file {self.path!r}: {e.strerror or e}", self.path) from e
 
-    def message(self, flatbuffer: bytes, body: list[Any], body_length: int) -> fmt.Block:
+    def message(self, flatbuffer: bytes, body: list[Any], body_length: int, batch: bool = True) -> fmt.Block:
         """Write one encapsulated message with its body; the body starts on a multiple of 64."""
         start = self.pos
         prefix = 8 + len(flatbuffer)
         meta_len = prefix + _pad(start + prefix)  # a multiple of 8 as well, since start is
         header = _CONTINUATION + struct.pack("<i", meta_len - 8)
-        self.write([header, flatbuffer, _ZEROS[: meta_len - prefix], *body])
+        padding = _ZEROS[: meta_len - prefix]
+        self.write([header, flatbuffer, padding, *body])
+        if batch:
+            self.fingerprint.add(start, meta_len, body_length, header + flatbuffer + padding)
         return fmt.Block(start, meta_len, body_length)
 
 
@@ -346,7 +358,7 @@ def write_ipc_file(
     closed = False
     try:
         sink.write([MAGIC, b"\0\0"])
-        sink.message(fmt.encode_schema_message(specs, schema_meta_pairs), [], 0)
+        sink.message(fmt.encode_schema_message(specs, schema_meta_pairs), [], 0, batch=False)
         blocks: list[fmt.Block] = []
         footer_entries: list[list] = [[] for _ in cols]  # by position: names may repeat
         num_rows = 0
@@ -370,7 +382,10 @@ def write_ipc_file(
                 mins, maxs = footer_lists(entries)
                 spec = (*spec[:3], [*spec[3], (FOOTER_MIN_KEY, mins), (FOOTER_MAX_KEY, maxs)])
             footer_specs.append(spec)
-        footer = fmt.encode_footer(footer_specs, schema_meta_pairs, blocks)
+        footer_meta = []
+        if footer_specs != specs:  # the lists hold only for these very batches: say which (stats.py)
+            footer_meta.append((FINGERPRINT_KEY, sink.fingerprint.hexdigest()))
+        footer = fmt.encode_footer(footer_specs, schema_meta_pairs, blocks, footer_meta)
         sink.write([footer, struct.pack("<i", len(footer)), MAGIC])
         size = sink.pos
         closed = True

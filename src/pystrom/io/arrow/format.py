@@ -8,10 +8,16 @@ type tag first, then the value).
 
 Only the types pystrom writes are encoded: primitive, temporal, decimal128 and (large) binary/string.
 The caller has already refused every other type, so an unknown type here is a programming error.
+
+One table is also *read* here, :func:`read_footer`: the Footer's record batch Blocks and its custom
+metadata, which pyarrow does not expose (the statistics fingerprint lives there, see :mod:`.stats`).
+The bytes come from a file anyone may have written, so every offset is checked against the buffer
+before it is followed, and the sizes are capped.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +25,7 @@ import flatbuffers
 import pyarrow as pa
 import pyarrow.types as pt
 
-__all__ = ["Block", "encode_schema_message", "encode_batch_message", "encode_footer", "METADATA_V5"]
+__all__ = ["Block", "encode_schema_message", "encode_batch_message", "encode_footer", "read_footer", "METADATA_V5"]
 
 METADATA_V5 = 4  # MetadataVersion.V5: what every Arrow >= 1.0 writes and reads
 
@@ -214,11 +220,16 @@ def encode_batch_message(
 
 
 def encode_footer(
-    fields: Sequence[FieldSpec], metadata: Sequence[tuple[str | bytes, str | bytes]], blocks: Sequence[Block]
+    fields: Sequence[FieldSpec],
+    metadata: Sequence[tuple[str | bytes, str | bytes]],
+    blocks: Sequence[Block],
+    footer_metadata: Sequence[tuple[str | bytes, str | bytes]] = (),
 ) -> bytes:
-    """The Footer flatbuffer (File.fbs): the schema again, no dictionaries, one Block per batch."""
+    """The Footer flatbuffer (File.fbs): the schema again, no dictionaries, one Block per batch, and
+    the footer's own custom metadata (``footer_metadata``; pyarrow's ``read_all`` does not carry it)."""
     b = _builder(1024 + 24 * len(blocks))
     schema = _encode_schema(b, fields, metadata)
+    footer_meta = _key_values(b, list(footer_metadata))
     b.StartVector(24, 0, 8)
     dictionaries = b.EndVector()
     b.StartVector(24, len(blocks), 8)  # struct Block { offset: long; metaDataLength: int; bodyLength: long; }
@@ -234,5 +245,96 @@ def encode_footer(
     b.PrependUOffsetTRelativeSlot(1, schema, 0)
     b.PrependUOffsetTRelativeSlot(2, dictionaries, 0)
     b.PrependUOffsetTRelativeSlot(3, batches, 0)
+    if footer_meta is not None:
+        b.PrependUOffsetTRelativeSlot(4, footer_meta, 0)
     b.Finish(b.EndObject())
     return bytes(b.Output())
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading the footer of a file someone else may have written
+
+MAX_FOOTER_BYTES = 1 << 30  # far beyond any real footer (24 bytes a batch); a larger claim is corrupt
+_MAX_KEY_VALUES = 1 << 16
+
+
+class FooterError(ValueError):
+    """The footer bytes are not a well-formed Footer table (the caller names the file)."""
+
+
+class _Reader:
+    """Bounds-checked access to a flatbuffer: every read is inside ``buf`` or raises FooterError."""
+
+    def __init__(self, buf: bytes | memoryview):
+        self.buf = memoryview(buf).cast("B")
+        self.n = len(self.buf)
+
+    def _get(self, fmt_: str, pos: int) -> int:
+        size = struct.calcsize(fmt_)
+        if pos < 0 or pos + size > self.n:
+            raise FooterError(f"a field at byte {pos} lies outside the {self.n}-byte footer")
+        return struct.unpack_from(fmt_, self.buf, pos)[0]
+
+    def table(self, pos: int) -> tuple[int, int, int]:
+        """(table position, vtable position, vtable size) of the table at ``pos``."""
+        vtable = pos - self._get("<i", pos)
+        vsize = self._get("<H", vtable)
+        if vsize < 4 or vsize % 2:
+            raise FooterError(f"a vtable at byte {vtable} has an impossible size {vsize}")
+        self._get("<H", vtable + vsize - 2)  # the whole vtable is inside
+        return pos, vtable, vsize
+
+    def field(self, table: tuple[int, int, int], slot: int) -> int | None:
+        """Position of ``slot``'s value in ``table``, or None when the field is absent."""
+        pos, vtable, vsize = table
+        at = 4 + 2 * slot
+        if at + 2 > vsize:
+            return None
+        off = self._get("<H", vtable + at)
+        return pos + off if off else None
+
+    def deref(self, pos: int) -> int:
+        return pos + self._get("<I", pos)
+
+    def vector(self, pos: int, item: int) -> tuple[int, int]:
+        """(first element position, count) of the vector whose offset sits at ``pos``."""
+        vec = self.deref(pos)
+        count = self._get("<I", vec)
+        if count * item > self.n - vec - 4:
+            raise FooterError(f"a vector of {count} elements at byte {vec} runs past the footer")
+        return vec + 4, count
+
+    def string(self, pos: int) -> bytes:
+        start, count = self.vector(pos, 1)
+        return bytes(self.buf[start : start + count])
+
+
+def read_footer(footer: bytes | memoryview) -> tuple[list[Block], dict[bytes, bytes]]:
+    """The record batch Blocks and the custom metadata of a Footer flatbuffer.
+
+    Raises FooterError on anything malformed (offsets outside the bytes, vectors running past them,
+    too many key/value pairs); never reads outside ``footer``.
+    """
+    r = _Reader(footer)
+    if r.n > MAX_FOOTER_BYTES:
+        raise FooterError(f"a footer of {r.n:,} bytes")
+    root = r.table(r.deref(0))
+    blocks: list[Block] = []
+    at = r.field(root, 3)
+    if at is not None:
+        first, count = r.vector(at, 24)
+        for i in range(count):
+            pos = first + 24 * i
+            blocks.append(Block(r._get("<q", pos), r._get("<i", pos + 8), r._get("<q", pos + 16)))
+    meta: dict[bytes, bytes] = {}
+    at = r.field(root, 4)
+    if at is not None:
+        first, count = r.vector(at, 4)
+        if count > _MAX_KEY_VALUES:
+            raise FooterError(f"{count:,} custom metadata entries")
+        for i in range(count):
+            kv = r.table(r.deref(first + 4 * i))
+            k, v = r.field(kv, 0), r.field(kv, 1)
+            if k is not None and v is not None:
+                meta[r.string(k)] = r.string(v)
+    return blocks, meta

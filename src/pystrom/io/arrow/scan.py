@@ -27,7 +27,7 @@ from ...errors import PerformanceWarning, SchemaMismatchError
 from ...expr import compile_where
 from ...table import Table
 from .direct import read_batches
-from .file import ArrowFile, BatchLayout, direct_types, open_arrow_file, resolve_columns
+from .file import ArrowFile, BatchLayout, check_types, direct_types, open_arrow_file, resolve_columns
 from .stats import batch_stats
 
 __all__ = ["read_arrow", "scan_arrow", "ArrowScan", "ScanStats"]
@@ -109,6 +109,7 @@ class ArrowScan:
             self.predicate = compile_where(where, self.file_schema)
             needed += [c for c in self.predicate.columns if c not in needed]
         self._read_columns = [c for c in self.file_schema.names if c in needed]
+        check_types(self.file_schema, self._read_columns, self.paths[0])
         self.stats = ScanStats()
 
     @property
@@ -153,7 +154,7 @@ class ArrowScan:
             opened.append(file)
             self._check_schema(file)
             stats.files += 1
-            _warn_if_slow(file)
+            _warn_if_slow(file, self._read_columns)
             groups = list(self._groups(file, stats))  # metadata only
             if not groups:
                 opened.remove(file)
@@ -231,13 +232,15 @@ class ArrowScan:
 
 
 def _batch_stats(file: ArrowFile, index: int) -> dict:
-    return batch_stats(file.raw_schema, index, file.custom_metadata(index), num_batches=file.num_batches)
+    # Footer lists count only where their fingerprint says they describe these batches (stats.py).
+    schema = file.raw_schema if file.footer_stats_trusted else file.schema
+    return batch_stats(schema, index, file.custom_metadata(index), num_batches=file.num_batches)
 
 
-def _warn_if_slow(file: ArrowFile) -> None:
+def _warn_if_slow(file: ArrowFile, columns: Sequence[str]) -> None:
     if file.num_batches and file.compressed is False:
         # the first batch tells whether bodies are compressed (pyarrow inflates them elsewhere)
-        file.layout(0, file.schema.names, direct_types(file.schema, file.schema.names))
+        file.layout(0, columns, direct_types(file.schema, columns))
     if file.compressed:
         warnings.warn(
             f"{file.path!r} has compressed record batches (LZ4/ZSTD): they are inflated on the host by pyarrow and "
@@ -318,9 +321,10 @@ def read_arrow(
     backend = resolve_device(device)
     with open_arrow_file(path) as file:
         names = resolve_columns(file.schema, columns, file.path)
+        check_types(file.schema, names, file.path)
         types = direct_types(file.schema, names)
         layouts = [file.layout(i, names, types) for i in range(file.num_batches)]
-        _warn_if_slow(file)
+        _warn_if_slow(file, names)
         total = sum(layout.nbytes for layout in layouts)
         with reporter(progress, unit="B", desc="read_arrow", total=total) as report, backend.activate():
             table, nbytes = read_batches(file, layouts, names, types, backend, report if report.active else None)

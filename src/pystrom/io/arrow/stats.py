@@ -36,16 +36,28 @@ longer or holds a comma/NUL, as a short prefix whose last character is bumped by
 is greater than every string starting with the prefix). Bounds compare in code-point order, which is
 UTF-8 byte order and pyarrow.compute's order.
 
+**Which statistics are trusted** (the rule of docs/arrow-files.md). Per-batch entries sit in the record
+batch's own message: a writer that rewrites the batch writes its own message, so they cannot outlive
+the rows they describe (pyarrow's ``read_all`` drops them; only a writer that copies a batch's custom
+metadata onto different rows on purpose could defeat them). Footer lists are schema field metadata,
+which pyarrow keeps in ``read_all`` and writes again with reordered rows: they are trusted only in a
+file whose footer custom metadata holds :data:`FINGERPRINT_KEY` equal to :func:`blocks_fingerprint`
+of its record batch messages (position, sizes and the whole metadata flatbuffer of each, written by
+our writer). A rewritten file has other messages (and pyarrow does not copy footer custom metadata),
+so its copied lists are ignored. Files with lists but no fingerprint (older PG-Strom) are read in
+full: correct, only not skipped.
+
 The reader (:func:`batch_stats`) never trusts what it cannot check: a malformed, out-of-range or
 inverted entry gives *no* statistics for that column (a batch is never skipped on doubtful data).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
@@ -55,11 +67,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pt
 
-__all__ = ["ColumnStats", "column_stats", "batch_stats", "STATS_KEY_PREFIX", "FOOTER_MIN_KEY", "FOOTER_MAX_KEY"]
+__all__ = [
+    "ColumnStats",
+    "column_stats",
+    "batch_stats",
+    "blocks_fingerprint",
+    "BlocksFingerprint",
+    "STATS_KEY_PREFIX",
+    "FOOTER_MIN_KEY",
+    "FOOTER_MAX_KEY",
+    "FINGERPRINT_KEY",
+]
 
 STATS_KEY_PREFIX = "min_max_stats."
 FOOTER_MIN_KEY = "min_values"
 FOOTER_MAX_KEY = "max_values"
+# Footer custom metadata (not the schema's: pyarrow's read_all does not carry it into a table) holding
+# blocks_fingerprint() of the record batches that the footer lists describe.
+FINGERPRINT_KEY = "pystrom.footer_stats.v1"
 STRING_STATS_MAX_BYTES = 31  # PG-Strom's MINMAX_STAT_BYTESZ (32) less its length byte
 _INT64_MAX = 2**63 - 1
 _FLOAT_BITS = {16: ("<e", "<h"), 32: ("<f", "<i"), 64: ("<d", "<q")}
@@ -205,6 +230,30 @@ def column_stats(field_type: pa.DataType, array: pa.Array) -> ColumnStats | None
     if smax is None:
         return None
     return ColumnStats(f"{_string_min_bound(lo)},{smax}", None)
+
+
+class BlocksFingerprint:
+    """Fingerprint of a file's record batches, fed one batch at a time in file order: its file offset,
+    metadata length, body length and the message's metadata bytes (which hold the batch's row count,
+    null counts, buffer positions and per-batch statistics)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def add(self, offset: int, metadata_length: int, body_length: int, metadata: bytes | memoryview) -> None:
+        self._h.update(struct.pack("<qqq", offset, metadata_length, body_length))
+        self._h.update(metadata)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def blocks_fingerprint(messages: Iterable[tuple[int, int, int, bytes | memoryview]]) -> str:
+    """:class:`BlocksFingerprint` of ``(offset, metadata length, body length, metadata bytes)`` items."""
+    fp = BlocksFingerprint()
+    for message in messages:
+        fp.add(*message)
+    return fp.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -74,7 +74,9 @@ def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = T
         Write min/max statistics.
     footer_stats : bool
         Also write PG-Strom's older per-field ``min_values``/``max_values`` lists in the footer.
-        PG-Strom then reads only those (they cannot hold strings), so they are off by default.
+        PG-Strom then reads only those (they cannot hold strings), so they are off by default. The
+        footer also gets the fingerprint of the batches they describe: pystrom trusts the lists only
+        while it matches (docs/arrow-files.md), so copies of them in rewritten files are ignored.
 
     Returns
     -------

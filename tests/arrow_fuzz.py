@@ -1,0 +1,388 @@
+"""Mutation fuzzing of the Arrow reader: seed files, mutants, and a crash-catching harness.
+
+Seeds are valid files of every type pystrom reads, written by pystrom and by pyarrow (dictionaries,
+large strings, LZ4/ZSTD bodies, streams, a pre-0.15 legacy stream). A mutant is a seed with bit
+flips, byte overwrites, or a 4/8-byte field set to an extreme value (0, -1, huge, negative); half of
+the mutations land just after a continuation marker or in the footer, where the metadata is.
+
+The cases run in a worker subprocess (``python arrow_fuzz.py worker SPEC``) that prints ``start i``
+before case i and ``done i OUTCOME`` after it, so a signal or a hang is blamed on its own case; the
+parent restarts the worker after the case that killed it. Outcomes:
+
+- ``same``: pystrom read the file and its rows equal pyarrow's ``read_all()`` (which validated);
+- ``read-invalid``: pystrom read a file pyarrow reads but ``validate(full=True)`` refuses (allowed:
+  e.g. invalid UTF-8 in a string column read straight into the table);
+- ``read-unreadable``: pystrom read a file pyarrow cannot read at all (allowed: e.g. a flipped bit in
+  a column pystrom does not ask for);
+- ``error:<Class>`` with ``ref-ok`` / ``ref-bad``: a pystrom error, where pyarrow's read validated or not;
+- failures: ``DIFFERENT`` (rows differ from a validated pyarrow read), ``FOREIGN:<Class>`` (an
+  exception that is not pystrom's), ``SIGNAL:<n>``, ``HANG``.
+
+Run a campaign by hand: ``python tests/arrow_fuzz.py campaign --cases 20000 --seed 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+FAILURES = ("DIFFERENT", "FOREIGN", "SIGNAL", "HANG")
+_EXTREMES_32 = [0, 1, -1, 7, 2**31 - 1, -(2**31), 2**30, -(2**24), 65536]
+_EXTREMES_64 = [0, 1, -1, 2**63 - 1, -(2**63), 2**40, -(2**40), 2**31]
+
+
+# ---------------------------------------------------------------------------------------------------
+# seeds
+
+
+def _mixed(n: int, seed: int):
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    mask = rng.random(n) < 0.2
+    words = ["", "a", "bc", "déf", "ghij", "x" * 40]
+    strings = [None if m else words[int(i)] for m, i in zip(mask, rng.integers(0, len(words), n))]
+    return pa.table(
+        {
+            "b": pa.array(rng.random(n) < 0.5, mask=mask),
+            "i8": pa.array(rng.integers(-100, 100, n, dtype=np.int8), mask=mask),
+            "u16": pa.array(rng.integers(0, 60000, n, dtype=np.uint16)),
+            "i64": pa.array(np.arange(n, dtype=np.int64), mask=mask),
+            "f32": pa.array(rng.random(n).astype(np.float32)),
+            "f64": pa.array(rng.random(n), mask=mask),
+            "d32": pa.array(rng.integers(0, 20000, n, dtype=np.int32), type=pa.int32()).cast(pa.date32()),
+            "ts": pa.array(rng.integers(0, 2**40, n), type=pa.int64()).cast(pa.timestamp("us", "UTC")),
+            "t64": pa.array(rng.integers(0, 86_400_000_000, n), type=pa.int64()).cast(pa.time64("us")),
+            "dur": pa.array(rng.integers(-1000, 1000, n), type=pa.int64()).cast(pa.duration("ms")),
+            "dec": pa.array(
+                [None if m else Decimal(i * 7 - 300).scaleb(-2) for m, i in zip(mask, range(n))], pa.decimal128(12, 2)
+            ),
+            "fsb": pa.array([bytes([i % 256]) * 4 for i in range(n)], type=pa.binary(4)),
+            "s": pa.array(strings, type=pa.string()),
+            "bin": pa.array([None if s is None else s.encode() for s in strings], type=pa.binary()),
+        }
+    )
+
+
+def write_seeds(directory: Path) -> list[Path]:
+    """Small valid files of every flavour pystrom reads; returns their paths."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    import pystrom
+
+    directory.mkdir(parents=True, exist_ok=True)
+    table = _mixed(97, 1)
+    out = []
+
+    def path(name: str) -> Path:
+        p = directory / name
+        out.append(p)
+        return p
+
+    pystrom.write_arrow(table, path("pystrom.arrow"), batch_rows=40)
+    pystrom.write_arrow(table, path("pystrom_footer.arrow"), batch_rows=30, footer_stats=True)
+    with ipc.new_file(path("pyarrow.arrow"), table.schema) as w:
+        w.write_table(table, max_chunksize=33)
+    words = table.column("s")
+    extra = pa.table(
+        {
+            "dict": words.dictionary_encode(),
+            "ls": words.cast(pa.large_string()),
+            "lb": table.column("bin").cast(pa.large_binary()),
+            "i64": table.column("i64"),
+        }
+    )
+    with ipc.new_file(path("dict_large.arrow"), extra.schema) as w:
+        w.write_table(extra, max_chunksize=50)
+    with ipc.new_stream(path("dict_large.arrows"), extra.schema) as w:
+        w.write_table(extra, max_chunksize=50)
+    for codec in ("lz4", "zstd"):
+        with ipc.new_file(path(f"{codec}.arrow"), table.schema, options=ipc.IpcWriteOptions(compression=codec)) as w:
+            w.write_table(table, max_chunksize=50)
+    small = table.select(["i64", "s", "f64"])
+    with ipc.new_stream(path("legacy.arrows"), small.schema, options=ipc.IpcWriteOptions(use_legacy_format=True)) as w:
+        w.write_table(small, max_chunksize=50)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# mutants
+
+
+def _metadata_positions(data: bytes) -> list[int]:
+    """Byte positions likely to be metadata: after each continuation marker, and the footer."""
+    spots = []
+    at = data.find(b"\xff\xff\xff\xff")
+    while at >= 0 and len(spots) < 64:
+        spots.extend(range(at + 4, min(at + 260, len(data))))
+        at = data.find(b"\xff\xff\xff\xff", at + 4)
+    if data[:6] == b"ARROW1" and len(data) > 10:
+        footer = int.from_bytes(data[-10:-6], "little", signed=True)
+        if 0 < footer < len(data):
+            spots.extend(range(len(data) - 10 - footer, len(data) - 6))
+    if not spots:
+        spots = list(range(min(len(data), 256)))
+    return spots
+
+
+def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """One mutant of ``data`` and a description of what was changed."""
+    buf = bytearray(data)
+    spots = _metadata_positions(data)
+    steps = []
+    for _ in range(rng.choice((1, 1, 1, 2, 3))):
+        pos = rng.choice(spots) if rng.random() < 0.5 else rng.randrange(len(buf))
+        kind = rng.choice(("flip", "flip", "byte", "int32", "int64"))
+        if kind == "flip":
+            buf[pos] ^= 1 << rng.randrange(8)
+        elif kind == "byte":
+            run = rng.randint(1, 8)
+            for i in range(pos, min(pos + run, len(buf))):
+                buf[i] = rng.randrange(256)
+        else:
+            width = 4 if kind == "int32" else 8
+            pos -= pos % width
+            if pos + width > len(buf):
+                continue
+            value = rng.choice(_EXTREMES_32 if width == 4 else _EXTREMES_64)
+            buf[pos : pos + width] = value.to_bytes(width, "little", signed=True)
+        steps.append(f"{kind}@{pos}")
+    return bytes(buf), ",".join(steps)
+
+
+def cases(seeds: list[Path], count: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        src = seeds[i % len(seeds)]
+        out.append({"seed_file": str(src), "rng": rng.randrange(2**63), "index": i})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the worker (its own process)
+
+
+def _normalise(table):
+    import pyarrow as pa
+
+    columns = []
+    for col in table.columns:
+        t = col.type
+        if pa.types.is_dictionary(t):
+            col = pa.chunked_array([c.dictionary_decode() for c in col.chunks], t.value_type)
+            t = col.type
+        if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            col = col.cast(pa.string())
+        elif pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            col = col.cast(pa.binary())
+        columns.append(col.combine_chunks())
+    return columns
+
+
+def _same(a, b) -> bool:
+    """Equal arrays, NaN equal to NaN (a mutated float may well be a NaN, which ``equals`` refuses)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if a.equals(b):
+        return True
+    if a.type != b.type or not pa.types.is_floating(a.type) or len(a) != len(b):
+        return False
+    if not a.is_null().equals(b.is_null()):
+        return False
+    x = a.drop_null().to_numpy(zero_copy_only=False)
+    y = b.drop_null().to_numpy(zero_copy_only=False)
+    return bool(np.array_equal(x, y, equal_nan=True))
+
+
+def _reference(path: str):
+    """pyarrow's table if it reads and validates; else "ref-bad" / "unreadable"."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    try:
+        with pa.memory_map(path) as src:
+            try:
+                table = ipc.open_file(src).read_all()
+            except Exception:
+                src.seek(0)
+                table = ipc.open_stream(src).read_all()
+    except Exception:
+        return "unreadable"
+    try:
+        table.validate(full=True)
+        cols = _normalise(table)
+        for c in cols:
+            c.validate(full=True)
+    except Exception:
+        return "ref-bad"
+    return table.column_names, cols
+
+
+def run_case(case: dict, workdir: str, device: str) -> str:
+    import pystrom
+
+    if case.get("selftest") == "crash":  # the harness's own test: a case that kills its worker
+        os.kill(os.getpid(), 11)
+    if case.get("selftest") == "hang":
+        time.sleep(3600)
+
+    data = Path(case["seed_file"]).read_bytes()
+    if case["rng"] is not None:
+        data, _ = mutate(data, random.Random(case["rng"]))
+    path = os.path.join(workdir, f"mutant{case['index']}{Path(case['seed_file']).suffix}")
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        ref = _reference(path)
+        try:
+            if case["index"] % 3 == 2 and case["rng"] is not None:
+                got = pystrom.scan_arrow(path, where="i64 >= 0 or i64 < 0 or i64 is null", device=device).collect()
+            else:
+                got = pystrom.read_arrow(path, device=device)
+            host = got.to_arrow()
+        except pystrom.Error as exc:
+            return f"error:{type(exc).__name__} {'ref-ok' if isinstance(ref, tuple) else 'ref-bad'}"
+        except Exception as exc:  # anything else is a finding
+            return f"FOREIGN:{type(exc).__name__}: {str(exc)[:200]}"
+        if not isinstance(ref, tuple):
+            return "read-invalid" if ref == "ref-bad" else "read-unreadable"
+        names, cols = ref
+        if host.column_names != names or any(
+            not _same(host.column(n).combine_chunks(), c) for n, c in zip(names, cols)
+        ):
+            return "DIFFERENT"
+        return "same"
+    finally:
+        os.unlink(path)
+
+
+def worker(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    import warnings
+
+    warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as workdir:
+        for case in spec["cases"]:
+            print(f"start {case['index']}", flush=True)
+            outcome = run_case(case, workdir, spec["device"])
+            print(f"done {case['index']} {outcome}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the parent: run every case, restart the worker after a crash or a hang
+
+
+def run_cases(all_cases: list[dict], device: str = "cpu", case_timeout: float = 20.0) -> dict[int, str]:
+    """Outcome of every case (by index), each worker crash or hang blamed on the case it was running."""
+    outcomes: dict[int, str] = {}
+    todo = list(all_cases)
+    with tempfile.TemporaryDirectory() as tmp:
+        while todo:
+            spec = Path(tmp) / "spec.json"
+            spec.write_text(json.dumps({"cases": todo, "device": device}))
+            proc = subprocess.Popen(
+                [sys.executable, *(["-S"] if sys.flags.no_site else []), __file__, "worker", str(spec)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONFAULTHANDLER": ""},
+            )
+            current = None
+            deadline = time.monotonic() + case_timeout + 30  # the first case also pays the imports
+            fd = proc.stdout.fileno()
+            pending = ""
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.05)
+                chunk = os.read(fd, 65536).decode() if ready else ""
+                if chunk:
+                    pending += chunk
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        word, _, rest = line.partition(" ")
+                        if word == "start":
+                            current = int(rest)
+                            deadline = time.monotonic() + case_timeout
+                        elif word == "done":
+                            idx, _, outcome = rest.partition(" ")
+                            outcomes[int(idx)] = outcome
+                            current = None
+                if ready and not chunk:  # end of output: the worker is done or dead
+                    proc.wait()
+                    break
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    if current is not None:
+                        outcomes[current] = "HANG"
+                    break
+            proc.stdout.close()
+            if current is not None and current not in outcomes:  # it died inside that case
+                code = proc.returncode
+                outcomes[current] = f"SIGNAL:{-code}" if code < 0 else f"FOREIGN:worker exit {code}"
+            todo = [c for c in todo if c["index"] not in outcomes]
+    return outcomes
+
+
+def summary(outcomes: dict[int, str]) -> Counter:
+    return Counter(o.split(":")[0] if o.startswith(("FOREIGN", "SIGNAL")) else o for o in outcomes.values())
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "worker":
+        worker(argv[1])
+        return
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["campaign"])
+    p.add_argument("--cases", type=int, default=20000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--corpus", help="read every file under this folder as it is (e.g. arrow-testing's data/)")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.monotonic()
+        if args.corpus:
+            files = sorted(f for f in Path(args.corpus).rglob("*") if f.is_file() and f.suffix not in (".gz", ".md"))
+            all_cases = [{"seed_file": str(f), "rng": None, "index": i} for i, f in enumerate(files)]
+        else:
+            all_cases = cases(write_seeds(Path(tmp) / "seeds"), args.cases, args.seed)
+        outcomes = run_cases(all_cases, args.device)
+        print(f"{len(outcomes)} mutants in {time.monotonic() - start:.0f} s")
+        per_seed: dict[str, Counter] = {}
+        for case in all_cases:
+            group = Path(case["seed_file"]).parent.name if args.corpus else Path(case["seed_file"]).name
+            per_seed.setdefault(group, Counter())[outcomes[case["index"]].split(" ")[0]] += 1
+        for name, counts in per_seed.items():
+            print(f"  {name}: {dict(counts)}")
+        print("total:", dict(summary(outcomes)))
+        for case in all_cases:
+            o = outcomes[case["index"]]
+            if o.startswith(FAILURES) or o == "error:FileFormatError ref-ok":
+                if args.corpus:
+                    print("FAILURE" if o.startswith(FAILURES) else "refused", case["seed_file"], o)
+                    continue
+                data = Path(case["seed_file"]).read_bytes()
+                print(
+                    "FAILURE" if o.startswith(FAILURES) else "refused",
+                    case["index"],
+                    Path(case["seed_file"]).name,
+                    mutate(data, random.Random(case["rng"]))[1],
+                    o,
+                )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

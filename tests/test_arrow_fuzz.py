@@ -1,0 +1,51 @@
+"""Mutation fuzzing of read_arrow / scan_arrow (bounded, seeded; the harness is tests/arrow_fuzz.py).
+
+Each mutant runs in a worker subprocess that reports per case, so a signal or a hang fails the test
+naming its case. Longer campaigns by hand: ``python tests/arrow_fuzz.py campaign --cases 20000``.
+"""
+
+from __future__ import annotations
+
+import arrow_fuzz as af
+import pytest
+
+from conftest import needs_gpu
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory):
+    return af.write_seeds(tmp_path_factory.mktemp("fuzz") / "seeds")
+
+
+def _check(seeds, outcomes, cases):
+    bad = {
+        c["index"]: (c["seed_file"], outcomes[c["index"]])
+        for c in cases
+        if outcomes[c["index"]].startswith(af.FAILURES)
+    }
+    counts = af.summary(outcomes)
+    print("outcomes:", dict(counts))
+    assert not bad, f"{len(bad)} mutants crashed, hung, leaked a foreign error or answered wrongly: {bad}"
+    assert counts["same"] > len(cases) // 10  # the mutants are not all trivially broken
+    assert sum(v for k, v in counts.items() if k.startswith("error:")) > len(cases) // 10
+
+
+def test_mutants_cpu(seeds):
+    cases = af.cases(seeds, 1200, seed=14)
+    _check(seeds, af.run_cases(cases, "cpu"), cases)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_mutants_gpu(seeds):
+    cases = af.cases(seeds, 800, seed=15)
+    _check(seeds, af.run_cases(cases, "cuda"), cases)
+
+
+def test_harness_blames_a_crash_and_a_hang_on_their_cases(seeds):
+    cases = af.cases(seeds, 6, seed=1)
+    cases[2]["selftest"] = "crash"
+    cases[4]["selftest"] = "hang"
+    outcomes = af.run_cases(cases, "cpu", case_timeout=5)
+    assert outcomes[2] == "SIGNAL:11" and outcomes[4] == "HANG"
+    assert all(not outcomes[i].startswith(af.FAILURES) for i in (0, 1, 3, 5)), outcomes
