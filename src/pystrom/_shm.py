@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import secrets
 import weakref
 
@@ -69,6 +70,14 @@ def _wrap(fd: int, size: int, name: str, writable: bool, keep_fd: bool) -> Share
 
 def new_name() -> str:
     return _PREFIX + secrets.token_hex(12)
+
+
+_NAME = re.compile(r"pystrom-[0-9a-f]{24}")
+
+
+def is_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`new_name` makes (the whole name, not a prefix)."""
+    return _NAME.fullmatch(name) is not None
 
 
 def create_fd(size: int, name: str | None = None) -> tuple[int, str]:
