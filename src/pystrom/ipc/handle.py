@@ -118,9 +118,13 @@ class TableLayout:
         import pyarrow as pa
 
         try:
-            return pa.ipc.read_schema(pa.py_buffer(self.schema))
+            schema = pa.ipc.read_schema(pa.py_buffer(self.schema))
+            for field in schema:  # names and metadata must decode too (pyarrow decodes them lazily)
+                field.name, field.metadata
+            schema.metadata
+            return schema
         except Exception as exc:  # pyarrow raises several kinds for garbage
-            raise InvalidHandleError(f"{where}: the schema does not decode ({exc})") from None
+            raise InvalidHandleError(f"{where}: the schema does not decode ({str(exc)[:200]})") from None
 
     def plans(self, where: str) -> tuple[pa.Schema, list[tuple[ColumnPlan, int, int, int | None]]]:
         """The schema and, per column, (base plan, view offset, view length, view null count)."""
