@@ -119,9 +119,8 @@ class TableLayout:
 
         try:
             schema = pa.ipc.read_schema(pa.py_buffer(self.schema))
-            for field in schema:  # names and metadata must decode too (pyarrow decodes them lazily)
-                field.name, field.metadata
-            schema.metadata
+            # names and metadata must decode too (pyarrow decodes them lazily, raising UnicodeDecodeError)
+            _ = [(field.name, field.metadata) for field in schema], schema.metadata
             return schema
         except Exception as exc:  # pyarrow raises several kinds for garbage
             raise InvalidHandleError(f"{where}: the schema does not decode ({str(exc)[:200]})") from None
