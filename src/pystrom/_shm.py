@@ -118,7 +118,9 @@ def freeze(fd: int) -> None:
     Raises ``OSError`` (EBUSY) while some process still maps it writable: a writer must unmap (or
     remap read-only, :func:`make_read_only`) before it commits.
     """
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, FROZEN_SEALS | fcntl.F_SEAL_SEAL)
+    wanted = FROZEN_SEALS | fcntl.F_SEAL_SEAL
+    if seals(fd) & wanted != wanted:  # sealed already (a commit retried after a refusal): nothing to add
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, wanted)
 
 
 def reopen_read_only(fd: int) -> int:

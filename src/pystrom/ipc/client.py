@@ -226,8 +226,8 @@ class Store:
                 if os.fstat(fd).st_size < size:
                     raise StoreError(f"the daemon sent {os.fstat(fd).st_size} bytes of memory, described as {size}")
                 if writable:  # the reservation keeps its descriptor: commit remaps it read-only
-                    fds.remove(fd)
                     owner = _shm.mapping_of(_shm.map_fd_owned(fd, size, str(desc.get("name"))))
+                    fds.remove(fd)  # owned by the mapping now
                 else:
                     owner = _shm.mapping_of(_shm.map_fd(fd, size, str(desc.get("name")), writable=False))
                 owner.writable = writable

@@ -366,17 +366,21 @@ class StoreServer:
     def _op_commit(self, cid: int, req: dict) -> tuple[dict, list[int]]:
         with self.lock:
             entry = self._pending(cid, req.get("id"))
-            try:
-                schema = protocol.unb64(req.get("schema"))
-            except ValueError:
-                raise InvalidHandleError(f"commit {entry.name!r}: the schema is not base64") from None
-            layout = TableLayout.from_meta(req.get("layout"), schema, f"commit {entry.name!r}")
-            if layout.nbytes > entry.alloc.size:
-                raise InvalidHandleError(
-                    f"commit {entry.name!r}: the layout needs {layout.nbytes} bytes, {entry.alloc.size} were reserved"
-                )
-            if entry.alloc.kind == "memfd":
-                self._seal_and_check(entry, layout)
+        try:
+            schema = protocol.unb64(req.get("schema"))
+        except ValueError:
+            raise InvalidHandleError(f"commit {entry.name!r}: the schema is not base64") from None
+        layout = TableLayout.from_meta(req.get("layout"), schema, f"commit {entry.name!r}")
+        if layout.nbytes > entry.alloc.size:
+            raise InvalidHandleError(
+                f"commit {entry.name!r}: the layout needs {layout.nbytes} bytes, {entry.alloc.size} were reserved"
+            )
+        if entry.alloc.kind == "memfd":
+            # Outside the lock: checking a large table must not hold up other clients. Only this
+            # connection (whose requests this thread serves one at a time) can touch its reservation.
+            self._seal_and_check(entry, layout)
+        with self.lock:
+            entry = self._pending(cid, req.get("id"))
             old = self.names.get(entry.name)
             if old is not None:
                 if not req.get("replace"):
@@ -407,8 +411,9 @@ class StoreServer:
             memory = _shm.map_fd(entry.alloc.fd, entry.alloc.size, entry.alloc.name, writable=False)
             check_table(layout.table(self.backend.wrap(memory, layout.nbytes), where), where)
         except Error:
-            entry.state = "dropped"
-            self._maybe_free(entry)
+            with self.lock:
+                entry.state = "dropped"
+                self._maybe_free(entry)
             raise
 
     def _op_abort(self, cid: int, req: dict) -> tuple[dict, list[int]]:
