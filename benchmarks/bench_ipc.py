@@ -1,8 +1,10 @@
 """Sharing tables between processes: import latency of a handle, and the store daemon's get().
 
 Goal: importing a table is a mapping, not a copy, so it takes about the same time (<= 1 ms) for
-1 MB as for 32 GB. The baseline is what a copy costs: a device-to-device copy of the same bytes
-(host memcpy on the CPU), measured in the importing process in the same run. The importer is a
+1 MB as for 32 GB. A table with string columns also has its offsets checked at import (one kernel
+launch per string column): measured on a 1 GB table of one string column, against copying it.
+The baseline is what a copy costs: a device-to-device copy of the same bytes (host memcpy on the
+CPU), measured in the importing process in the same run. The importer is a
 separate spawned process; each import is timed from handle bytes to a usable column array, and
 the mapping is closed between repetitions (a cached re-import is listed separately).
 """
@@ -74,6 +76,80 @@ for _ in range(max(3, repeat // 4)):
 print(json.dumps({"open": statistics.median(opens), "cached": statistics.median(cached),
                   "copy": statistics.median(copies)}))
 """
+
+
+STRING_IMPORTER = r"""
+import gc, json, statistics, sys, time
+import numpy as np
+import pystrom
+from pystrom.ipc.validate import check_table
+
+handle = open(sys.argv[1], "rb").read()
+repeat = int(sys.argv[2])
+first = pystrom.ipc_import(handle)  # warm-up: CUDA context, the validation kernel compiled
+xp = np if first.device == "cpu" else __import__("cupy")
+nbytes = first._live().nbytes
+del first
+gc.collect()
+
+
+def sync():
+    if xp is not np:
+        xp.cuda.runtime.deviceSynchronize()
+
+
+opens = []
+for _ in range(repeat):
+    t0 = time.perf_counter()
+    v = pystrom.ipc_import(handle)  # maps, then checks the offsets of the string column
+    col = v.column("s")
+    opens.append(time.perf_counter() - t0)
+    del v, col
+    gc.collect()
+
+held = pystrom.ipc_import(handle)
+checks = []
+for _ in range(repeat):
+    t0 = time.perf_counter()
+    check_table(held, "bench")  # the offsets check alone (one kernel launch, one 8-byte copy back)
+    checks.append(time.perf_counter() - t0)
+raw = held._live().array(0, np.uint8, (nbytes,))
+dst = xp.empty_like(raw)
+copies = []
+for _ in range(max(3, repeat // 4)):
+    sync()
+    t0 = time.perf_counter()
+    xp.copyto(dst, raw)
+    sync()
+    copies.append(time.perf_counter() - t0)
+print(json.dumps({"open": statistics.median(opens), "check": statistics.median(checks),
+                  "copy": statistics.median(copies)}))
+"""
+
+
+def _string_table(nbytes: int, device: str) -> pystrom.Table:
+    """One string column of 12-byte values: 16 bytes per row with its offset."""
+    import pyarrow as pa
+
+    n = nbytes // 16
+    offsets = np.arange(n + 1, dtype=np.int32) * 12
+    data = np.random.default_rng(0).integers(ord("a"), ord("z") + 1, 12 * n, dtype=np.uint8)
+    strings = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pystrom.Table.from_arrow(pa.table({"s": strings}), device=device)
+
+
+def _string_import(table: pystrom.Table, repeat: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".handle", delete=False) as f:
+        f.write(table.export())
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", STRING_IMPORTER, f.name, str(repeat)], capture_output=True, text=True, timeout=600
+        )
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        raise RuntimeError(f"importer failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _table(nbytes: int, device: str) -> pystrom.Table:
@@ -173,6 +249,19 @@ def run(device: str, quick: bool) -> list[Result]:
         gc.collect()
         print(f"  {label}: import {r['open'] * 1e3:.3f} ms, copy {r['copy'] * 1e3:.3f} ms "
               f"({time.perf_counter() - start:.1f} s)", flush=True)  # fmt: skip
+    # The cost of checking string offsets at import (issue 14): a table of one string column.
+    nbytes = 64 * MB if quick else GB
+    table = _string_table(nbytes, device)
+    r = _string_import(table, repeat)
+    label = _label(nbytes)
+    results.append(Result(f"ipc_import {label} string column (map + check)", "D2D copy in importer", r["open"],
+                          r["copy"], 0))  # fmt: skip
+    results.append(Result(f"offsets check alone, {label} string column", "D2D copy in importer", r["check"],
+                          r["copy"], 0))  # fmt: skip
+    print(f"  {label} strings: import {r['open'] * 1e3:.3f} ms, check {r['check'] * 1e3:.3f} ms, "
+          f"copy {r['copy'] * 1e3:.3f} ms", flush=True)  # fmt: skip
+    del table
+    gc.collect()
     daemon_sizes = [MB, 64 * MB] if quick else [MB, GB]
     results += _daemon_round_trips(device, daemon_sizes, repeat, "auto")
     if gpu:

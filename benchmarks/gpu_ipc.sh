@@ -13,12 +13,13 @@ print("gpus", cupy.cuda.runtime.getDeviceCount(), "uuid", device_uuid(0).hex(),
 print("VMM POSIX-fd allocations:", vmm_probe(0) or "work")
 PY
 echo "== gpu tests (ipc, store)"
-timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -s tests/test_ipc.py tests/test_store.py \
+timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -s tests/test_ipc.py tests/test_store.py \
+  tests/test_ipc_validate.py tests/test_ipc_hostile.py \
   > "$out/ipc-tests.log" 2>&1
 grep -E "gives|^FAILED|^ERROR|passed|failed" "$out/ipc-tests.log" | tail -25
 grep -E "^E  " "$out/ipc-tests.log" | head -30
 echo "== bench"
-timeout 110 python3 benchmarks/run.py --only ipc > "$out/bench-ipc.log" 2>&1
+timeout 300 python3 benchmarks/run.py --only ipc > "$out/bench-ipc.log" 2>&1
 tail -24 "$out/bench-ipc.log"
 echo "== stress (32 clients, 30 s)"
 PYSTROM_STRESS_SECONDS=30 timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -s \

@@ -18,8 +18,10 @@ and tables in it cannot be exported.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
+import re
 import secrets
 import weakref
 
@@ -52,6 +54,7 @@ def _close_quietly(fd: int) -> None:
 # A new table is written in full right away: faulting its pages in with the mapping is cheaper than
 # one trap per page (measured on the development VM: 512 MiB in 0.45 s instead of 0.60 s).
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MAP_FIXED = 0x10  # Linux, every architecture
 
 
 def _wrap(fd: int, size: int, name: str, writable: bool, keep_fd: bool) -> SharedMapping:
@@ -71,16 +74,82 @@ def new_name() -> str:
     return _PREFIX + secrets.token_hex(12)
 
 
+_NAME = re.compile(r"pystrom-[0-9a-f]{24}")
+
+
+def is_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`new_name` makes (the whole name, not a prefix)."""
+    return _NAME.fullmatch(name) is not None
+
+
+# Seals (memfd_create(2), fcntl(2)): a table's size never changes, so every memfd is sealed against
+# shrinking and growing at once (an importer's mapping can then never SIGBUS on a truncated file); the
+# store daemon adds the write seal at commit, which makes a committed table immutable for everyone.
+SIZE_SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
+FROZEN_SEALS = SIZE_SEALS | getattr(fcntl, "F_SEAL_WRITE", 0)
+_ALLOW_SEALING = getattr(os, "MFD_ALLOW_SEALING", 0)
+
+
 def create_fd(size: int, name: str | None = None) -> tuple[int, str]:
-    """A new memfd of ``size`` bytes (zero-filled, close-on-exec)."""
+    """A new memfd of ``size`` bytes (zero-filled, close-on-exec), sealed against resizing."""
     name = name or new_name()
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | _ALLOW_SEALING)
     try:
         os.ftruncate(fd, size)
+        if _ALLOW_SEALING and SIZE_SEALS:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SIZE_SEALS)
     except BaseException:
         os.close(fd)
         raise
     return fd, name
+
+
+def seals(fd: int) -> int:
+    """The seals of a memfd (0 where sealing is not supported)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except (OSError, AttributeError):
+        return 0
+
+
+def freeze(fd: int) -> None:
+    """Seal a memfd against every write, for good (F_SEAL_WRITE, then F_SEAL_SEAL).
+
+    Raises ``OSError`` (EBUSY) while some process still maps it writable: a writer must unmap (or
+    remap read-only, :func:`make_read_only`) before it commits.
+    """
+    wanted = FROZEN_SEALS | fcntl.F_SEAL_SEAL
+    if seals(fd) & wanted != wanted:  # sealed already (a commit retried after a refusal): nothing to add
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, wanted)
+
+
+def reopen_read_only(fd: int) -> int:
+    """A new read-only open file description of the same memfd (to hand to readers)."""
+    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def make_read_only(m: SharedMapping) -> None:
+    """Replace a writable mapping in place by a read-only one of the same file (``m.fd`` must be open).
+
+    Arrays over the mapping keep their addresses; a write through them now faults. The kernel
+    counts writable shared mappings of a memfd (F_SEAL_WRITE fails while one exists), and a mere
+    ``mprotect`` would not lower that count: the mapping itself must be replaced.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    address = np.frombuffer(m, dtype=np.uint8).ctypes.data
+    # through a read-only descriptor: a shared mapping of a read-write one stays "may write" for the kernel
+    fd = reopen_read_only(m.fd)
+    try:
+        got = libc.mmap(address, len(m), mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        err = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if got != address:
+        raise OSError(err, f"cannot remap shared memory read-only: {os.strerror(err)}")
 
 
 def allocate(nbytes: int) -> np.ndarray | None:
@@ -105,6 +174,12 @@ def map_fd(fd: int, size: int, name: str, writable: bool) -> np.ndarray:
     m = _wrap(fd, size, name, writable=writable, keep_fd=False)
     arr = np.frombuffer(m, dtype=np.uint8, count=size)
     return arr
+
+
+def map_fd_owned(fd: int, size: int, name: str) -> np.ndarray:
+    """Map an open memfd writable and take ownership of ``fd`` (closed with the mapping)."""
+    m = _wrap(fd, size, name, writable=True, keep_fd=True)
+    return np.frombuffer(m, dtype=np.uint8, count=size)
 
 
 def mapping_of(memory: np.ndarray) -> SharedMapping | None:

@@ -126,7 +126,15 @@ def _id_list(text: str) -> list[int]:
 def _serve(args: argparse.Namespace) -> int:
     from .ipc.server import _announce, serve
 
-    serve(args.socket, args.device, args.allow_uids, args.allow_gids, args.memory, ready=_announce)
+    serve(
+        args.socket,
+        args.device,
+        args.allow_uids,
+        args.allow_gids,
+        args.memory,
+        ready=_announce,
+        max_connections=args.max_connections,
+    )
     return 0
 
 
@@ -180,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-gids", type=_id_list, default=[], help="groups whose members to serve")
     serve.add_argument(
         "--memory", choices=["auto", "vmm", "legacy"], default="auto", help="GPU sharing mechanism (default auto)"
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=None,
+        help="connections one user may hold open (default: as many as the descriptor limit allows)",
     )
     serve.set_defaults(run=_serve)
     from ._cli_commands import add_commands

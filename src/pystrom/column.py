@@ -85,7 +85,9 @@ class Column:
     @property
     def null_count(self) -> int:
         """Number of NULL rows (exact, also for slices)."""
-        if self._null_count is None:
+        if self._null_count is None and self._plan.validity is None:
+            self._null_count = 0
+        elif self._null_count is None:
             self._null_count = self._length - _bitmap.count_set(
                 self._live_block().backend, self._base_validity(), self._offset, self._length
             )

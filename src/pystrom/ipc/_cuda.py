@@ -33,6 +33,7 @@ _c_handle = ctypes.c_uint64  # CUmemGenericAllocationHandle
 _ALLOCATION_TYPE_PINNED = 1
 _HANDLE_TYPE_POSIX_FD = 1
 _LOCATION_TYPE_DEVICE = 1
+_ACCESS_READ = 1  # CU_MEM_ACCESS_FLAGS_PROT_READ
 _ACCESS_READWRITE = 3
 _GRANULARITY_MINIMUM = 0
 _ERROR_INVALID_VALUE = 1
@@ -234,10 +235,13 @@ class Vmm:
     def release(handle: int) -> None:
         _check(_lib().cuMemRelease(_c_handle(handle)), "cuMemRelease")
 
-    def map_fd(self, fd: int, size: int) -> int:
-        """Import the allocation behind ``fd`` and map ``size`` bytes of it read-write on this GPU.
+    def map_fd(self, fd: int, size: int, read_only: bool = False) -> tuple[int, bool]:
+        """Import the allocation behind ``fd`` and map ``size`` bytes of it on this GPU.
 
-        The descriptor stays the caller's. Returns the device address; :meth:`unmap` undoes it.
+        ``read_only``: the mapping's access is ``CU_MEM_ACCESS_FLAGS_PROT_READ``, so a kernel that
+        writes through it faults; where the driver refuses read-only access the mapping is
+        read-write (the second value returned says which). The descriptor stays the caller's.
+        Returns (device address, read-only); :meth:`unmap` undoes it.
         """
         lib = _lib()
         handle = _c_handle()
@@ -250,9 +254,10 @@ class Vmm:
             _check(lib.cuMemAddressReserve(ctypes.byref(ptr), size, self.granularity, 0, 0), "cuMemAddressReserve")
             try:
                 _check(lib.cuMemMap(ptr, size, 0, handle, 0), "cuMemMap")
-                access = _AccessDesc(_Location(_LOCATION_TYPE_DEVICE, self.ordinal), _ACCESS_READWRITE)
                 try:
-                    _check(lib.cuMemSetAccess(ptr, size, ctypes.byref(access), 1), "cuMemSetAccess")
+                    read_only = read_only and self._set_access(ptr, size, _ACCESS_READ) == 0
+                    if not read_only:
+                        _check(self._set_access(ptr, size, _ACCESS_READWRITE), "cuMemSetAccess")
                 except BaseException:
                     lib.cuMemUnmap(ptr, size)
                     raise
@@ -261,7 +266,11 @@ class Vmm:
                 raise
         finally:
             lib.cuMemRelease(handle)  # the mapping holds its own reference to the memory
-        return int(ptr.value)
+        return int(ptr.value), read_only
+
+    def _set_access(self, ptr: Any, size: int, flags: int) -> int:
+        access = _AccessDesc(_Location(_LOCATION_TYPE_DEVICE, self.ordinal), flags)
+        return int(_lib().cuMemSetAccess(ptr, size, ctypes.byref(access), 1))
 
     @staticmethod
     def unmap(ptr: int, size: int) -> None:
@@ -283,7 +292,7 @@ def vmm_probe(ordinal: int) -> str | None:
         try:
             fd = vmm.export_fd(handle)
             try:
-                ptr = vmm.map_fd(fd, size)
+                ptr, _ = vmm.map_fd(fd, size)
                 vmm.unmap(ptr, size)
             finally:
                 os.close(fd)

@@ -15,6 +15,7 @@ from .._backend import Backend, Block, resolve_device
 from ..errors import IPCError, StoreError, StoreUnavailableError
 from . import protocol
 from .handle import TableLayout
+from .validate import check_table
 
 if TYPE_CHECKING:
     from ..table import Table
@@ -25,12 +26,13 @@ __all__ = ["Store", "Reservation"]
 class _VmmMapping:
     """A VMM allocation mapped into this process; unmapped when the last view is gone."""
 
-    def __init__(self, ordinal: int, fd: int, size: int):
+    def __init__(self, ordinal: int, fd: int, size: int, read_only: bool):
         from . import _cuda
 
         _cuda.use_device(ordinal)
-        self.ptr = _vmm(ordinal).map_fd(fd, size)
+        self.ptr, self.read_only = _vmm(ordinal).map_fd(fd, size, read_only)
         self.size = size
+        self.writable = not read_only
         fin = weakref.finalize(self, _unmap, ordinal, self.ptr, size)
         fin.atexit = False
 
@@ -100,6 +102,14 @@ class Reservation:
         if self.block.backend.kind == "cuda":
             with self.block.backend.activate():
                 self.block.backend.xp.cuda.runtime.deviceSynchronize()
+        else:
+            # The daemon seals host memory against writes at commit, which the kernel allows only
+            # once no writable mapping of it is left: ours becomes read-only here, in place.
+            mapping = _shm.mapping_of(self.block.memory)
+            if mapping is not None and getattr(mapping, "writable", False):
+                _shm.make_read_only(mapping)
+                mapping.writable = False
+            self.block.memory.flags.writeable = False
         self.store._request(
             {
                 "op": "commit",
@@ -116,8 +126,8 @@ class Reservation:
             self.done = True
             try:
                 self.store._request({"op": "abort", "id": self.id})
-            except StoreUnavailableError:
-                pass  # the daemon frees reservations of connections that went away
+            except StoreError:  # gone already: refused at commit, or the daemon went away (it frees them)
+                pass
 
     def __enter__(self) -> Reservation:
         return self
@@ -140,15 +150,24 @@ class Store:
         The daemon's socket path; None: ``$PYSTROM_STORE_SOCKET``, else the per-user default.
     timeout
         Seconds to wait for the connection.
+    trust_uids
+        Users besides this one whose daemon may be trusted. Before sending anything, the client
+        checks that the socket's directory belongs to this user (or a trusted one) and that no
+        other user may write it, and that the process listening runs as this user (or a trusted
+        one, ``SO_PEERCRED``); otherwise :class:`~pystrom.errors.StorePermissionError`.
     """
 
-    def __init__(self, address: str | None = None, timeout: float | None = 10.0):
+    def __init__(self, address: str | None = None, timeout: float | None = 10.0, trust_uids: Any = ()):
         self.address = address or protocol.default_socket()
         self._lock = threading.Lock()
         self._released: list[int] = []  # entry ids whose views are gone; sent with the next request
         self._maps: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self._sock: Any = protocol.connect(self.address, timeout)
+        self._sock: Any = None
+        trusted = {os.getuid(), *map(int, trust_uids)}
+        protocol.check_daemon_dir(self.address, trusted)
+        self._sock = protocol.connect(self.address, timeout)
         try:
+            protocol.check_daemon_peer(self._sock, self.address, trusted)
             self.info, _ = self._request({"op": "hello"})
             self.info.pop("ok", None)
         except BaseException:
@@ -184,23 +203,37 @@ class Store:
             raise _remote_error(reply)
         return reply, fds
 
-    def _map(self, entry_id: int, desc: Any, fds: list[int], writable: bool) -> tuple[Backend, Any]:
-        """Map the memory a reply describes (or reuse this store's live mapping of it)."""
+    def _map(self, entry_id: int, desc: Any, fds: list[int], writable: bool) -> tuple[Backend, Any, bool]:
+        """Map the memory a reply describes (or reuse this store's live mapping of it).
+
+        Returns the backend, the memory, and whether the kernel guarantees it can no longer change
+        (a memfd sealed against writes, whose contents the daemon checked when it sealed them).
+        """
         try:
             if not isinstance(desc, dict) or not isinstance(desc.get("size"), int) or desc["size"] <= 0:
                 raise StoreError(f"the daemon described memory as {desc!r}")
             kind, size = desc.get("kind"), desc["size"]
+            if kind in ("memfd", "vmm") and len(fds) != 1:
+                raise StoreError(f"the daemon sent {len(fds)} descriptors for {kind} memory, expected 1")
             ordinal = -1 if kind == "memfd" else _cuda_ordinal(str(desc.get("uuid")))
             backend = resolve_device("cpu" if kind == "memfd" else ordinal)
             owner = self._maps.get(entry_id)
             if owner is not None and (writable <= getattr(owner, "writable", True)):
                 self._released.append(entry_id)  # the daemon counted a hold for a mapping we have already
-                return backend, _memory(kind, owner, ordinal)
+                return backend, _memory(kind, owner, ordinal), getattr(owner, "sealed", False)
             if kind == "memfd":
-                owner = _shm.mapping_of(_shm.map_fd(fds[0], size, str(desc.get("name")), writable))
+                fd = fds[0]
+                if os.fstat(fd).st_size < size:
+                    raise StoreError(f"the daemon sent {os.fstat(fd).st_size} bytes of memory, described as {size}")
+                if writable:  # the reservation keeps its descriptor: commit remaps it read-only
+                    owner = _shm.mapping_of(_shm.map_fd_owned(fd, size, str(desc.get("name"))))
+                    fds.remove(fd)  # owned by the mapping now
+                else:
+                    owner = _shm.mapping_of(_shm.map_fd(fd, size, str(desc.get("name")), writable=False))
                 owner.writable = writable
+                owner.sealed = not writable and _shm.seals(fd) & _shm.FROZEN_SEALS == _shm.FROZEN_SEALS
             elif kind == "vmm":
-                owner = _VmmMapping(ordinal, fds[0], size)
+                owner = _VmmMapping(ordinal, fds[0], size, read_only=not writable)
             elif kind == "cuda_ipc":
                 from .export import CudaIpcMapping, _mappings
                 from .export import _lock as cache_lock
@@ -222,7 +255,7 @@ class Store:
                 os.close(fd)
         self._maps[entry_id] = owner
         weakref.finalize(owner, self._released.append, entry_id)
-        return backend, _memory(kind, owner, ordinal)
+        return backend, _memory(kind, owner, ordinal), getattr(owner, "sealed", False)
 
     # -- the API ---------------------------------------------------------------------------------------
 
@@ -237,7 +270,7 @@ class Store:
     def reserve(self, name: str, nbytes: int, replace: bool = False) -> Reservation:
         """Reserve ``nbytes`` of daemon memory for a table to be called ``name``, mapped here writable."""
         reply, fds = self._request({"op": "reserve", "name": name, "nbytes": int(nbytes), "replace": replace})
-        backend, memory = self._map(reply["id"], reply.get("memory"), fds, writable=True)
+        backend, memory, _ = self._map(reply["id"], reply.get("memory"), fds, writable=True)
         return Reservation(self, name, reply["id"], backend.wrap(memory, int(nbytes)), replace)
 
     def put(self, name: str, table: Table, replace: bool = False) -> None:
@@ -287,8 +320,12 @@ class Store:
                 os.close(fd)
             self._released.append(entry_id)
             raise
-        backend, memory = self._map(entry_id, reply.get("memory"), fds, writable=False)
-        return layout.table(backend.wrap(memory, layout.nbytes), f"store table {name!r}")
+        backend, memory, sealed = self._map(entry_id, reply.get("memory"), fds, writable=False)
+        where = f"store table {name!r}"
+        table = layout.table(backend.wrap(memory, layout.nbytes), where)
+        if not sealed:  # GPU memory (its writer may still write) or a daemon that did not seal: check here
+            check_table(table, where)
+        return table
 
     def list(self) -> list[dict[str, Any]]:
         """Tables in the store: name, nbytes, num_rows, device (the daemon's), schema (pyarrow), created."""

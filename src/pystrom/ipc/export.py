@@ -26,8 +26,9 @@ import numpy as np
 
 from .. import _shm
 from .._backend import Backend, Block, cuda_device_count, resolve_device
-from ..errors import DeviceError, ExporterGoneError, IPCError
+from ..errors import DeviceError, ExporterGoneError, InvalidHandleError, IPCError
 from . import handle as fmt
+from . import validate
 
 if TYPE_CHECKING:
     from ..table import Table
@@ -145,35 +146,50 @@ def _check_exporter(h: fmt.Handle) -> None:
         raise ExporterGoneError(f"{h.describe()}: the exporting process {h.pid} has exited; nothing left to map")
 
 
+def _open_memfd(h: fmt.Handle, fd: int, name: str) -> int:
+    """A read-only descriptor of the exporter's memfd ``fd``, after checking it is the one named."""
+    path = f"/proc/{h.pid}/fd/{fd}"
+    try:
+        target = os.readlink(path)
+        # exact: a reused descriptor number holding another memfd whose name starts alike is not ours
+        if target not in (f"/memfd:{name}", f"/memfd:{name} (deleted)"):
+            raise FileNotFoundError
+        src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ExporterGoneError(f"{h.describe()}: the exporter no longer holds this memory") from None
+    except PermissionError:
+        raise IPCError(f"{h.describe()}: not allowed to open {path} (another user's process)") from None
+    # the descriptor may have changed between the readlink and the open: check the file itself
+    if os.readlink(f"/proc/self/fd/{src}") not in (f"/memfd:{name}", f"/memfd:{name} (deleted)"):
+        os.close(src)
+        raise ExporterGoneError(f"{h.describe()}: the exporter no longer holds this memory")
+    return src
+
+
 def _map_host(h: fmt.Handle) -> np.ndarray:
     (fd,) = struct.unpack_from("<i", h.memory)
     name = h.memory[4:].decode(errors="replace")
+    if not _shm.is_name(name):
+        raise InvalidHandleError(f"{h.describe()}: {name!r} is not the name of a pystrom memfd")
     if h.device_uuid != boot_id():
         raise IPCError(f"{h.describe()}: the handle comes from another machine (or an earlier boot) than this one")
     key = ("cpu", name)
-    with _lock:
-        m = _mappings.get(key)
-        if m is None:
-            _check_exporter(h)
-            path = f"/proc/{h.pid}/fd/{fd}"
-            try:
-                target = os.readlink(path)
-                if not target.startswith(f"/memfd:{name}"):
-                    raise FileNotFoundError
-                src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise ExporterGoneError(f"{h.describe()}: the exporter no longer holds this memory") from None
-            except PermissionError:
-                raise IPCError(f"{h.describe()}: not allowed to open {path} (another user's process)") from None
-            try:
-                size = os.fstat(src).st_size
-                if size != h.alloc_size:
-                    raise IPCError(f"{h.describe()}: the memory holds {size} bytes, the handle says {h.alloc_size}")
+    # Checked on every import, also when the mapping is cached: the exporter must still be alive and
+    # hold this very memory at that descriptor, and the handle's sizes must be the memory's.
+    _check_exporter(h)
+    src = _open_memfd(h, fd, name)
+    try:
+        size = os.fstat(src).st_size
+        if size != h.alloc_size:
+            raise IPCError(f"{h.describe()}: the memory holds {size} bytes, the handle says {h.alloc_size}")
+        with _lock:
+            m = _mappings.get(key)
+            if m is None or len(m) != size:
                 arr = _shm.map_fd(src, size, name, writable=False)
-            finally:
-                os.close(src)
-            m = _shm.mapping_of(arr)
-            _mappings[key] = m
+                m = _shm.mapping_of(arr)
+                _mappings[key] = m
+    finally:
+        os.close(src)
     return np.frombuffer(m, dtype=np.uint8)[h.offset : h.offset + h.layout.nbytes]
 
 
@@ -198,10 +214,10 @@ def _map_cuda(h: fmt.Handle) -> tuple[Backend, Any]:
             raise ExporterGoneError(f"{h.describe()}: the exported table was freed in this process")
         return backend, block.memptr
     key = ("cuda", ordinal, h.memory)
+    _check_exporter(h)  # also when the mapping is cached: a handle of a gone exporter is refused alike
     with _lock:
         m = _mappings.get(key)
         if m is None:
-            _check_exporter(h)
             with backend.activate():
                 m = CudaIpcMapping(ordinal, h.memory)
             _mappings[key] = m
@@ -253,6 +269,7 @@ def ipc_import(handle: bytes, columns: Sequence[str] | None = None, device: str 
         backend, memory = _map_cuda(h)
     block: Block = backend.wrap(memory, h.layout.nbytes)
     table = h.layout.table(block, "pystrom handle")
+    validate.check_table(table, h.describe())  # offsets steer reads: checked before any read
     if device is not None:
         table = table.to(device)
     if columns is not None:

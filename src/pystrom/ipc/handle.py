@@ -64,6 +64,8 @@ assert _HEADER.size == 80
 _CRC = struct.Struct("<I")
 _MAX_PART = 64 << 20  # layout or schema larger than this is not something we wrote
 _MAX_INT = (1 << 63) - 1
+MAX_COLUMNS = 1 << 16  # a table with more columns than this is not something we wrote
+MAX_DEPTH = 16  # JSON nesting from other processes (a layout needs 4, daemon frames 5)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class TableLayout:
         """Rebuild from :meth:`meta` output received from elsewhere, checking every field."""
         if not isinstance(meta, dict) or not isinstance(meta.get("columns"), list):
             raise InvalidHandleError(f"{where}: the layout is not an object with a list of columns")
+        if len(meta["columns"]) > MAX_COLUMNS:
+            raise InvalidHandleError(f"{where}: {len(meta['columns'])} columns (at most {MAX_COLUMNS})")
         nbytes = _int(meta.get("nbytes"), f"{where}: block size", 1)
         num_rows = _int(meta.get("num_rows"), f"{where}: row count")
         layout = cls(nbytes, num_rows, meta["columns"], bytes(schema))
@@ -115,9 +119,12 @@ class TableLayout:
         import pyarrow as pa
 
         try:
-            return pa.ipc.read_schema(pa.py_buffer(self.schema))
+            schema = pa.ipc.read_schema(pa.py_buffer(self.schema))
+            # names and metadata must decode too (pyarrow decodes them lazily, raising UnicodeDecodeError)
+            _ = [(field.name, field.metadata) for field in schema], schema.metadata
+            return schema
         except Exception as exc:  # pyarrow raises several kinds for garbage
-            raise InvalidHandleError(f"{where}: the schema does not decode ({exc})") from None
+            raise InvalidHandleError(f"{where}: the schema does not decode ({str(exc)[:200]})") from None
 
     def plans(self, where: str) -> tuple[pa.Schema, list[tuple[ColumnPlan, int, int, int | None]]]:
         """The schema and, per column, (base plan, view offset, view length, view null count)."""
@@ -172,12 +179,14 @@ class TableLayout:
         if rows != self.num_rows:
             raise InvalidHandleError(f"{where}: {rows} rows, but the table has {self.num_rows}")
         nulls = rec.get("nulls")
-        if nulls != -1:
+        if nulls != -1 or isinstance(nulls, float):
             nulls = _int(nulls, f"{where}: view null count")
             if nulls > rows:
                 raise InvalidHandleError(f"{where}: view null count {nulls} exceeds its {rows} rows")
         plan = ColumnPlan(field.name, ctype, length, null_count, values, validity, data)
-        return plan, offset, rows, None if nulls == -1 else nulls
+        # The view's null count is not taken on trust: without a bitmap it is 0, else it is counted
+        # from the bitmap when first asked for (a wrong count would let NULLs pass as values).
+        return plan, offset, rows, 0 if validity is None else None
 
     def _span(self, value: Any, where: str, optional: bool = False) -> Span | None:
         if value is None:
@@ -289,10 +298,7 @@ def decode(data: Any) -> Handle:
         raise InvalidHandleError(f"pystrom handle: a CUDA IPC memory handle is 64 bytes, this one {mem_len}")
     if kind == HOST_MEMFD and not 4 < mem_len <= 260:
         raise InvalidHandleError(f"pystrom handle: host memory handle of {mem_len} bytes")
-    try:
-        meta = json.loads(data[pos : pos + body_len])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidHandleError(f"pystrom handle: the layout is not valid JSON ({exc})") from None
+    meta = parse_json(data[pos : pos + body_len], "pystrom handle: the layout")
     pos += body_len
     schema = data[pos : pos + schema_len]
     where = "pystrom handle"
@@ -304,6 +310,24 @@ def decode(data: Any) -> Handle:
             f"{where}: block [{offset}, {offset + nbytes}) lies past the end of the {alloc_size}-byte allocation"
         )
     return Handle(kind, uuid, alloc_size, offset, pid, pid_start, memory, layout, version)
+
+
+def parse_json(text: bytes, what: str) -> Any:
+    """JSON from another process, with a bound on nesting (the layout nests 4 deep, daemon frames 5)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidHandleError(f"{what} is not valid JSON ({str(exc)[:200]})") from None
+    stack = [(value, 1)]  # iterative: the check itself must not recurse
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidHandleError(f"{what} nests deeper than {MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return value
 
 
 def _int(value: Any, what: str, minimum: int = 0) -> int:

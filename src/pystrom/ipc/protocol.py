@@ -22,8 +22,20 @@ import struct
 from typing import Any
 
 from ..errors import StorePermissionError, StoreUnavailableError
+from .handle import parse_json
 
-__all__ = ["default_socket", "secure_dir", "send", "recv", "b64", "unb64", "peer_credentials", "PROTOCOL"]
+__all__ = [
+    "default_socket",
+    "secure_dir",
+    "check_daemon_dir",
+    "check_daemon_peer",
+    "send",
+    "recv",
+    "b64",
+    "unb64",
+    "peer_credentials",
+    "PROTOCOL",
+]
 
 PROTOCOL = 1
 MAX_MESSAGE = 64 << 20
@@ -43,8 +55,12 @@ def default_socket() -> str:
     return os.path.join("/tmp", f"pystrom-{os.getuid()}", "store.sock")
 
 
-def secure_dir(path: str) -> None:
-    """Create ``path`` mode 0700 if missing; refuse one that another user owns or can enter."""
+def secure_dir(path: str, others: bool = False) -> None:
+    """Create ``path`` mode 0700 if missing; refuse one that another user owns or can enter.
+
+    ``others`` (the daemon serves other users too): the directory gets mode 0711, so that they can
+    reach the socket inside without listing or changing the directory.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -54,10 +70,51 @@ def secure_dir(path: str) -> None:
         raise StorePermissionError(f"store socket directory {path} is not a directory (a symlink?)")
     if st.st_uid != os.getuid():
         raise StorePermissionError(f"store socket directory {path} belongs to uid {st.st_uid}, not to this user")
-    if st.st_mode & 0o077:
+    mode = stat.S_IMODE(st.st_mode)
+    if others and mode & 0o077 != 0o011:
+        os.chmod(path, 0o711)
+    elif not others and mode & 0o077:
         raise StorePermissionError(
-            f"store socket directory {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700 "
-            "(only its user may enter it)"
+            f"store socket directory {path} has mode {mode:04o}; it must be 0700 (only its user may enter it)"
+        )
+
+
+def check_daemon_dir(socket_path: str, trusted: set[int]) -> None:
+    """Refuse a socket whose directory another user owns or may write: whoever can, could listen there.
+
+    Done by the client before it connects (finding 6 of issue 14: another user made
+    ``/tmp/pystrom-<uid>`` first and received the tables of whoever connected).
+    """
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return  # nothing listens there: connect() says so
+    except PermissionError:
+        raise StorePermissionError(
+            f"not allowed to reach the store socket {socket_path}: its directory belongs to another user"
+        ) from None
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in trusted:
+        raise StorePermissionError(
+            f"the store socket directory {directory} belongs to uid {st.st_uid}, not to this user "
+            f"(uid {os.getuid()}): another user could run a daemon there and receive your tables; refusing it "
+            f"(pass trust_uids=[{st.st_uid}] to trust that user)"
+        )
+    if mode & 0o022:
+        raise StorePermissionError(
+            f"the store socket directory {directory} has mode {mode:04o}: other users may write it, so anyone "
+            "could have put the socket there; refusing it (use a directory only you can write)"
+        )
+
+
+def check_daemon_peer(sock: socket.socket, socket_path: str, trusted: set[int]) -> None:
+    """Refuse a daemon that runs as a user not in ``trusted``, before anything is sent to it."""
+    pid, uid, _ = peer_credentials(sock)
+    if uid not in trusted:
+        raise StorePermissionError(
+            f"the store daemon at {socket_path} (pid {pid}) runs as uid {uid}, not as this user (uid {os.getuid()}); "
+            f"refusing to send it anything (pass trust_uids=[{uid}] to trust that user)"
         )
 
 
@@ -123,10 +180,10 @@ def recv(sock: socket.socket) -> tuple[dict, list[int]]:
         if length > MAX_MESSAGE:
             raise ConnectionError(f"message of {length} bytes exceeds the limit of {MAX_MESSAGE}")
         body = _recv_exact(sock, length, fds)
-        message = json.loads(body)
+        message = parse_json(body, "a store message")
         if not isinstance(message, dict):
             raise ConnectionError("a message must be a JSON object")
-    except (ValueError, EOFError, ConnectionError):
+    except (ValueError, EOFError, ConnectionError):  # InvalidHandleError is a ValueError
         for fd in fds:
             os.close(fd)
         raise ConnectionError("malformed message") from None

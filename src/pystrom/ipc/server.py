@@ -20,10 +20,13 @@ handles (a capability: see docs/ipc.md); on the CPU backend, memfd descriptors.
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import os
+import resource
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -40,6 +43,8 @@ from .handle import TableLayout
 __all__ = ["serve", "StoreServer"]
 
 MAX_NAME = 256
+RESERVED_FDS = 32  # descriptors the daemon keeps for itself: stdio, the listener, sealing, sending, libraries
+MAX_CLIENTS = 4096  # connections at most (one thread each), whatever the descriptor limit
 
 
 class _Allocation:
@@ -63,12 +68,16 @@ class _Allocation:
 
             self.ipc = ipc_export(self.ptr)
 
-    def descriptor(self) -> tuple[dict, list[int]]:
-        """What a client needs to map this memory, and descriptors to send with it (closed after sending)."""
+    def descriptor(self, writable: bool) -> tuple[dict, list[int]]:
+        """What a client needs to map this memory, and descriptors to send with it (closed after sending).
+
+        Host memory goes to the writer as a read-write descriptor, to readers as a read-only one
+        (a new open file description: the daemon's own stays read-write).
+        """
         desc: dict[str, Any] = {"kind": self.kind, "size": self.size, "uuid": self.uuid}
         if self.kind == "memfd":
             desc["name"] = self.name
-            return desc, [os.dup(self.fd)]
+            return desc, [os.dup(self.fd) if writable else _shm.reopen_read_only(self.fd)]
         if self.kind == "vmm":
             from ._cuda import Vmm
 
@@ -112,15 +121,28 @@ class StoreServer:
         allow_uids: Iterable[int] = (),
         allow_gids: Iterable[int] = (),
         memory: str = "auto",
+        max_connections: int | None = None,
     ):
         self.backend = resolve_device(device)
         self.path = socket_path or protocol.default_socket()
+        self.others = bool(set(map(int, allow_uids)) - {os.getuid()} or allow_gids)
         self.allow_uids = {os.getuid(), *map(int, allow_uids)}
         self.allow_gids = set(map(int, allow_gids))
         self.lock = threading.Lock()
         self.entries: dict[int, _Entry] = {}
         self.names: dict[str, _Entry] = {}
         self.clients: set[int] = set()
+        self.per_uid: collections.Counter = collections.Counter()  # open connections per peer uid
+        # Descriptors: each connection holds one, each host table one. Both are capped so that the
+        # daemon always keeps RESERVED_FDS for itself (accepting, sealing, sending) and never meets
+        # EMFILE; half of what is left is for connections, half for host tables.
+        self.fd_limit = raise_descriptor_limit()
+        spare = max(self.fd_limit - RESERVED_FDS, 8)
+        self.max_clients = max(min(spare // 2, MAX_CLIENTS), 4)
+        self.max_host_tables = max(spare - self.max_clients, 4)
+        if max_connections is not None and max_connections < 1:
+            raise StoreError(f"max_connections must be at least 1; got {max_connections}")
+        self.max_per_uid = min(max_connections or self.max_clients, self.max_clients)
         self._ids = itertools.count(1)
         self._stop = threading.Event()
         self.vmm: Any = None
@@ -149,7 +171,7 @@ class StoreServer:
     def bind(self) -> socket.socket:
         directory = os.path.dirname(os.path.abspath(self.path))
         if self.path == protocol.default_socket() and protocol.SOCKET_ENV not in os.environ:
-            protocol.secure_dir(directory)  # the default place: only this user may enter it
+            protocol.secure_dir(directory, others=self.others)  # the default place: only this user may write it
         else:
             try:
                 os.makedirs(directory, mode=0o700, exist_ok=True)  # an explicit place: its modes are the caller's
@@ -170,7 +192,14 @@ class StoreServer:
         old = os.umask(0o177)  # the socket: mode 0600
         try:
             sock.bind(self.path)
-            sock.listen(64)
+            if self.others:
+                # --allow-uids/--allow-gids: anyone may connect, SO_PEERCRED decides whom the daemon
+                # serves; the directory gets search permission for others (not read, not write)
+                os.chmod(self.path, 0o666)
+                st = os.stat(directory)
+                if st.st_uid == os.getuid() and not st.st_mode & 0o001:
+                    os.chmod(directory, stat.S_IMODE(st.st_mode) | 0o011)
+            sock.listen(128)
         except OSError as exc:
             sock.close()
             raise StoreError(f"cannot listen on {self.path}: {exc.strerror or exc}") from None
@@ -189,12 +218,18 @@ class StoreServer:
                     conn, _ = listener.accept()
                 except TimeoutError:
                     continue
-                except OSError:
+                except OSError as exc:
                     if self._stop.is_set():
                         break
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED):
+                        time.sleep(0.05)  # out of descriptors or memory for a moment: serve the others meanwhile
+                        continue
                     raise
                 conn.settimeout(None)
-                threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+                try:
+                    threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+                except RuntimeError:  # no thread to be had: the client is told by the closed connection
+                    conn.close()
         finally:
             listener.close()
             try:
@@ -223,6 +258,7 @@ class StoreServer:
 
     def _connection(self, conn: socket.socket) -> None:
         cid = id(conn)
+        uid = -1
         try:
             pid, uid, gid = protocol.peer_credentials(conn)
             if not self._allowed(uid, gid, pid):
@@ -235,12 +271,18 @@ class StoreServer:
                 except (EOFError, OSError):
                     pass
                 return
+            refusal = self._admit(cid, uid)
+            if refusal is not None:
+                uid = -1  # not counted
+                try:  # told at once and closed: a refused connection must not hold its descriptor
+                    protocol.send(conn, _error(StoreError(refusal)))
+                except OSError:
+                    pass
+                return
             if self.backend.kind == "cuda":
                 from . import _cuda
 
                 _cuda.use_device(self.backend.ordinal)
-            with self.lock:
-                self.clients.add(cid)
             while True:
                 try:
                     request, fds = protocol.recv(conn)
@@ -258,7 +300,24 @@ class StoreServer:
                         os.close(fd)
         finally:
             conn.close()
-            self._disconnect(cid)
+            self._disconnect(cid, uid)
+
+    def _admit(self, cid: int, uid: int) -> str | None:
+        """Count a new connection of ``uid``, or say why it is refused."""
+        with self.lock:
+            if self.per_uid[uid] >= self.max_per_uid:
+                return (
+                    f"too many connections from uid {uid}: {self.per_uid[uid]} open, the store daemon serves at "
+                    f"most {self.max_per_uid} per user (close some Stores, or raise --max-connections)"
+                )
+            if len(self.clients) >= self.max_clients:
+                return (
+                    f"too many connections: the store daemon serves {len(self.clients)}, as many as its "
+                    f"descriptor limit ({self.fd_limit}) allows; close some Stores or raise `ulimit -n`"
+                )
+            self.clients.add(cid)
+            self.per_uid[uid] += 1
+        return None
 
     def _dispatch(self, cid: int, request: dict) -> tuple[dict, list[int]]:
         op = request.get("op")
@@ -290,26 +349,38 @@ class StoreServer:
         with self.lock:
             if name in self.names and not req.get("replace"):
                 raise TableExistsError(f"the store already has a table named {name!r} (use replace=True)")
+            if self.memory_kind == "memfd" and len(self.entries) >= self.max_host_tables:
+                raise StoreError(
+                    f"reserve {name!r}: the store daemon holds {len(self.entries)} host tables (dropped ones still "
+                    f"in use and pending puts included), as many as its descriptor limit ({self.fd_limit}) allows: "
+                    "each holds one descriptor; drop tables, or restart the daemon with a higher `ulimit -n`"
+                )
         alloc = _Allocation(self, nbytes)  # outside the lock: may take a while
         with self.lock:
             entry = _Entry(next(self._ids), name, alloc, cid)
             entry.holds[cid] += 1
             self.entries[entry.id] = entry
-        desc, fds = alloc.descriptor()
+        desc, fds = alloc.descriptor(writable=True)
         return {"id": entry.id, "memory": desc}, fds
 
     def _op_commit(self, cid: int, req: dict) -> tuple[dict, list[int]]:
         with self.lock:
             entry = self._pending(cid, req.get("id"))
-            try:
-                schema = protocol.unb64(req.get("schema"))
-            except ValueError:
-                raise InvalidHandleError(f"commit {entry.name!r}: the schema is not base64") from None
-            layout = TableLayout.from_meta(req.get("layout"), schema, f"commit {entry.name!r}")
-            if layout.nbytes > entry.alloc.size:
-                raise InvalidHandleError(
-                    f"commit {entry.name!r}: the layout needs {layout.nbytes} bytes, {entry.alloc.size} were reserved"
-                )
+        try:
+            schema = protocol.unb64(req.get("schema"))
+        except ValueError:
+            raise InvalidHandleError(f"commit {entry.name!r}: the schema is not base64") from None
+        layout = TableLayout.from_meta(req.get("layout"), schema, f"commit {entry.name!r}")
+        if layout.nbytes > entry.alloc.size:
+            raise InvalidHandleError(
+                f"commit {entry.name!r}: the layout needs {layout.nbytes} bytes, {entry.alloc.size} were reserved"
+            )
+        if entry.alloc.kind == "memfd":
+            # Outside the lock: checking a large table must not hold up other clients. Only this
+            # connection (whose requests this thread serves one at a time) can touch its reservation.
+            self._seal_and_check(entry, layout)
+        with self.lock:
+            entry = self._pending(cid, req.get("id"))
             old = self.names.get(entry.name)
             if old is not None:
                 if not req.get("replace"):
@@ -318,6 +389,32 @@ class StoreServer:
             entry.meta, entry.schema, entry.state = layout.meta(), schema, "live"
             self.names[entry.name] = entry
         return {}, []
+
+    def _seal_and_check(self, entry: _Entry, layout: TableLayout) -> None:
+        """Make a host table immutable, then check what readers will read (in this order: no race).
+
+        The write seal fails while the writer still maps the memory writable (its client remaps it
+        read-only before committing). A table whose offsets would make readers read outside its
+        buffers is refused, and its reservation freed: sealed memory cannot be fixed.
+        """
+        from .validate import check_table
+
+        where = f"commit {entry.name!r}"
+        try:
+            _shm.freeze(entry.alloc.fd)
+        except OSError as exc:
+            raise StoreError(
+                f"{where}: cannot seal the table's memory against writes ({exc.strerror or exc}): the writer "
+                "still maps it writable (pystrom's client remaps it read-only before committing)"
+            ) from None
+        try:
+            memory = _shm.map_fd(entry.alloc.fd, entry.alloc.size, entry.alloc.name, writable=False)
+            check_table(layout.table(self.backend.wrap(memory, layout.nbytes), where), where)
+        except Error:
+            with self.lock:
+                entry.state = "dropped"
+                self._maybe_free(entry)
+            raise
 
     def _op_abort(self, cid: int, req: dict) -> tuple[dict, list[int]]:
         with self.lock:
@@ -333,7 +430,7 @@ class StoreServer:
             if entry is None:
                 raise TableNotFoundError(f"the store has no table named {name!r}")
             entry.holds[cid] += 1
-        desc, fds = entry.alloc.descriptor()
+        desc, fds = entry.alloc.descriptor(writable=False)
         return {"id": entry.id, "memory": desc, "layout": entry.meta, "schema": protocol.b64(entry.schema)}, fds
 
     def _op_list(self, cid: int, req: dict) -> tuple[dict, list[int]]:
@@ -379,7 +476,12 @@ class StoreServer:
                 "allocations": len(self.entries),
                 "allocated_bytes": sum(e.alloc.size for e in self.entries.values()),
                 "clients": len(self.clients),
+                "descriptor_limit": self.fd_limit,
+                "max_connections": self.max_clients,
+                "max_connections_per_uid": self.max_per_uid,
             }
+            if self.memory_kind == "memfd":
+                stats["max_tables"] = self.max_host_tables
         if self.backend.kind == "cuda":
             import cupy
 
@@ -417,8 +519,12 @@ class StoreServer:
                         del entry.holds[cid]
                     self._maybe_free(entry)
 
-    def _disconnect(self, cid: int) -> None:
+    def _disconnect(self, cid: int, uid: int) -> None:
         with self.lock:
+            if cid in self.clients and uid != -1:
+                self.per_uid[uid] -= 1
+                if not self.per_uid[uid]:
+                    del self.per_uid[uid]
             self.clients.discard(cid)
             for entry in list(self.entries.values()):
                 entry.holds.pop(cid, None)
@@ -435,6 +541,20 @@ class StoreServer:
                     pass
             self.entries.clear()
             self.names.clear()
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (tables and connections each hold a descriptor)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError):
+            pass
+    return int(soft)
 
 
 def _name(value: Any) -> str:
@@ -454,6 +574,7 @@ def serve(
     allow_gids: Iterable[int] = (),
     memory: str = "auto",
     ready: Callable[[StoreServer], None] | None = None,
+    max_connections: int | None = None,
 ) -> None:
     """Run the store daemon until SIGTERM/SIGINT (or ``StoreServer.stop()`` from ``ready``'s server).
 
@@ -465,14 +586,24 @@ def serve(
     device
         Where tables live: ``"cuda:N"`` or ``"cpu"`` (default: as ``pystrom.defaults.device``).
     allow_uids, allow_gids
-        Other users (or members of groups) the daemon serves besides its own user. They also need
-        access to the socket's directory, which the default one does not give.
+        Other users (or members of groups) the daemon serves besides its own user. With either,
+        the socket is made mode 0666 and a default socket directory 0711 (others may pass through
+        it, not list or change it): every connection's uid and groups are checked with
+        ``SO_PEERCRED``, which is what keeps other users out. A directory above the socket that
+        they cannot enter (``$XDG_RUNTIME_DIR`` is 0700) still stops them: use ``--socket`` then.
+        Their clients must trust the daemon's user (``Store(..., trust_uids=[uid])``).
     memory
         ``"auto"`` (VMM file descriptors where they work, else legacy CUDA IPC), ``"vmm"`` or ``"legacy"``.
     ready
         Called with the server once it listens.
+    max_connections
+        Connections one user may hold open at a time (default: as many as the descriptor limit
+        allows). Each connection and each host table holds a descriptor: the daemon raises its
+        soft ``RLIMIT_NOFILE`` to the hard limit at start, refuses connections beyond its share
+        with a clear error to that client, and refuses a put of more host tables than the
+        limit allows; it never stops for lack of descriptors.
     """
-    server = StoreServer(socket, device, allow_uids, allow_gids, memory)
+    server = StoreServer(socket, device, allow_uids, allow_gids, memory, max_connections)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: server.stop())
