@@ -211,12 +211,8 @@ def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dty
             raise UnsupportedTypeError(
                 f"column {c.name!r} has type {c.type}: pass dtype='float64' to convert decimals into a 2-D array"
             )
-    if dtype is None:
-        kinds = {str(c.type) for c in cols}
-        if len(kinds) > 1:
-            listing = ", ".join(f"{c.name}: {c.type}" for c in cols)
-            raise SchemaMismatchError(f"columns have different types ({listing}); pass dtype= to convert them to one")
-        out_dtype = cols[0].dtype
+    if dtype is None:  # NumPy's promotion, as np.column_stack would give: int32 + float64 -> float64
+        out_dtype = np.result_type(*(c.dtype for c in cols))
     else:
         out_dtype = np.dtype(dtype)
     with_nulls = [c for c in cols if c.null_count]

@@ -291,7 +291,10 @@ class Table:
         columns
             Names (default: all columns).
         dtype
-            Result dtype; required when the columns' types differ (and to convert decimals).
+            Result dtype. None (default): NumPy's result type of the columns' dtypes,
+            ``numpy.result_type(*dtypes)`` (int32 and float64 give float64, int64 and uint64
+            float64, bool and int8 int8; temporal columns count as their int32/int64 storage).
+            Required to convert decimals (a floating dtype).
         nulls
             ``"raise"`` (default): a column with NULLs is an error; ``"nan"``: NULLs become NaN
             (floating dtypes only); ``"drop"``: rows with a NULL in any chosen column are left out.
