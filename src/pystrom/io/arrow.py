@@ -236,8 +236,8 @@ def _batch_stats(file: ArrowFile, index: int) -> dict:
     return batch_stats(file.raw_schema, index, file.custom_metadata(index), num_batches=file.num_batches)
 
 
-def _warn_if_slow(file: ArrowFile) -> None:
-    if file.num_batches and file.compressed is False:
+def _warn_if_slow(file: ArrowFile, parsed: bool = False) -> None:
+    if file.num_batches and file.compressed is False and not parsed:
         # the first batch tells whether bodies are compressed (pyarrow inflates them elsewhere)
         file.layout(0, file.schema.names, direct_types(file.schema, file.schema.names))
     if file.compressed:
@@ -324,7 +324,7 @@ def read_arrow(
         names = resolve_columns(file.schema, columns, file.path)
         types = direct_types(file.schema, names)
         layouts = [file.layout(i, names, types) for i in range(file.num_batches)]
-        _warn_if_slow(file)
+        _warn_if_slow(file, parsed=bool(names))  # the layouts found compressed bodies already
         total = sum(layout.nbytes for layout in layouts)
         with reporter(progress, unit="B", desc="read_arrow", total=total) as report, backend.activate():
             table, nbytes = read_batches(file, layouts, names, types, backend, report if report.active else None)
