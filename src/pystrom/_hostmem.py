@@ -10,7 +10,8 @@ What happens to one table's memory, in order:
    every byte, and the first write faults them anyway.
 2. Every array of the table is a view whose NumPy base is a small lease object; when the last view
    is gone, the lease's finalizer gives the mapping back to the pool. The pool keeps at most
-   ``pystrom.defaults.host_pool_bytes`` of idle mappings (oldest unmapped first).
+   ``pystrom.defaults.host_pool_bytes`` of idle mappings, and at most 64 of them (oldest unmapped
+   first).
 3. :func:`exportable` (called by ``Table.export``) moves the memory into a ``memfd`` on the first
    export, in place: the bytes in use are written into a new memfd, and the memfd is mapped with
    ``MAP_FIXED`` over the very addresses of the private mapping, so every array handed out earlier
@@ -44,6 +45,7 @@ __all__ = ["allocate", "exportable", "pool_bytes", "release_pool", "size_class"]
 
 _HAVE_MMAP = sys.platform.startswith("linux") and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 _MIN_CLASS = 64 << 10
+_MAX_IDLE = 64  # idle mappings kept, whatever their size: each is a kernel VMA (vm.max_map_count)
 _MAP_FIXED = 0x10  # Linux, every architecture
 
 
@@ -110,7 +112,7 @@ class _Pool:
                 if m.fd >= 0 or len(m) > limit:  # shared memory is never reused: importers may map it
                     dropped.append(m)
                     continue
-                while self.idle and self.idle_bytes + len(m) > limit:
+                while self.idle and (self.idle_bytes + len(m) > limit or len(self.idle) >= _MAX_IDLE):
                     _, old = self.idle.popitem(last=False)
                     self.idle_bytes -= len(old)
                     dropped.append(old)
