@@ -314,3 +314,62 @@ def test_property_decimal_to_float_matches_python(values, scale):
         lambda device: Table.from_arrays({"d": arrow}, device=device).to_array(dtype="float64")[:, 0]
     )
     np.testing.assert_allclose(got, expected, rtol=1e-15)
+
+
+def test_head_and_shape(device):
+    t = _sample(device)
+    assert t.shape == (1000, 6) and t.slice(990).shape == (10, 6) and t.select(["x"]).shape == (1000, 1)
+    h = t.head(3)
+    assert h.shape == (3, 6) and h._block is t._block  # a view
+    assert_tables_equal(h, t.to_arrow().slice(0, 3))
+    assert t.head().num_rows == 5 and t.head(10**9).num_rows == 1000 and t.head(0).shape == (0, 6)
+    for bad in (-1, 2.0, True, "3"):
+        with pytest.raises(ValueError, match="head"):
+            t.head(bad)
+
+
+def test_to_array_promotes_like_numpy_without_dtype(device):
+    t = Table.from_arrays(
+        {
+            "age": np.array([30, 70, 50], dtype=np.int32),
+            "bmi": np.array([31.5, 22.0, 27.25]),
+            "flag": np.array([True, False, True]),
+            "i8": np.array([-1, 2, 3], dtype=np.int8),
+            "u64": np.array([1, 2, 2**63], dtype=np.uint64),
+            "f32": np.array([0.5, 1.5, 2.5], dtype=np.float32),
+        },
+        device=device,
+    )
+    host = pystrom.testing.to_host
+    arr = t.to_array(["age", "bmi"])  # used to raise until dtype= was given
+    assert arr.dtype == np.float64
+    np.testing.assert_array_equal(host(arr), [[30, 31.5], [70, 22.0], [50, 27.25]])
+    for names in (["flag", "i8"], ["age", "i8"], ["i8", "u64"], ["age", "f32"], ["flag", "f32"], ["age", "u64"]):
+        want = np.result_type(*(t.column(n).dtype for n in names))
+        got = t.to_array(names)
+        assert got.dtype == want, names
+        np.testing.assert_array_equal(host(got), np.column_stack([host(t[n]) for n in names]).astype(want))
+
+
+def test_repr_shows_timestamps_uuids_and_decimals_whole():
+    import decimal
+    import uuid
+
+    ts = pa.array([1_700_000_000_123_456_789], pa.timestamp("ns", tz="Europe/Paris"))
+    u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    arrow = pa.table(
+        {
+            "ts": ts,
+            "id": pa.array([u.bytes], pa.uuid()) if hasattr(pa, "uuid") else pa.array([u.bytes], pa.binary(16)),
+            "d": pa.array([decimal.Decimal("-12345678901234567890.123456")], pa.decimal128(38, 6)),
+            "memo": ["x" * 100],
+        }
+    )
+    text = repr(Table.from_arrow(arrow, device="cpu"))
+    assert str(ts[0].as_py()) in text  # 2023-11-14 23:13:20.123456789+01:00, not cut
+    assert "-12345678901234567890.123456" in text
+    if hasattr(pa, "uuid"):
+        assert str(u) in text
+    assert "x" * 39 + "…" in text and "x" * 41 not in text  # free text is still cut
+    html = Table.from_arrow(arrow, device="cpu")._repr_html_()
+    assert str(ts[0].as_py()) in html

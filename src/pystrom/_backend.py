@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _shm
-from ._layout import ALIGNMENT
+from . import _hostmem
 from ._settings import defaults
 from ._transfer import DeviceTransfer, host_copy
 from .errors import DeviceError, OutOfMemoryError
@@ -92,14 +91,9 @@ class _HostBlock(Block):
         self.backend = backend
         self.nbytes = nbytes
         if memory is None:
-            # Shared memory (a memfd) from the start, so that an exported table is the memory its
-            # owner writes to; private memory only where the system cannot give shared memory.
+            # Private (pooled) memory; Table.export moves it into shared memory, in place (_hostmem).
             try:
-                memory = _shm.allocate(nbytes)
-                if memory is None:
-                    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-                    start = (-raw.ctypes.data) % ALIGNMENT
-                    memory = raw[start : start + nbytes]  # aligned; holds `raw` as its base
+                memory = _hostmem.allocate(nbytes)
             except (MemoryError, ValueError):
                 raise OutOfMemoryError(f"cannot allocate {nbytes:,} bytes of host memory for a table") from None
         self.memory = memory  # a view of other memory (imported tables) keeps that memory alive

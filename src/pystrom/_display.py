@@ -10,7 +10,9 @@ from ._settings import defaults
 if TYPE_CHECKING:
     from .table import Table
 
-_MAX_CELL = 24
+# Only free text is cut (a long string or blob would push every other column off the screen); numbers,
+# timestamps, uuids and decimals are always shown whole: a cut one reads as a different value.
+_MAX_TEXT = 40
 
 
 def _human_bytes(n: int) -> str:
@@ -21,14 +23,22 @@ def _human_bytes(n: int) -> str:
     raise AssertionError
 
 
-def _cell(value: object) -> str:
+def _cell(value: object, cut: bool) -> str:
     if value is None:
-        text = "null"
-    elif isinstance(value, float):
-        text = f"{value:.6g}"
-    else:
-        text = str(value)
-    return text if len(text) <= _MAX_CELL else text[: _MAX_CELL - 1] + "…"
+        return "null"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = str(value)
+    return text if not cut or len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 1] + "…"
+
+
+def _is_text(arrow_type: object) -> bool:
+    import pyarrow as pa
+
+    t = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type
+    if pa.types.is_fixed_size_binary(t):
+        return not isinstance(arrow_type, pa.BaseExtensionType)  # uuid and other extensions: whole
+    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
 
 
 def _head(table: Table) -> tuple[list[str], list[list[str]]]:
@@ -36,7 +46,10 @@ def _head(table: Table) -> tuple[list[str], list[list[str]]]:
     if rows == 0 or table.num_columns == 0:
         return table.column_names, []
     head = table.slice(0, rows).to_arrow()
-    columns = [[_cell(v) for v in head.column(i).to_pylist()] for i in range(head.num_columns)]
+    columns = [
+        [_cell(v, _is_text(head.schema.field(i).type)) for v in head.column(i).to_pylist()]
+        for i in range(head.num_columns)
+    ]
     return table.column_names, [list(r) for r in zip(*columns)]
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _bitmap, _core
 from ._backend import Backend, Block, backend_of_array, resolve_device
-from ._layout import ColumnPlan, ColumnSpec, plan_table
+from ._layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 from ._types import Layout
 from .column import Column
 from .errors import NullValuesError, SchemaMismatchError, UnsupportedTypeError
@@ -21,7 +21,7 @@ from .errors import NullValuesError, SchemaMismatchError, UnsupportedTypeError
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["gather", "as_mask", "to_array"]
+__all__ = ["gather", "gather_into", "as_mask", "to_array"]
 
 
 # -- row gathering (filter, compaction) -----------------------------------------------------------
@@ -54,10 +54,23 @@ def gather(table: Table, rows: Any | None) -> Table:
 
 
 def _gather(table: Table, backend: Backend, rows: Any) -> Table:
+    block, plan = gather_into(backend, rows, table.columns)
+    return type(table)._wrap(
+        block, plan, table.schema, int(rows.shape[0])
+    )  # the caller's class: _ops sits below table.py
+
+
+def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec]) -> tuple[Block, TablePlan]:
+    """One new block laid out for ``slots`` in order: columns (their ``rows`` are gathered into the
+    block) and specs of columns the caller fills itself (``Table.with_columns``)."""
     xp = backend.xp
     m = int(rows.shape[0])
     specs, prepared = [], []
-    for col in table.columns:
+    for col in slots:
+        if isinstance(col, ColumnSpec):
+            specs.append(col)
+            prepared.append(None)
+            continue
         ctype = col.column_type
         valid = None
         null_count = 0
@@ -73,9 +86,10 @@ def _gather(table: Table, backend: Backend, rows: Any) -> Table:
         prepared.append((valid if null_count else None, lengths))
     plan = plan_table(specs)
     new_block = backend.allocate(plan.nbytes)
-    for col, cplan, (valid, lengths) in zip(table.columns, plan.columns, prepared):
-        _write_gathered(new_block, cplan, col, rows, valid, lengths)
-    return type(table)._wrap(new_block, plan, table.schema, m)  # the caller's class: _ops sits below table.py
+    for col, cplan, prep in zip(slots, plan.columns, prepared):
+        if prep is not None:
+            _write_gathered(new_block, cplan, col, rows, *prep)
+    return new_block, plan
 
 
 def _write_gathered(block: Block, plan: ColumnPlan, col: Column, rows: Any, valid: Any, lengths: Any) -> None:
@@ -194,12 +208,8 @@ def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dty
             raise UnsupportedTypeError(
                 f"column {c.name!r} has type {c.type}: pass dtype='float64' to convert decimals into a 2-D array"
             )
-    if dtype is None:
-        kinds = {str(c.type) for c in cols}
-        if len(kinds) > 1:
-            listing = ", ".join(f"{c.name}: {c.type}" for c in cols)
-            raise SchemaMismatchError(f"columns have different types ({listing}); pass dtype= to convert them to one")
-        out_dtype = cols[0].dtype
+    if dtype is None:  # NumPy's promotion, as np.column_stack would give: int32 + float64 -> float64
+        out_dtype = np.result_type(*(c.dtype for c in cols))
     else:
         out_dtype = np.dtype(dtype)
     with_nulls = [c for c in cols if c.null_count]

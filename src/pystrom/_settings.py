@@ -55,6 +55,13 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 4096,
         "Bytes per pinned staging slot (each copy thread has two).",
     ),
+    "host_pool_bytes": _Option(
+        "PYSTROM_HOST_POOL_BYTES",
+        int,
+        1 << 30,
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "Most bytes of freed CPU-table memory kept mapped for reuse (new tables then skip page faults); 0 keeps none.",
+    ),
     "pg_partitions": _Option(
         "PYSTROM_PG_PARTITIONS",
         int,

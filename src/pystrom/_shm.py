@@ -1,8 +1,9 @@
 """Host memory that other processes can map: anonymous shared memory files (Linux ``memfd``).
 
-Every CPU table lives in one of these from the start, so exporting it shares the very memory the
-exporter writes to (a copy on export would not show later writes). Why ``memfd`` rather than a
-named POSIX segment (``shm_open``):
+A CPU table lives in private memory until it is first exported; then :mod:`._hostmem` moves it
+into a memfd made here, mapped over the table's own addresses, so the export shares the very
+memory the exporter writes to. The store daemon's tables are memfds from the start. Why ``memfd``
+rather than a named POSIX segment (``shm_open``):
 
 - nothing is left behind when a process dies: the kernel frees the memory when the last file
   descriptor and mapping go (a named segment stays in ``/dev/shm`` until someone unlinks it, and
@@ -12,8 +13,7 @@ named POSIX segment (``shm_open``):
   owner's uid (or a process allowed to trace it) open, and the descriptor itself can be passed
   over a Unix socket (the store daemon does).
 
-Where ``memfd`` is missing (not Linux) or descriptors run out, memory is private (``numpy.empty``)
-and tables in it cannot be exported.
+Where ``memfd`` is missing (not Linux), tables cannot be exported.
 """
 
 from __future__ import annotations
@@ -27,7 +27,20 @@ import weakref
 
 import numpy as np
 
-__all__ = ["SharedMapping", "allocate", "map_fd", "HAVE_MEMFD"]
+__all__ = [
+    "SharedMapping",
+    "map_fd",
+    "map_fd_owned",
+    "create_fd",
+    "close_quietly",
+    "mapping_of",
+    "is_name",
+    "seals",
+    "freeze",
+    "reopen_read_only",
+    "make_read_only",
+    "HAVE_MEMFD",
+]
 
 HAVE_MEMFD = hasattr(os, "memfd_create") and hasattr(mmap, "MAP_SHARED")
 _PREFIX = "pystrom-"
@@ -44,30 +57,17 @@ class SharedMapping(mmap.mmap):
     name: str  # the memfd's name: "pystrom-<random hex>"; proves which file /proc/<pid>/fd/<n> is
 
 
-def _close_quietly(fd: int) -> None:
+def close_quietly(fd: int) -> None:
     try:
         os.close(fd)
     except OSError:
         pass
 
 
-# A new table is written in full right away: faulting its pages in with the mapping is cheaper than
-# one trap per page (measured on the development VM: 512 MiB in 0.45 s instead of 0.60 s).
+# A store table the client maps to fill is written in full right away: faulting its pages in with the
+# mapping is cheaper than one trap per page (measured on the development VM: 512 MiB in 0.45 s, not 0.60 s).
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _MAP_FIXED = 0x10  # Linux, every architecture
-
-
-def _wrap(fd: int, size: int, name: str, writable: bool, keep_fd: bool) -> SharedMapping:
-    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-    flags = mmap.MAP_SHARED | (_POPULATE if keep_fd else 0)
-    m = SharedMapping(fd, size, flags=flags, prot=prot)
-    m.name = name
-    if keep_fd:
-        m.fd = fd
-        weakref.finalize(m, _close_quietly, fd)
-    else:
-        m.fd = -1
-    return m
 
 
 def new_name() -> str:
@@ -152,38 +152,24 @@ def make_read_only(m: SharedMapping) -> None:
         raise OSError(err, f"cannot remap shared memory read-only: {os.strerror(err)}")
 
 
-def allocate(nbytes: int) -> np.ndarray | None:
-    """``nbytes`` of shared host memory as a writable uint8 array, or None where that is not possible."""
-    if not HAVE_MEMFD:
-        return None
-    size = max(nbytes, 1)
-    try:
-        fd, name = create_fd(size)
-    except OSError:  # EMFILE/ENFILE/ENOMEM: fall back to private memory
-        return None
-    try:
-        m = _wrap(fd, size, name, writable=True, keep_fd=True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return np.frombuffer(m, dtype=np.uint8, count=nbytes)
-
-
 def map_fd(fd: int, size: int, name: str, writable: bool) -> np.ndarray:
     """Map ``size`` bytes of an open memfd; the caller keeps ownership of ``fd`` (close it when done)."""
-    m = _wrap(fd, size, name, writable=writable, keep_fd=False)
-    arr = np.frombuffer(m, dtype=np.uint8, count=size)
-    return arr
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    m = SharedMapping(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+    m.fd, m.name = -1, name
+    return np.frombuffer(m, dtype=np.uint8, count=size)
 
 
 def map_fd_owned(fd: int, size: int, name: str) -> np.ndarray:
     """Map an open memfd writable and take ownership of ``fd`` (closed with the mapping)."""
-    m = _wrap(fd, size, name, writable=True, keep_fd=True)
+    m = SharedMapping(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    m.fd, m.name = fd, name
+    weakref.finalize(m, close_quietly, fd)
     return np.frombuffer(m, dtype=np.uint8, count=size)
 
 
 def mapping_of(memory: np.ndarray) -> SharedMapping | None:
-    """The SharedMapping under an array from :func:`allocate`, if it is one."""
+    """The SharedMapping under an array from :func:`map_fd`, if it is one."""
     base = memory
     while isinstance(base, np.ndarray):
         base = base.base

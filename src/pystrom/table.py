@@ -109,6 +109,11 @@ class Table:
         return self.num_rows
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, columns), as a DataFrame's."""
+        return (self.num_rows, self.num_columns)
+
+    @property
     def num_columns(self) -> int:
         """Number of columns."""
         return len(self._columns)
@@ -216,15 +221,63 @@ class Table:
             fresh.append(Column._view(c._block, c._plan, c.offset + start, n, known))
         return Table._from_columns(self._block, self._schema, fresh, n)
 
-    def filter(self, mask: Any) -> Table:
-        """A new table (new allocation, same device) with the rows where ``mask`` is True.
+    def head(self, n: int = 5) -> Table:
+        """A view of the first ``n`` rows (zero copy; all rows when the table has fewer)."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"head(n) needs a non-negative int; got {n!r}")
+        return self.slice(0, n)
 
-        ``mask``: a bool array (CuPy, NumPy, list), a pyarrow BooleanArray (NULL drops the row), or
-        the name of a bool column of this table.
+    def filter(self, mask: Any) -> Table:
+        """A new table (new allocation, same device) with the rows where ``mask`` is TRUE.
+
+        ``mask`` is one of:
+
+        - an expression in the ``where`` language of :func:`pystrom.read_arrow` (docs/where.md),
+          e.g. ``"bmi > 30 and age between 40 and 60"``: evaluated on the table's device (one
+          generated kernel on a GPU, NumPy on the CPU); rows where it is false or NULL are dropped,
+          as in SQL's WHERE;
+        - the name of a bool column of this table (NULL drops the row);
+        - a bool array (CuPy, NumPy, list) or a pyarrow BooleanArray (NULL drops the row).
+
+        Raises :class:`~pystrom.errors.ExpressionError` (a ``ValueError``) naming the expression,
+        the column and its type when the expression does not parse or type-check.
         """
         backend = self._backend
+        if isinstance(mask, str) and mask not in self._index:
+            from ._compute import filter_expression
+
+            return filter_expression(self, mask)
         with backend.activate():
             return _ops.gather(self, backend.xp.flatnonzero(_ops.as_mask(self, mask)))
+
+    def with_columns(self, columns: Mapping[str, str] | None = None, /, **named: str) -> Table:
+        """A new table (new allocation, same device) with computed columns added or replaced.
+
+        ``table.with_columns(bmi="weight / height^2", old="age >= 65")``: each value is an
+        expression in the ``where`` language (docs/where.md) over this table's columns as they are
+        before the call. Names may also come as a mapping (``with_columns({"body mass": ...})``).
+        A name that exists replaces that column in place; new names are appended in order.
+
+        Types come from the type checker: integer arithmetic gives int64 (wrapping on overflow),
+        anything with a float, ``/``, ``^``, sqrt/exp/log gives float64, comparisons and and/or/not
+        give bool. NULL rules as in a scan's ``where``: a NULL operand makes the result NULL, a
+        zero divisor (``/``, ``%``) gives NULL, and/or/not follow SQL's three-valued logic,
+        ``x is null`` is never NULL. A new column has a validity bitmap only if some row is NULL.
+
+        On a GPU all the expressions run as one generated kernel that writes every new column's
+        values and validity; on the CPU they are computed with NumPy.
+
+        Raises :class:`~pystrom.errors.ExpressionError` naming the expression, the column and its
+        type for an expression that does not parse or type-check, or whose result is a string, a
+        temporal value or a bare NULL (no computed type).
+        """
+        from ._compute import with_columns
+
+        if columns is not None:
+            if not isinstance(columns, Mapping):
+                raise TypeError(f"with_columns takes a mapping of name -> expression; got {type(columns).__name__}")
+            named = {**columns, **named}
+        return with_columns(self, named)
 
     # -- arrays -----------------------------------------------------------------------------------
 
@@ -241,7 +294,10 @@ class Table:
         columns
             Names (default: all columns).
         dtype
-            Result dtype; required when the columns' types differ (and to convert decimals).
+            Result dtype. None (default): NumPy's result type of the columns' dtypes,
+            ``numpy.result_type(*dtypes)`` (int32 and float64 give float64, int64 and uint64
+            float64, bool and int8 int8; temporal columns count as their int32/int64 storage).
+            Required to convert decimals (a floating dtype).
         nulls
             ``"raise"`` (default): a column with NULLs is an error; ``"nan"``: NULLs become NaN
             (floating dtypes only); ``"drop"``: rows with a NULL in any chosen column are left out.

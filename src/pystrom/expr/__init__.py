@@ -7,7 +7,8 @@
 >>> p.columns
 ('x', 'y', 'memo')
 
-The language is described in ``docs/where.md``. The pieces: :mod:`._lexer` and :mod:`._parser`
+The language is described in ``docs/where.md``. :func:`compile_expression` checks the same language
+as a value (a number or a condition) for ``Table.with_columns``. The pieces: :mod:`._lexer` and :mod:`._parser`
 (text to syntax tree, never ``eval``), :mod:`._check` (types, to the typed tree of :mod:`._ir`),
 :mod:`._numpy` (CPU evaluator), :mod:`._cuda` (one generated CUDA kernel per predicate) and
 :mod:`._prune` (min/max statistics: can a batch match at all?).
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ExpressionError, SchemaMismatchError, UnsupportedTypeError
-from ._check import ColumnInfo, check, column_info
+from ._check import VALUE_TYPES, ColumnInfo, check, check_value, column_info
 from ._ir import Expr
 from ._parser import parse
 
@@ -30,9 +31,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ..table import Table
-    from ._cuda import CudaProgram
+    from ._cuda import CudaColumnsProgram, CudaProgram
 
-__all__ = ["compile_where", "Predicate"]
+__all__ = ["compile_where", "Predicate", "compile_expression", "Expression"]
 
 
 class Predicate:
@@ -111,23 +112,7 @@ class Predicate:
         return may_match(self._expr, clean)
 
     def _check_table(self, table: Table) -> None:
-        for name in self.columns:
-            col = table.column(name)  # ColumnNotFoundError names the column
-            want = self._infos[name]
-            try:
-                got = column_info(name, col.type)
-            except ExpressionError:
-                got = None
-            if got is None or (got.kind, got.dtype, got.temporal, got.unit) != (
-                want.kind,
-                want.dtype,
-                want.temporal,
-                want.unit,
-            ):
-                raise SchemaMismatchError(
-                    f"column {name!r} has type {col.type} in the table, but the where expression {self.text!r} "
-                    f"was compiled for {want.arrow}"
-                )
+        _check_table(self.text, self.columns, self._infos, table)
 
     def _cuda(self) -> CudaProgram:
         if self._program is None:  # built once per predicate: the source depends only on it and the schema
@@ -139,6 +124,28 @@ class Predicate:
 
     def __repr__(self) -> str:
         return f"<pystrom.expr.Predicate {self.text!r} on {list(self.columns)}>"
+
+
+def _check_table(
+    text: str, columns: tuple[str, ...], infos: dict[str, ColumnInfo], table: Table, what: str = "where expression"
+) -> None:
+    for name in columns:
+        col = table.column(name)  # ColumnNotFoundError names the column
+        want = infos[name]
+        try:
+            got = column_info(name, col.type)
+        except ExpressionError:
+            got = None
+        if got is None or (got.kind, got.dtype, got.temporal, got.unit) != (
+            want.kind,
+            want.dtype,
+            want.temporal,
+            want.unit,
+        ):
+            raise SchemaMismatchError(
+                f"column {name!r} has type {col.type} in the table, but the {what} {text!r} "
+                f"was compiled for {want.arrow}"
+            )
 
 
 def _stat_pair(name: str, info: ColumnInfo, pair: Any) -> tuple[Any, Any]:
@@ -217,3 +224,129 @@ def _compile(text: str, schema: pa.Schema) -> Predicate:
     tree = parse(text)
     expr, infos = check(tree, schema)
     return Predicate._make(text, schema, expr, infos)
+
+
+class Expression:
+    """A compiled value expression (a computed column); made by :func:`compile_expression`.
+
+    Attributes
+    ----------
+    text : str
+        The expression as given.
+    columns : tuple of str
+        The columns it reads, in schema order.
+    schema : pyarrow.Schema
+        The schema it was checked against.
+    type : pyarrow.DataType
+        The result's type: ``bool``, ``int64``, ``uint64`` (a bare uint64 column) or ``float64``.
+    """
+
+    __slots__ = ("text", "columns", "schema", "type", "_expr", "_infos")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise TypeError("Expression objects come from pystrom.expr.compile_expression(text, schema)")
+
+    @classmethod
+    def _make(cls, text: str, schema: pa.Schema, expr: Expr, infos: dict[str, ColumnInfo]) -> Expression:
+        import pyarrow as pa
+
+        self = object.__new__(cls)
+        self.text = text
+        self.schema = schema
+        self.columns = tuple(f.name for f in schema if f.name in infos)
+        self.type = getattr(pa, VALUE_TYPES[expr.kind])()
+        self._expr = expr
+        self._infos = infos
+        return self
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The NumPy dtype of the values (bool, int64, uint64 or float64)."""
+        return np.dtype(self.type.to_pandas_dtype())
+
+    def may_be_null(self, table: Table) -> bool:
+        """Whether some row of ``table`` could get NULL: a column read has NULLs there, or the
+        expression divides (a zero divisor is NULL) or holds a NULL literal."""
+        nullable = {n for n in self.columns if table.column(n).null_count}
+        return _may_be_null(self._expr, nullable)
+
+    def __repr__(self) -> str:
+        return f"<pystrom.expr.Expression {self.text!r} -> {self.type} on {list(self.columns)}>"
+
+
+def _may_be_null(e: Expr, nullable: set[str]) -> bool:
+    if e.op == "col":
+        return str(e.value) in nullable
+    if e.op == "const":
+        return e.value is None
+    if e.op in ("isnull", "notnull"):
+        return False
+    if e.op in ("div", "mod"):
+        return True
+    return any(_may_be_null(a, nullable) for a in e.args)
+
+
+def compile_expression(text: str, schema: pa.Schema) -> Expression:
+    """Parse and type-check a value expression: the ``where`` language, but its result may be a
+    number as well as a condition (``"weight / height^2"``, ``"age >= 65 or bmi > 30"``).
+
+    Integer results are int64 (a bare uint64 column stays uint64), other numbers float64, conditions
+    bool, with the rules of :func:`compile_where` (int64 wrapping, NULL for a zero divisor, SQL's
+    NULL logic). Strings, temporal values and a bare NULL are refused: they have no computed type.
+
+    Raises
+    ------
+    pystrom.errors.ExpressionError
+        When the text does not parse or type-check; the message names the expression, the bad
+        token or column (with its type) and its position.
+    """
+    import pyarrow as pa
+
+    if not isinstance(text, str):
+        raise ExpressionError(f"an expression must be a str, not {type(text).__name__}")
+    if not isinstance(schema, pa.Schema):
+        raise ExpressionError(f"compile_expression needs a pyarrow.Schema, got {type(schema).__name__}")
+    return _compile_expression(text, schema)
+
+
+@functools.lru_cache(maxsize=128)
+def _compile_expression(text: str, schema: pa.Schema) -> Expression:
+    expr, infos = check_value(parse(text), schema, text)
+    return Expression._make(text, schema, expr, infos)
+
+
+def evaluate_columns(expressions: tuple[Expression, ...], table: Table, outputs: list[tuple[Any, Any]]) -> list:
+    """Compute ``expressions`` over every row of ``table`` into ``outputs``.
+
+    ``outputs[j]`` is (values array of ``expressions[j].dtype``, validity target or None) on the
+    table's device. On the CPU the validity target is ignored and the validity is returned (bool
+    arrays, None where no row is NULL). On a GPU all expressions run as one generated kernel that
+    writes values and validity together; the validity target is the uint32 word view of the new
+    column's bitmap (None when :meth:`Expression.may_be_null` is False), and the result is a list
+    of the targets.
+    """
+    from ..table import Table
+
+    if not isinstance(table, Table):
+        raise UnsupportedTypeError(f"evaluate_columns needs a pystrom.Table, got {type(table).__name__}")
+    for e in expressions:
+        _check_table(e.text, e.columns, e._infos, table, "expression")
+    if table._backend.kind == "cpu":
+        from ._numpy import evaluate_value
+
+        return [evaluate_value(e._expr, table, values) for e, (values, _) in zip(expressions, outputs)]
+    _columns_program(expressions).run(table, outputs)
+    return [words for _, words in outputs]
+
+
+@functools.lru_cache(maxsize=64)
+def _columns_program(expressions: tuple[Expression, ...]) -> CudaColumnsProgram:
+    """One generated kernel per tuple of expressions (built once; compiled once per device)."""
+    from ._cuda import CudaColumnsProgram
+
+    infos: dict[str, ColumnInfo] = {}
+    for e in expressions:
+        infos.update(e._infos)
+    names = tuple(dict.fromkeys(n for e in expressions for n in e.columns))
+    kinds = {n: (infos[n].kind, infos[n].dtype) for n in names}
+    return CudaColumnsProgram(tuple(e._expr for e in expressions), names, kinds)

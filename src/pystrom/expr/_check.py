@@ -409,3 +409,33 @@ def check(tree: Node, schema: pa.Schema) -> tuple[Expr, dict[str, ColumnInfo]]:
         )
     expr = const(None, "bool") if result.kind == "null" else result.expr
     return expr, checker.used
+
+
+# The Arrow type of a value expression's result, by kind (integers compute in int64, floats in float64).
+VALUE_TYPES = {"bool": "bool_", "int": "int64", "uint": "uint64", "float": "float64"}
+
+
+def check_value(tree: Node, schema: pa.Schema, text: str) -> tuple[Expr, dict[str, ColumnInfo]]:
+    """Type-check a value expression (a new column): a number or a condition, never a string,
+    a temporal value or a bare NULL (they have no column type to give)."""
+    checker = _Checker(schema)
+    result = checker.visit(tree)
+    if result.col is not None and result.col.temporal:
+        raise ExpressionError(
+            f"the expression {text!r} is {result.what}: a {result.col.temporal} column can only be compared, "
+            "not computed into a new column (select it to keep it)",
+            tree.pos,
+        )
+    if result.kind == "str":
+        raise ExpressionError(
+            f"the expression {text!r} is {result.what}, a string: computed columns are numbers or conditions "
+            "(select a string column to keep it)",
+            tree.pos,
+        )
+    if result.kind == "null":
+        raise ExpressionError(
+            f"the expression {text!r} is always NULL and has no type: write it as a number or a condition "
+            "(e.g. 'x / 0' is a float64 NULL, 'x > null' a bool NULL)",
+            tree.pos,
+        )
+    return result.expr, checker.used

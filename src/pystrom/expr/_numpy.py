@@ -14,7 +14,7 @@ import numpy as np
 
 from ._ir import ANY, LIT, ONE, Expr
 
-__all__ = ["evaluate", "like_arrow"]
+__all__ = ["evaluate", "evaluate_value", "like_arrow"]
 
 _DT = {"int": np.int64, "uint": np.uint64, "float": np.float64, "bool": np.bool_}
 _CMP = {
@@ -224,3 +224,22 @@ def evaluate(expr: Expr, table: Any) -> np.ndarray:
     if mask.shape != (ev.n,):  # a predicate on constants only
         mask = np.full(ev.n, bool(mask))
     return mask
+
+
+def evaluate_value(expr: Expr, table: Any, out: np.ndarray) -> np.ndarray | None:
+    """Write the value of ``expr`` for every row of ``table`` (CPU) into ``out`` (a 1-D array of the
+    result's dtype: bool, int64, uint64 or float64); return the validity (bool array), or None when
+    no row is NULL. NULL rows hold 0 (False) in ``out``, as the GPU kernel writes them."""
+    ev = _Evaluator(table)
+    n = ev.n
+    with np.errstate(all="ignore"):
+        value, valid = ev.run(expr)
+        out[...] = value  # broadcasts constants
+        if valid is None:
+            return None
+        valid = np.broadcast_to(np.asarray(valid, dtype=bool), (n,))
+        if valid.all():
+            return None
+        valid = np.array(valid, dtype=bool)
+        out[~valid] = 0
+    return valid

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _shm
+from .. import _hostmem, _shm
 from .._backend import Backend, Block, cuda_device_count, resolve_device
 from ..errors import DeviceError, ExporterGoneError, InvalidHandleError, IPCError
 from . import handle as fmt
@@ -84,7 +84,7 @@ def export_table(table: Table) -> bytes:
     layout = fmt.TableLayout.of(table)
     me = os.getpid()
     if backend.kind == "cpu":
-        m = _shm.mapping_of(block.memory)
+        m = _hostmem.exportable(block.memory)  # private memory moves into a memfd here (first export only)
         if m is None or m.fd < 0:
             raise IPCError(
                 "this CPU table's memory cannot be exported: it is "

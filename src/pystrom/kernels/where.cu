@@ -94,3 +94,20 @@ __device__ bool pw_like(const unsigned char* s, int n, const unsigned char* kind
   while (pi < plen && kind[pi] == 2) ++pi;
   return pi == plen;
 }
+
+// Bit `i - base` of the validity word `words[base / 32]` of a with_columns output. On the GPU the 32
+// lanes of a warp hold rows base..base+31 (base a multiple of 32; every lane calls this, also those
+// past the last row, with ok = false) and one vote gives the word. Elsewhere (the tests compile this
+// source for the host with a one-thread grid, so i == base) the bit is set on its own.
+__device__ __forceinline__ void pw_store_valid(unsigned int* words, long long base, int lane, long long i, bool ok) {
+#if defined(__CUDACC_RTC__) || defined(__CUDA_ARCH__)
+  const unsigned int word = __ballot_sync(0xffffffffu, ok);
+  if (lane == 0) words[base >> 5] = word;
+#else
+  if (ok) {
+    words[i >> 5] |= 1u << (i & 31);
+  } else {
+    words[i >> 5] &= ~(1u << (i & 31));
+  }
+#endif
+}

@@ -20,6 +20,8 @@ all buffers land on 64-byte file offsets. Statistics are written per batch and i
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import os
 import struct
 import uuid
@@ -277,6 +279,22 @@ def _encode_batch(cols: list[_Column], batch: pa.RecordBatch, stats: dict[str, s
     return fmt.encode_batch_message(batch.num_rows, nodes, buffers, pos, meta), body, pos
 
 
+class _Done:
+    """A finished future holding None (no statistics asked for)."""
+
+    def result(self) -> None:
+        return None
+
+
+_NONE = _Done()
+
+
+def _stats_threads(stats: bool) -> Any:
+    if not stats:
+        return contextlib.nullcontext(None)
+    return cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="pystrom-stats")
+
+
 def _temp_name(path: str) -> str:
     directory, base = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".{base}.{uuid.uuid4().hex[:12]}.pystrom-tmp")
@@ -362,19 +380,34 @@ def write_ipc_file(
         blocks: list[fmt.Block] = []
         footer_entries: list[list] = [[] for _ in cols]  # by position: names may repeat
         num_rows = 0
-        for index, batch in enumerate(batches):
-            _check_batch(cols, schema, batch, index)
+
+        def write_batch(batch: pa.RecordBatch, found: list[Any]) -> None:
             per_batch: dict[str, str] = {}
-            if stats:
-                for j, (col, field, arr) in enumerate(zip(cols, schema, batch.columns)):
-                    st = column_stats(field.type, arr)
-                    if st is not None and col.name in keyed:
-                        per_batch[col.name] = st.per_batch
-                    footer_entries[j].append(st.footer if st is not None else None)
+            for j, (col, future) in enumerate(zip(cols, found)):
+                st = future.result()
+                if st is not None and col.name in keyed:
+                    per_batch[col.name] = st.per_batch
+                footer_entries[j].append(st.footer if st is not None else None)
             flatbuffer, body, body_length = _encode_batch(cols, batch, per_batch)
             blocks.append(sink.message(flatbuffer, body, body_length))
-            num_rows += batch.num_rows
-            del batch, body  # stream: nothing of a written batch is kept
+
+        # Statistics (NumPy/pyarrow reductions, which release the GIL) of batch k run on the stats
+        # threads, a column per task, while batch k-1 is written: one batch is held ahead, no more.
+        pending = None
+        with _stats_threads(stats) as pool:
+            for index, batch in enumerate(batches):
+                _check_batch(cols, schema, batch, index)
+                found = [
+                    pool.submit(column_stats, f.type, a) if stats else _NONE for f, a in zip(schema, batch.columns)
+                ]
+                if pending is not None:
+                    write_batch(*pending)
+                pending = (batch, found)
+                num_rows += batch.num_rows
+                del batch
+            if pending is not None:
+                write_batch(*pending)
+                pending = None  # stream: nothing of a written batch is kept
         sink.write([_CONTINUATION, b"\0\0\0\0"])
         footer_specs = []
         for spec, entries in zip(specs, footer_entries):

@@ -237,8 +237,9 @@ def _batch_stats(file: ArrowFile, index: int) -> dict:
     return batch_stats(schema, index, file.custom_metadata(index), num_batches=file.num_batches)
 
 
-def _warn_if_slow(file: ArrowFile, columns: Sequence[str]) -> None:
-    if file.num_batches and file.compressed is False:
+def _warn_if_slow(file: ArrowFile, columns: Sequence[str], parsed: bool = False) -> None:
+    """``parsed``: the caller has laid out every batch of ``columns`` already, so ``file.compressed`` is known."""
+    if file.num_batches and file.compressed is False and not parsed:
         # the first batch tells whether bodies are compressed (pyarrow inflates them elsewhere)
         file.layout(0, columns, direct_types(file.schema, columns))
     if file.compressed:
@@ -324,7 +325,7 @@ def read_arrow(
         check_types(file.schema, names, file.path)
         types = direct_types(file.schema, names)
         layouts = [file.layout(i, names, types) for i in range(file.num_batches)]
-        _warn_if_slow(file, names)
+        _warn_if_slow(file, names, parsed=bool(names))  # the layouts found compressed bodies already
         total = sum(layout.nbytes for layout in layouts)
         with reporter(progress, unit="B", desc="read_arrow", total=total) as report, backend.activate():
             table, nbytes = read_batches(file, layouts, names, types, backend, report if report.active else None)

@@ -1,0 +1,92 @@
+"""The CPU backend against pyarrow on Arrow IPC files: read_arrow against ``pyarrow.feather.read_table``
+and write_arrow against ``feather.write_feather(compression="uncompressed")``, at 1M and 10M rows (1M
+only with --quick). Always the CPU backend (``device="cpu"``), whatever --device says.
+
+The goal (issue 17): read >= 0.9x and write >= 0.8x pyarrow (the speedup column). One table of 6
+float64 + 2 int64 columns (64 bytes a row). Reads: the same file for both readers, written by
+write_arrow (1M-row record batches; a second line reads a file written by pyarrow, 64K-row batches),
+page cache warm. Writes: the same table (a pystrom Table for write_arrow, its pyarrow twin for
+write_feather), each time to a new file (the previous one is removed first, for both: write_arrow
+writes a temporary file and renames it over the target, and ext4 flushes a file renamed over an
+existing one; a third line shows that case), write_arrow with its default min/max statistics. Each
+pair runs alternately (``measure_pair``); medians.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+
+import pystrom
+
+from _harness import Result, measure_pair
+
+
+def _arrow_table(rows: int) -> pa.Table:
+    rng = np.random.default_rng(0)
+    cols = {f"f{i}": rng.random(rows) for i in range(6)}
+    cols["i0"] = rng.integers(0, 1 << 40, rows)
+    cols["ts"] = np.arange(rows, dtype=np.int64)
+    return pa.table(cols)
+
+
+def _fresh(path: str, write) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+    write(path)
+
+
+def _one_size(rows: int, tmp: str, repeat: int) -> list[Result]:
+    arrow = _arrow_table(rows)
+    nbytes = arrow.nbytes
+    ours_file, theirs_file = os.path.join(tmp, "pystrom.arrow"), os.path.join(tmp, "pyarrow.arrow")
+    pystrom.write_arrow(arrow, ours_file)
+    feather.write_feather(arrow, theirs_file, compression="uncompressed")
+    label = f"{rows / 1e6:g}M rows"
+    out = []
+
+    def nothing() -> None:
+        pass
+
+    for path, what in ((ours_file, "written by write_arrow"), (theirs_file, "written by pyarrow")):
+        ours, base = measure_pair(
+            lambda p=path: pystrom.read_arrow(p, device="cpu"),
+            lambda p=path: feather.read_table(p, memory_map=False),
+            nothing,
+            repeat,
+        )
+        out.append(Result(f"read_arrow {label}, {what}", "feather.read_table", ours, base, nbytes))
+
+    table = pystrom.Table.from_arrow(arrow, device="cpu")
+    a, b = os.path.join(tmp, "w_pystrom.arrow"), os.path.join(tmp, "w_pyarrow.arrow")
+    ours, base = measure_pair(
+        lambda: _fresh(a, lambda p: pystrom.write_arrow(table, p)),
+        lambda: _fresh(b, lambda p: feather.write_feather(arrow, p, compression="uncompressed")),
+        nothing,
+        repeat,
+    )
+    out.append(Result(f"write_arrow {label}, new file", "write_feather(uncompressed)", ours, base, nbytes))
+    ours, base = measure_pair(
+        lambda: pystrom.write_arrow(table, a),
+        lambda: feather.write_feather(arrow, b, compression="uncompressed"),
+        nothing,
+        max(3, repeat // 3),
+    )
+    out.append(Result(f"write_arrow {label}, over a file", "write_feather(uncompressed)", ours, base, nbytes))
+    return out
+
+
+def run(device: str, quick: bool) -> list[Result]:
+    tmp = tempfile.mkdtemp(prefix="pystrom-bench-", dir=os.environ.get("PYSTROM_BENCH_DIR"))
+    try:
+        results = _one_size(1_000_000, tmp, 15)
+        if not quick:
+            results += _one_size(10_000_000, tmp, 5)
+        return results
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
