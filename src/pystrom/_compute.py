@@ -26,19 +26,18 @@ from . import _bitmap, _ops
 from ._layout import ColumnSpec
 from ._types import column_type
 from .errors import ExpressionError, SchemaMismatchError
+from .expr import compile_expression, compile_where, evaluate_columns
+from .table import Table
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .table import Table
 
 __all__ = ["filter_expression", "with_columns"]
 
 
 def filter_expression(table: Table, text: str) -> Table:
     """The rows of ``table`` where the where-expression ``text`` is TRUE (NULL and false drop the row)."""
-    from .expr import compile_where
-
     backend = table._live().backend
     try:
         predicate = compile_where(text, table.schema)
@@ -51,9 +50,6 @@ def filter_expression(table: Table, text: str) -> Table:
 
 def with_columns(table: Table, named: Mapping[str, Any]) -> Table:
     import pyarrow as pa
-
-    from .expr import compile_expression, evaluate_columns
-    from .table import Table
 
     backend = table._live().backend
     if not named:

@@ -244,7 +244,7 @@ class Table:
         """
         backend = self._backend
         if isinstance(mask, str) and mask not in self._index:
-            from ._compute import filter_expression
+            from ._compute import filter_expression  # up: a convenience method; _compute builds Tables
 
             return filter_expression(self, mask)
         with backend.activate():
@@ -271,7 +271,7 @@ class Table:
         type for an expression that does not parse or type-check, or whose result is a string, a
         temporal value or a bare NULL (no computed type).
         """
-        from ._compute import with_columns
+        from ._compute import with_columns  # up: a convenience method; _compute builds Tables
 
         if columns is not None:
             if not isinstance(columns, Mapping):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ExpressionError, SchemaMismatchError, UnsupportedTypeError
+from ..table import Table
 from ._check import VALUE_TYPES, ColumnInfo, check, check_value, column_info
 from ._ir import Expr
 from ._parser import parse
@@ -30,7 +31,6 @@ from ._parser import parse
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from ..table import Table
     from ._cuda import CudaColumnsProgram, CudaProgram
 
 __all__ = ["compile_where", "Predicate", "compile_expression", "Expression"]
@@ -80,8 +80,6 @@ class Predicate:
             ``len == table.num_rows``, NumPy on the CPU, CuPy on the table's GPU: True only where
             the predicate is TRUE (NULL is not true). On a GPU the whole predicate runs as one kernel.
         """
-        from ..table import Table
-
         if not isinstance(table, Table):
             raise UnsupportedTypeError(f"Predicate.evaluate needs a pystrom.Table, got {type(table).__name__}")
         self._check_table(table)
@@ -325,8 +323,6 @@ def evaluate_columns(expressions: tuple[Expression, ...], table: Table, outputs:
     column's bitmap (None when :meth:`Expression.may_be_null` is False), and the result is a list
     of the targets.
     """
-    from ..table import Table
-
     if not isinstance(table, Table):
         raise UnsupportedTypeError(f"evaluate_columns needs a pystrom.Table, got {type(table).__name__}")
     for e in expressions:
