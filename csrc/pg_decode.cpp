@@ -20,6 +20,9 @@ constexpr int64_t kTimestampShift = 946684800000000LL;
 
 constexpr uint16_t kNumericNeg = 0x4000, kNumericNaN = 0xC000, kNumericPInf = 0xD000, kNumericNInf = 0xF000;
 
+// Binary exponent the scaling of values near the ends of the double range is shifted by (numeric_f64).
+constexpr int kGuard = 128;
+
 // Exact powers of ten representable in a double.
 constexpr double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -78,9 +81,25 @@ int64_t numeric_f64(const uint8_t* p, int32_t len, double* out) {
     }
     break;
   }
-  const double hi = static_cast<double>(m);
-  const double lo = static_cast<double>(static_cast<int64_t>(m - static_cast<uint64_t>(hi)));
-  const double v = scale10(hi, lo, e);
+  // m * 10^e with m < 10^19 of `digits` digits: past the double range at once (the value is at least
+  // 10^(e + digits - 1)); near its ends the scaling runs on m * 2^-+kGuard, so that no step overflows
+  // or sinks into subnormals, and one exact (or, below DBL_MIN, one rounding) power of two ends it.
+  int digits = 19;  // m's digit count matters only near the ends of the range
+  if (e > 250 || e < -250) {
+    digits = 0;
+    for (uint64_t t = m; t != 0; t /= 10) ++digits;
+  }
+  double v;
+  if (e + digits > 310) {
+    v = m == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  } else if (e + digits < -330) {
+    v = 0.0;  // below 10^-330: under half the smallest subnormal
+  } else {
+    const double hi = static_cast<double>(m);
+    const double lo = static_cast<double>(static_cast<int64_t>(m - static_cast<uint64_t>(hi)));
+    const int guard = e + digits > 280 ? -kGuard : (e + digits < -280 ? kGuard : 0);
+    v = guard == 0 ? scale10(hi, lo, e) : std::ldexp(scale10(std::ldexp(hi, guard), std::ldexp(lo, guard), e), -guard);
+  }
   *out = sign == kNumericNeg ? -v : v;
   return OK;
 }
@@ -108,16 +127,7 @@ inline bool mul_add(U128& a, uint32_t k, uint32_t add) {
   }
   return carry == 0;
 }
-// a = a / k; returns the remainder.
-inline uint32_t div_small(U128& a, uint32_t k) {
-  uint64_t rem = 0;
-  for (int i = 3; i >= 0; --i) {
-    const uint64_t cur = (rem << 32) | a.w[i];
-    a.w[i] = static_cast<uint32_t>(cur / k);
-    rem = cur % k;
-  }
-  return static_cast<uint32_t>(rem);
-}
+constexpr uint32_t kPow10Small[5] = {1, 10, 100, 1000, 10000};
 
 // numeric -> decimal128 at `scale`: exact, or a failure code (never a wrapped value).
 int64_t numeric_dec128(const uint8_t* p, int32_t len, int scale, uint8_t* out) {
@@ -127,19 +137,29 @@ int64_t numeric_dec128(const uint8_t* p, int32_t len, int scale, uint8_t* out) {
   const uint16_t sign = be16(p + 4);
   if (sign == kNumericNaN || sign == kNumericPInf || sign == kNumericNInf) return DECIMAL_SPECIAL;
   if (ndigits < 0 || len != 8 + 2 * ndigits) return BAD_LENGTH;
+  // The unscaled value is the sum of group i * 10^(last + 4 (ndigits - 1 - i)), `last` being the last
+  // group's power of ten at this scale. Horner's rule over the groups, stopping at the scale: a group
+  // straddling it contributes only its digits above (those below must be zeros), later groups nothing.
+  // Only digits that belong to the value ever enter v, so every value below 10^38 fits (summing the
+  // last group's zero padding first overflowed numeric(38, 10) values with 28 integer digits).
+  const int last = 4 * (weight - ndigits + 1) + scale;
   U128 v = {{0, 0, 0, 0}};
   for (int i = 0; i < ndigits; ++i) {
-    if (!mul_add(v, 10000, be16(p + 8 + 2 * i))) return DECIMAL_OVERFLOW;
+    const uint32_t g = be16(p + 8 + 2 * i);
+    const int e = last + 4 * (ndigits - 1 - i);
+    if (e >= 0) {
+      if (!mul_add(v, 10000, g) || !less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
+    } else if (e > -4) {
+      const uint32_t drop = kPow10Small[-e];
+      if (g % drop != 0) return DECIMAL_SCALE;
+      if (!mul_add(v, kPow10Small[4 + e], g / drop) || !less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
+    } else if (g != 0) {
+      return DECIMAL_SCALE;
+    }
   }
-  // v * 10^e is the unscaled value; e < 0 drops digits that must be zeros.
-  int e = 4 * (weight - ndigits + 1) + scale;
-  for (; e > 0; --e) {
+  for (int e = last; e > 0; --e) {  // the groups end above the scale: append zeros
     if (!mul_add(v, 10, 0) || !less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
   }
-  for (; e < 0; ++e) {
-    if (div_small(v, 10) != 0) return DECIMAL_SCALE;
-  }
-  if (!less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
   if (sign == kNumericNeg) {  // two's complement
     uint64_t carry = 1;
     for (int i = 0; i < 4; ++i) {
