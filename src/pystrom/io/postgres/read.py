@@ -17,7 +17,7 @@ from ...errors import InvalidArgumentError, PostgresError
 from ...table import Table
 from ..arrow.write import write_arrow
 from .assemble import assemble
-from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs
+from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import compose
 from .stream import read_all
 from .types import check_partition_key, describe
@@ -113,9 +113,10 @@ def read_postgres(
     if isinstance(conninfo, psycopg.Connection):
         if conninfo.closed:
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
-        plan = compose(conninfo, query, table, columns, where, params)
-        cols = describe(conninfo, plan.select, numeric, run_sql)
-        chunks = read_all(backend, len(cols), ([conninfo], [copy_sql(conninfo, plan.select)], [None]), progress)
+        with utf8_session(conninfo):
+            plan = compose(conninfo, query, table, columns, where, params)
+            cols = describe(conninfo, plan.select, numeric, run_sql)
+            chunks = read_all(backend, len(cols), ([conninfo], [copy_sql(conninfo, plan.select)], [None]), progress)
         return assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(

@@ -10,8 +10,10 @@ that the connections take from one queue (_split).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ..._settings import defaults
@@ -22,6 +24,7 @@ __all__ = [
     "SnapshotJoiner",
     "psycopg_module",
     "connect",
+    "utf8_session",
     "run_sql",
     "copy_sql",
     "table_range_jobs",
@@ -62,11 +65,35 @@ def _masked(conninfo: str) -> str:
 
 
 def connect(conninfo: str) -> Any:
+    """A connection of the loader's own. Its client encoding is UTF8 whatever the server's (or the
+    DSN's, or PGCLIENTENCODING) is: the server converts text to UTF-8, which Arrow strings must be, and
+    the query, ``where=`` and parameters are sent as UTF-8, which is how the pump sends them."""
     psycopg = psycopg_module()
     try:
-        return psycopg.connect(conninfo, autocommit=True)
+        return psycopg.connect(conninfo, autocommit=True, client_encoding="UTF8")
     except psycopg.Error as exc:
         raise PostgresError(f"cannot connect to PostgreSQL ({_masked(conninfo)}): {_flat(exc)}") from exc
+
+
+@contextlib.contextmanager
+def utf8_session(conn: Any) -> Iterator[None]:
+    """A user's connection in client encoding UTF8 for the read (see :func:`connect`), set back
+    afterwards. The SET runs in the user's transaction, if any: when the read fails it, the
+    rollback the user must do anyway restores the encoding too."""
+    psycopg = psycopg_module()
+    old = conn.pgconn.parameter_status(b"client_encoding")
+    if old is None or old.decode("ascii", "replace").upper() in ("UTF8", "UNICODE"):
+        yield
+        return
+    run_sql(conn, "setting the client encoding to UTF8", "SET client_encoding TO 'UTF8'")
+    try:
+        yield
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR and not conn.closed:
+            try:
+                conn.execute("SELECT set_config('client_encoding', %s, false)", (old.decode("ascii"),))
+            except psycopg.Error:
+                pass  # the connection broke: there is nothing left to restore
 
 
 def _flat(exc: BaseException) -> str:
@@ -140,7 +167,7 @@ def _range_statements(conn: Any, plan: Plan, ranges: list[tuple[int, int | None]
     head = sql.SQL("COPY (SELECT {} FROM {} WHERE ").format(plan.columns, plan.table).as_string(conn)
     tail = ") TO STDOUT (FORMAT BINARY)"
     if plan.where is not None:
-        tail = sql.SQL(" AND ({})").format(plan.where).as_string(conn) + tail
+        tail = sql.SQL(" AND ({}\n)").format(plan.where).as_string(conn) + tail  # \n: ends a -- comment
     out = []
     for start, stop in ranges:
         cond = f"ctid >= '({int(start)},0)'::tid"
