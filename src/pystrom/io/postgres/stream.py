@@ -5,7 +5,8 @@ takes the next COPY statement from one queue as it finishes its last, so slower 
 less and all end together. The pump (:mod:`.pump`) drains a statement's rows into staging buffers,
 pinned host memory when the target is a GPU; there each filled chunk is copied to the device at once by
 :class:`Uploader`, overlapping the other streams. A failed stream, or Ctrl-C, cancels the others on the
-server and gives the device scratch back before the error reaches the caller.
+server and gives the device scratch back before the error reaches the caller. Every stream, even a
+lone one, runs in a pool thread while the caller's thread waits, so Ctrl-C is seen at once.
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ class CopyReader:
             raise
 
     def _read_all(self, sources: Sequence[Any], statements: Sequence[str], hints: Sequence[int | None]) -> list:
-        if len(sources) == 1:
-            return [self.read(sources[0], text, hint) for text, hint in zip(statements, hints)]
+        # Even one stream is read by a pool thread: the pump blocks in libpq (the GIL released) for as
+        # long as the server takes to send a row, and a thread blocked there cannot see Ctrl-C. The
+        # calling thread waits on the futures instead, which a signal interrupts at once; it then
+        # cancels on the server and waits for the streams to drain (~0.1 s), whatever the server was
+        # doing (planning, sleeping, or between rows). The pump's loop is unchanged.
         results: list[list[Staged]] = [[] for _ in statements]
         queue = iter(range(len(statements)))
         failed = threading.Event()
