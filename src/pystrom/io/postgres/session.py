@@ -53,15 +53,40 @@ def psycopg_module() -> Any:
     return psycopg
 
 
-def _masked(conninfo: str) -> str:
-    """The conninfo without its password, for messages."""
+def _parsed(conninfo: str) -> dict | None:
     psycopg = psycopg_module()
     try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+        return psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.Error:
+        return None
+
+
+def _masked(conninfo: str) -> str:
+    """The conninfo without its password, for messages."""
+    params = _parsed(conninfo)
+    if params is None:
         return "<unparsable conninfo>"
     params.pop("password", None)
     return " ".join(f"{k}={v}" for k, v in params.items()) or "<defaults>"
+
+
+def _connect_failure(conninfo: str, exc: BaseException) -> PostgresError:
+    """The error for a failed connect, with no part of a password in it. libpq's parse errors quote
+    the words of the string they stumble on (`password=two words` gives: missing "=" after "words"),
+    so for a string libpq cannot parse only the kind of failure is told; otherwise libpq's message, with
+    the password, should the server or libpq repeat it, blanked out."""
+    params = _parsed(conninfo)
+    if params is None:
+        return PostgresError(
+            "cannot connect to PostgreSQL: the connection string is malformed (libpq's message is not "
+            "repeated, since it quotes the string, which may hold a password): check its key=value pairs "
+            "and quoting, or use a postgresql:// URI"
+        )
+    message = _flat(exc)
+    password = params.get("password")
+    if password:
+        message = message.replace(password, "***")
+    return PostgresError(f"cannot connect to PostgreSQL ({_masked(conninfo)}): {message}")
 
 
 def connect(conninfo: str) -> Any:
@@ -72,7 +97,8 @@ def connect(conninfo: str) -> Any:
     try:
         return psycopg.connect(conninfo, autocommit=True, client_encoding="UTF8")
     except psycopg.Error as exc:
-        raise PostgresError(f"cannot connect to PostgreSQL ({_masked(conninfo)}): {_flat(exc)}") from exc
+        failure = _connect_failure(conninfo, exc)
+    raise failure  # outside the handler: psycopg's error, which may quote the password, is not chained
 
 
 @contextlib.contextmanager
