@@ -17,10 +17,11 @@ from ...errors import InvalidArgumentError, PostgresError
 from ...table import Table
 from ..arrow.write import write_arrow
 from .assemble import assemble
+from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import compose
 from .stream import read_all
-from .types import check_partition_key, describe
+from .types import PgColumn, check_partition_key, describe
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
 
@@ -116,7 +117,8 @@ def read_postgres(
         with utf8_session(conninfo):
             plan = compose(conninfo, query, table, columns, where, params)
             cols = describe(conninfo, plan.select, numeric, run_sql)
-            chunks = read_all(backend, len(cols), ([conninfo], [copy_sql(conninfo, plan.select)], [None]), progress)
+            jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
+            chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
         return assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -136,11 +138,16 @@ def read_postgres(
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = read_all(backend, len(cols), jobs, progress)
+        chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
         return assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:
             conn.close()  # read-only transactions: nothing to commit
+
+
+def _strings(cols: Sequence[PgColumn]) -> dict[int, str]:
+    """The string columns by index, named for messages (the streams count their bytes)."""
+    return {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(cols) if c.kind == Kind.VARLEN}
 
 
 def postgres_to_arrow(
