@@ -29,7 +29,8 @@ _SCRIPT = textwrap.dedent(
     import numpy as np, pyarrow as pa
     import pystrom
 
-    source = pa.table({"x": np.arange(1000.0), "s": [str(i) for i in range(1000)], "b": [i % 2 == 0 for i in range(1000)]})
+    n = 1000
+    source = pa.table({"x": np.arange(n * 1.0), "s": [str(i) for i in range(n)], "b": [i % 2 == 0 for i in range(n)]})
     how = sys.argv[1]
     if how == "numpy":  # the control: pyarrow over a NumPy array
         arr = pa.Array.from_buffers(pa.float64(), 1000, [None, pa.py_buffer(np.arange(1000.0))])

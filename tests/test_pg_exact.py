@@ -56,9 +56,7 @@ def encoded_dbs(pg_cluster):
                 assert conn.execute("SHOW server_encoding").fetchone() == (enc,)
                 conn.execute("CREATE TABLE t (id int, s text, v varchar(40), c char(30))")
                 conn.execute("INSERT INTO t VALUES (1, %s, %s, %s), (2, 'plain', NULL, 'x')", (text, text[::-1], text))
-                conn.execute(
-                    "INSERT INTO t SELECT i, %s || i, NULL, NULL FROM generate_series(3, 3000) i", (text[:4],)
-                )
+                conn.execute("INSERT INTO t SELECT i, %s || i, NULL, NULL FROM generate_series(3, 3000) i", (text[:4],))
             dsns[enc] = dsn
         try:
             yield dsns
@@ -101,7 +99,7 @@ def test_where_literals_params_and_query_text_in_non_utf8_databases(encoded_dbs,
         pystrom.read_postgres(dsn, table="t", columns=["id", "s"], where="s = %s", params=(text,), device=device),
         pystrom.read_postgres(dsn, f"SELECT id, s FROM t WHERE {literal}", device=device),
         pystrom.read_postgres(dsn, "SELECT id, s FROM t WHERE s = %s", params=(text,), device=device),
-        pystrom.read_postgres(dsn, f"SELECT id, s AS \"{text[:4]}\" FROM t WHERE {literal}", device=device),
+        pystrom.read_postgres(dsn, f'SELECT id, s AS "{text[:4]}" FROM t WHERE {literal}', device=device),
         pystrom.read_postgres(dsn, table="t", columns=["id", "s"], where="s LIKE %s", params=(text[:4] + "1%",)),
     ]
     for got in reads[:4]:
@@ -198,9 +196,7 @@ def test_decimal_that_does_not_fit_names_column_and_row(pg, device, value, failu
     ok = _numeric([1, 5000], 0, dscale=2)  # 1.50
     with _hostile(pg, HEADER + _row(b"\0\0\0\1", ok) + _row(b"\0\0\0\2", value) + TRAILER) as conn:
         with pytest.raises(PostgresError, match=r"column 'y' \(numeric\(5,2\)\), row 1: (.*)") as info:
-            pystrom.read_postgres(
-                conn, "SELECT 1 AS x, 1.5::numeric(5, 2) AS y", numeric="decimal", device=device
-            )
+            pystrom.read_postgres(conn, "SELECT 1 AS x, 1.5::numeric(5, 2) AS y", numeric="decimal", device=device)
     assert failure is None or failure in str(info.value)
 
 
@@ -365,9 +361,7 @@ def test_ctrl_c_while_the_server_has_sent_nothing(pg, streams):
                 sql.Identifier(table)
             )
         )
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, pg.conninfo, table], stdout=subprocess.PIPE, text=True
-    )
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, pg.conninfo, table], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 20

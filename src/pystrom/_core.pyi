@@ -19,7 +19,7 @@ def gather_varbinary(
 # -- Arrow arrays handed to consumers (csrc/arrow_keep.cpp): owners let go of without the GIL ------------
 
 def arrow_keep(owner: object) -> int:
-    """A ``private_data`` token holding ``owner`` for an ArrowArray whose ``release`` is :func:`arrow_release_address`."""
+    """A ``private_data`` token holding ``owner``, for an ArrowArray released by :func:`arrow_release_address`."""
 
 def arrow_release_address() -> int:
     """The release callback (children first, then the owner, never taking the GIL)."""
