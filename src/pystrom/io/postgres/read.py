@@ -47,10 +47,13 @@ def read_postgres(
     conninfo
         A libpq connection string or URI, or an open ``psycopg.Connection``. With a connection the
         read runs on it, inside its current transaction, as one stream; it is left open (after a
-        server error its transaction is failed, as with any failed statement: roll it back).
+        server error its transaction is failed, as with any failed statement: roll it back). Its
+        client encoding is set to UTF8 for the read and back afterwards (the loader's own
+        connections always use UTF8), so text from a database in any encoding arrives as UTF-8.
     query
         A SELECT (or anything ``COPY (query) TO STDOUT`` accepts), a string or a ``psycopg.sql``
-        object. ``params`` are bound on the client (COPY takes no server-side parameters).
+        object, written as for psql (trailing semicolons and comments are fine). ``params`` are
+        bound on the client (COPY takes no server-side parameters).
     table
         Instead of ``query``: a table or materialized view. A string is one identifier taken
         literally (``'we"ird name'`` works); a tuple ``('schema', 'name')`` qualifies it.
