@@ -30,7 +30,7 @@ constexpr double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1
 // m * 10^e for an exact integer m held as m_hi + m_lo: one exact power of ten at a time with an
 // FMA-corrected product/quotient, so a value with up to 19 significant digits and |e| <= 22 comes out
 // correctly rounded but for near-ties; beyond, each further step may add half an ulp.
-inline double scale10(double hi, double lo, int e) {
+inline double scale10(double hi, double lo, int e, double* lo_out) {
   while (e != 0) {
     const int k = e > 0 ? (e > 22 ? 22 : e) : (e < -22 ? 22 : -e);
     const double pw = kPow10[k];
@@ -45,12 +45,30 @@ inline double scale10(double hi, double lo, int e) {
       hi = q;
       e += k;
     }
-    if (!std::isfinite(hi)) return hi;
+    if (!std::isfinite(hi)) {
+      *lo_out = 0.0;
+      return hi;
+    }
     const double s = hi + lo;  // renormalise the pair
     lo = lo - (s - hi);
     hi = s;
   }
-  return hi + lo;
+  const double s = hi + lo;
+  *lo_out = lo - (s - hi);
+  return s;
+}
+
+// hi + lo (a normalised pair) times 2^-guard, guard > 0, rounded once. Where the result is subnormal,
+// ldexp rounds hi alone (ties to even); when hi lies exactly halfway between two subnormals, lo
+// says on which side hi + lo lies. (Off a tie hi decides: the part of hi that ldexp dropped is a
+// multiple of hi's last bit, and |lo| is at most half of one.)
+inline double scale_down_once(double hi, double lo, int guard) {
+  double r = std::ldexp(hi, -guard);
+  const double dropped = hi - std::ldexp(r, guard);  // exact; 0 where the result is normal
+  const double half = std::ldexp(1.0, guard - 1075);  // half a subnormal step, at hi's scale
+  if (dropped == half && lo > 0) r = std::nextafter(r, std::numeric_limits<double>::infinity());
+  if (dropped == -half && lo < 0) r = std::nextafter(r, -std::numeric_limits<double>::infinity());
+  return r;
 }
 
 // numeric -> float64 from its first 19 significant digits (exact in a uint64).
@@ -98,7 +116,13 @@ int64_t numeric_f64(const uint8_t* p, int32_t len, double* out) {
     const double hi = static_cast<double>(m);
     const double lo = static_cast<double>(static_cast<int64_t>(m - static_cast<uint64_t>(hi)));
     const int guard = e + digits > 280 ? -kGuard : (e + digits < -280 ? kGuard : 0);
-    v = guard == 0 ? scale10(hi, lo, e) : std::ldexp(scale10(std::ldexp(hi, guard), std::ldexp(lo, guard), e), -guard);
+    double rest;
+    if (guard == 0) {
+      v = scale10(hi, lo, e, &rest);
+    } else {
+      const double top = scale10(std::ldexp(hi, guard), std::ldexp(lo, guard), e, &rest);
+      v = guard < 0 ? std::ldexp(top, -guard) : scale_down_once(top, rest, guard);  // up: exact or inf
+    }
   }
   *out = sign == kNumericNeg ? -v : v;
   return OK;

@@ -214,6 +214,10 @@ EXTREMES = [  # text -> float(Decimal(text)), each must read exactly so
     "9" * 40 + "e290",
     "2.2250738585072014e-308",  # DBL_MIN
     "4.9406564584124654e-324",  # the smallest subnormal
+    "2.4703282292062328e-324",  # just above half of it: rounds up (a tie in the first 53 bits)
+    "2.4703282292062327e-324",  # just below: zero
+    "2.2250738585072011e-308",  # between the largest subnormal and DBL_MIN, nearer the former
+    "2.2250738585072012e-308",  # nearer DBL_MIN
     "5e-324",
     "1e-330",
     "-1e-400",
@@ -231,6 +235,7 @@ def _read_numeric(conninfo: str, texts: list[str], device: str) -> list[float]:
 def test_float64_at_the_ends_of_the_double_range(pg, device):
     got = _read_numeric(pg.conninfo, EXTREMES, device)
     assert got == [float(decimal.Decimal(t)) for t in EXTREMES]
+    assert got == _read_numeric(pg.conninfo, EXTREMES, "cpu")
     assert got[0] == sys.float_info.max and got[1] == -sys.float_info.max and got[4] == math.inf
     for text, value in zip(EXTREMES, got):  # the server's own cast, where it answers (it refuses overflow)
         try:
@@ -262,6 +267,8 @@ def test_float64_within_one_ulp_of_the_correctly_rounded_value(pg_cluster, devic
             assert g == want, text
         else:
             assert abs(g - want) <= math.ulp(want), text
+    if device != "cpu":  # the CUDA kernel and its C++ twin round alike, bit for bit
+        assert got == _read_numeric(pg_cluster.conninfo, texts, "cpu")
 
 
 # -- statements as users write them ----------------------------------------------------------------

@@ -33,7 +33,7 @@ __device__ __forceinline__ unsigned long long be64(const unsigned char* p) {
 __device__ const double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                       1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-__device__ double scale10(double hi, double lo, int e) {
+__device__ double scale10(double hi, double lo, int e, double* lo_out) {
   while (e != 0) {
     const int k = e > 0 ? (e > 22 ? 22 : e) : (e < -22 ? 22 : -e);
     const double pw = kPow10[k];
@@ -50,12 +50,27 @@ __device__ double scale10(double hi, double lo, int e) {
       hi = q;
       e += k;
     }
-    if (!isfinite(hi)) return hi;
+    if (!isfinite(hi)) {
+      *lo_out = 0.0;
+      return hi;
+    }
     const double s = __dadd_rn(hi, lo);
     lo = __dsub_rn(lo, __dsub_rn(s, hi));
     hi = s;
   }
-  return __dadd_rn(hi, lo);
+  const double s = __dadd_rn(hi, lo);
+  *lo_out = __dsub_rn(lo, __dsub_rn(s, hi));
+  return s;
+}
+
+// As scale_down_once in the C++ twin: hi + lo times 2^-guard rounded once where it is subnormal.
+__device__ double scale_down_once(double hi, double lo, int guard) {
+  double r = ldexp(hi, -guard);
+  const double dropped = __dsub_rn(hi, ldexp(r, guard));
+  const double half = ldexp(1.0, guard - 1075);
+  if (dropped == half && lo > 0) r = nextafter(r, __longlong_as_double(0x7ff0000000000000LL));
+  if (dropped == -half && lo < 0) r = nextafter(r, __longlong_as_double(0xfff0000000000000LL));
+  return r;
 }
 
 __device__ int numeric_f64(const unsigned char* p, int len, double* out) {
@@ -99,7 +114,13 @@ __device__ int numeric_f64(const unsigned char* p, int len, double* out) {
     const double hi = (double)m;
     const double lo = (double)(long long)(m - (unsigned long long)hi);
     const int guard = e + digits > 280 ? -GUARD : (e + digits < -280 ? GUARD : 0);
-    v = guard == 0 ? scale10(hi, lo, e) : ldexp(scale10(ldexp(hi, guard), ldexp(lo, guard), e), -guard);
+    double rest;
+    if (guard == 0) {
+      v = scale10(hi, lo, e, &rest);
+    } else {
+      const double top = scale10(ldexp(hi, guard), ldexp(lo, guard), e, &rest);
+      v = guard < 0 ? ldexp(top, -guard) : scale_down_once(top, rest, guard);
+    }
   }
   *out = sign == 0x4000 ? -v : v;
   return OK;
