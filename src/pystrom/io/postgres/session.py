@@ -107,8 +107,8 @@ def utf8_session(conn: Any) -> Iterator[None]:
     afterwards. The SET runs in the user's transaction, if any: when the read fails it, the
     rollback the user must do anyway restores the encoding too."""
     psycopg = psycopg_module()
-    old = conn.pgconn.parameter_status(b"client_encoding")
-    if old is None or old.decode("ascii", "replace").upper() in ("UTF8", "UNICODE"):
+    old = conn.info.parameter_status("client_encoding")
+    if old is None or old.upper() in ("UTF8", "UNICODE"):
         yield
         return
     run_sql(conn, "setting the client encoding to UTF8", "SET client_encoding TO 'UTF8'")
@@ -117,7 +117,7 @@ def utf8_session(conn: Any) -> Iterator[None]:
     finally:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR and not conn.closed:
             try:
-                conn.execute("SELECT set_config('client_encoding', %s, false)", (old.decode("ascii"),))
+                conn.execute("SELECT set_config('client_encoding', %s, false)", (old,))
             except psycopg.Error:
                 pass  # the connection broke: there is nothing left to restore
 
