@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "arrow_keep.hpp"
 #include "bits.hpp"
 #include "gather.hpp"
 #include "pg_decode.hpp"
@@ -93,6 +95,34 @@ PYBIND11_MODULE(_core, m) {
     }
     if (!ok) throw std::out_of_range("gather_varbinary: a row index or string offset lies out of range");
   });
+
+  // -- Arrow arrays handed to consumers: owners let go of without the GIL (arrow_keep.hpp) -------------
+  m.def("arrow_keep", [](py::object owner) {
+    return reinterpret_cast<uintptr_t>(pystrom::arrow::keep(owner.ptr()));
+  });
+  m.def("arrow_release_address", []() { return reinterpret_cast<uintptr_t>(&pystrom::arrow::release); });
+  m.def("arrow_release", [](uintptr_t address) {  // with the GIL held, so the owner goes at once
+    auto* array = reinterpret_cast<pystrom::arrow::ArrowArray*>(address);
+    if (array != nullptr && array->release != nullptr) array->release(array);
+  });
+  m.def("arrow_array_capsule",
+        [](py::object owner, int64_t length, int64_t null_count, const std::vector<uint64_t>& buffers) {
+          auto* array = pystrom::arrow::new_array(owner.ptr(), length, null_count, buffers.data(),
+                                                  static_cast<int64_t>(buffers.size()));
+          PyObject* capsule = PyCapsule_New(array, "arrow_array", [](PyObject* self) {
+            auto* a = static_cast<pystrom::arrow::ArrowArray*>(PyCapsule_GetPointer(self, "arrow_array"));
+            if (a == nullptr) return;
+            if (a->release != nullptr) a->release(a);  // not consumed (an import moves it out)
+            delete a;
+          });
+          if (capsule == nullptr) {
+            pystrom::arrow::release(array);
+            delete array;
+            throw py::error_already_set();
+          }
+          return py::reinterpret_steal<py::object>(capsule);
+        });
+  m.def("arrow_sweep", &pystrom::arrow::sweep);
 
   // -- PostgreSQL: the COPY pump and the CPU decoder (pystrom/io/_pq.py wraps these) ------------------
   py::register_exception<pystrom::pg::ServerError>(m, "PgServerError", PyExc_RuntimeError);

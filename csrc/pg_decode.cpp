@@ -20,6 +20,9 @@ constexpr int64_t kTimestampShift = 946684800000000LL;
 
 constexpr uint16_t kNumericNeg = 0x4000, kNumericNaN = 0xC000, kNumericPInf = 0xD000, kNumericNInf = 0xF000;
 
+// Binary exponent the scaling of values near the ends of the double range is shifted by (numeric_f64).
+constexpr int kGuard = 128;
+
 // Exact powers of ten representable in a double.
 constexpr double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -27,7 +30,7 @@ constexpr double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1
 // m * 10^e for an exact integer m held as m_hi + m_lo: one exact power of ten at a time with an
 // FMA-corrected product/quotient, so a value with up to 19 significant digits and |e| <= 22 comes out
 // correctly rounded but for near-ties; beyond, each further step may add half an ulp.
-inline double scale10(double hi, double lo, int e) {
+inline double scale10(double hi, double lo, int e, double* lo_out) {
   while (e != 0) {
     const int k = e > 0 ? (e > 22 ? 22 : e) : (e < -22 ? 22 : -e);
     const double pw = kPow10[k];
@@ -42,12 +45,30 @@ inline double scale10(double hi, double lo, int e) {
       hi = q;
       e += k;
     }
-    if (!std::isfinite(hi)) return hi;
+    if (!std::isfinite(hi)) {
+      *lo_out = 0.0;
+      return hi;
+    }
     const double s = hi + lo;  // renormalise the pair
     lo = lo - (s - hi);
     hi = s;
   }
-  return hi + lo;
+  const double s = hi + lo;
+  *lo_out = lo - (s - hi);
+  return s;
+}
+
+// hi + lo (a normalised pair) times 2^-guard, guard > 0, rounded once. Where the result is subnormal,
+// ldexp rounds hi alone (ties to even); when hi lies exactly halfway between two subnormals, lo
+// says on which side hi + lo lies. (Off a tie hi decides: the part of hi that ldexp dropped is a
+// multiple of hi's last bit, and |lo| is at most half of one.)
+inline double scale_down_once(double hi, double lo, int guard) {
+  double r = std::ldexp(hi, -guard);
+  const double dropped = hi - std::ldexp(r, guard);  // exact; 0 where the result is normal
+  const double half = std::ldexp(1.0, guard - 1075);  // half a subnormal step, at hi's scale
+  if (dropped == half && lo > 0) r = std::nextafter(r, std::numeric_limits<double>::infinity());
+  if (dropped == -half && lo < 0) r = std::nextafter(r, -std::numeric_limits<double>::infinity());
+  return r;
 }
 
 // numeric -> float64 from its first 19 significant digits (exact in a uint64).
@@ -78,9 +99,31 @@ int64_t numeric_f64(const uint8_t* p, int32_t len, double* out) {
     }
     break;
   }
-  const double hi = static_cast<double>(m);
-  const double lo = static_cast<double>(static_cast<int64_t>(m - static_cast<uint64_t>(hi)));
-  const double v = scale10(hi, lo, e);
+  // m * 10^e with m < 10^19 of `digits` digits: past the double range at once (the value is at least
+  // 10^(e + digits - 1)); near its ends the scaling runs on m * 2^-+kGuard, so that no step overflows
+  // or sinks into subnormals, and one exact (or, below DBL_MIN, one rounding) power of two ends it.
+  int digits = 19;  // m's digit count matters only near the ends of the range
+  if (e > 250 || e < -250) {
+    digits = 0;
+    for (uint64_t t = m; t != 0; t /= 10) ++digits;
+  }
+  double v;
+  if (e + digits > 310) {
+    v = m == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  } else if (e + digits < -330) {
+    v = 0.0;  // below 10^-330: under half the smallest subnormal
+  } else {
+    const double hi = static_cast<double>(m);
+    const double lo = static_cast<double>(static_cast<int64_t>(m - static_cast<uint64_t>(hi)));
+    const int guard = e + digits > 280 ? -kGuard : (e + digits < -280 ? kGuard : 0);
+    double rest;
+    if (guard == 0) {
+      v = scale10(hi, lo, e, &rest);
+    } else {
+      const double top = scale10(std::ldexp(hi, guard), std::ldexp(lo, guard), e, &rest);
+      v = guard < 0 ? std::ldexp(top, -guard) : scale_down_once(top, rest, guard);  // up: exact or inf
+    }
+  }
   *out = sign == kNumericNeg ? -v : v;
   return OK;
 }
@@ -108,16 +151,7 @@ inline bool mul_add(U128& a, uint32_t k, uint32_t add) {
   }
   return carry == 0;
 }
-// a = a / k; returns the remainder.
-inline uint32_t div_small(U128& a, uint32_t k) {
-  uint64_t rem = 0;
-  for (int i = 3; i >= 0; --i) {
-    const uint64_t cur = (rem << 32) | a.w[i];
-    a.w[i] = static_cast<uint32_t>(cur / k);
-    rem = cur % k;
-  }
-  return static_cast<uint32_t>(rem);
-}
+constexpr uint32_t kPow10Small[5] = {1, 10, 100, 1000, 10000};
 
 // numeric -> decimal128 at `scale`: exact, or a failure code (never a wrapped value).
 int64_t numeric_dec128(const uint8_t* p, int32_t len, int scale, uint8_t* out) {
@@ -127,19 +161,29 @@ int64_t numeric_dec128(const uint8_t* p, int32_t len, int scale, uint8_t* out) {
   const uint16_t sign = be16(p + 4);
   if (sign == kNumericNaN || sign == kNumericPInf || sign == kNumericNInf) return DECIMAL_SPECIAL;
   if (ndigits < 0 || len != 8 + 2 * ndigits) return BAD_LENGTH;
+  // The unscaled value is the sum of group i * 10^(last + 4 (ndigits - 1 - i)), `last` being the last
+  // group's power of ten at this scale. Horner's rule over the groups, stopping at the scale: a group
+  // straddling it contributes only its digits above (those below must be zeros), later groups nothing.
+  // Only digits that belong to the value ever enter v, so every value below 10^38 fits (summing the
+  // last group's zero padding first overflowed numeric(38, 10) values with 28 integer digits).
+  const int last = 4 * (weight - ndigits + 1) + scale;
   U128 v = {{0, 0, 0, 0}};
   for (int i = 0; i < ndigits; ++i) {
-    if (!mul_add(v, 10000, be16(p + 8 + 2 * i))) return DECIMAL_OVERFLOW;
+    const uint32_t g = be16(p + 8 + 2 * i);
+    const int e = last + 4 * (ndigits - 1 - i);
+    if (e >= 0) {
+      if (!mul_add(v, 10000, g) || !less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
+    } else if (e > -4) {
+      const uint32_t drop = kPow10Small[-e];
+      if (g % drop != 0) return DECIMAL_SCALE;
+      if (!mul_add(v, kPow10Small[4 + e], g / drop) || !less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
+    } else if (g != 0) {
+      return DECIMAL_SCALE;
+    }
   }
-  // v * 10^e is the unscaled value; e < 0 drops digits that must be zeros.
-  int e = 4 * (weight - ndigits + 1) + scale;
-  for (; e > 0; --e) {
+  for (int e = last; e > 0; --e) {  // the groups end above the scale: append zeros
     if (!mul_add(v, 10, 0) || !less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
   }
-  for (; e < 0; ++e) {
-    if (div_small(v, 10) != 0) return DECIMAL_SCALE;
-  }
-  if (!less(v, kDecimalLimit)) return DECIMAL_OVERFLOW;
   if (sign == kNumericNeg) {  // two's complement
     uint64_t carry = 1;
     for (int i = 0; i < 4; ++i) {

@@ -16,6 +16,23 @@ def gather_varbinary(
 ) -> None:
     """Copy the bytes of string rows ``rows`` (int64) into ``dst_data`` at ``dst_offsets`` (int32 prefix sums)."""
 
+# -- Arrow arrays handed to consumers (csrc/arrow_keep.cpp): owners let go of without the GIL ------------
+
+def arrow_keep(owner: object) -> int:
+    """A ``private_data`` token holding ``owner``, for an ArrowArray released by :func:`arrow_release_address`."""
+
+def arrow_release_address() -> int:
+    """The release callback (children first, then the owner, never taking the GIL)."""
+
+def arrow_release(address: int) -> None:
+    """Release the ArrowArray at ``address`` from Python (the owner goes at once)."""
+
+def arrow_array_capsule(owner: object, length: int, null_count: int, buffers: list[int]) -> object:
+    """An ``arrow_array`` PyCapsule (no children, offset 0) over ``buffers`` kept alive by ``owner``."""
+
+def arrow_sweep() -> int:
+    """Let go of owners that threads without the GIL released; returns how many."""
+
 # -- PostgreSQL (csrc/pg_pump.cpp, csrc/pg_decode.cpp; wrapped by pystrom/io/_pq.py) ----------------
 
 class PgServerError(RuntimeError):

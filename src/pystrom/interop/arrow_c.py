@@ -7,8 +7,10 @@ the table's device and kept alive by the exported array. The schema structs are 
 
 Lifetime follows the C interface's rules: every exported ArrowArray owns a ``private_data`` token;
 its ``release`` callback drops what the token keeps alive (the table's memory and any packed copy),
-after releasing the children that were not moved out. A capsule nobody consumed releases its array
-when it is garbage collected. Data on a GPU is complete when exported (the stream is synchronised),
+after releasing the children that were not moved out. That callback is C++ (csrc/arrow_keep.hpp) and
+never takes the GIL, since consumers release on their own threads, even during interpreter shutdown
+(where a thread that asks for the GIL is ended and the process aborts). A capsule nobody consumed
+releases its array when it is garbage collected. Data on a GPU is complete when exported (the stream is synchronised),
 so ``sync_event`` is NULL.
 """
 
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _bitmap
+from .. import _bitmap, _core
 from .._types import Layout
 
 if TYPE_CHECKING:
@@ -105,7 +107,7 @@ ArrowDeviceArrayStream._fields_ = [("device_type", ctypes.c_int32)] + ArrowArray
 # -- what exported structs keep alive, by private_data token ---------------------------------------
 
 _tokens = itertools.count(1)
-_live: dict[int, Any] = {}  # token -> keep-alive record of one exported array or stream
+_live: dict[int, Any] = {}  # token -> state of one exported stream (arrays keep theirs in C++: _core.arrow_keep)
 _capsule_storage: dict[int, Any] = {}  # struct address -> ctypes struct owned by an unconsumed capsule
 _lock = threading.Lock()
 
@@ -117,19 +119,8 @@ def _register(record: Any) -> int:
     return token
 
 
-def _release_array_struct(ptr: Any) -> None:
-    array = ptr.contents
-    token = array.private_data or 0
-    with _lock:
-        record = _live.pop(token, None)
-    if record is not None:
-        for child in record["children"]:
-            if child.release:
-                child.release(ctypes.pointer(child))
-    array.release = _ReleaseArray()
-
-
-_release_array = _ReleaseArray(_release_array_struct)
+# Releases an array's children, then lets go of its private_data (from _core.arrow_keep) without the GIL.
+_release_array = _ReleaseArray(_core.arrow_release_address())
 
 # -- building arrays -------------------------------------------------------------------------------
 
@@ -162,7 +153,7 @@ def _column_array(out: ArrowArray, col: Column) -> None:
     out.buffers = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
     out.children = None
     out.dictionary = None
-    out.private_data = _register({"keep": keep, "children": []})
+    out.private_data = _core.arrow_keep(keep)
     out.release = _release_array
 
 
@@ -181,7 +172,7 @@ def _table_array(out: ArrowArray, table: Table) -> None:
     out.buffers = ctypes.cast(buffers, ctypes.POINTER(ctypes.c_void_p))
     out.children = ctypes.cast(child_ptrs, ctypes.POINTER(ctypes.POINTER(ArrowArray)))
     out.dictionary = None
-    out.private_data = _register({"keep": [children, child_ptrs, buffers], "children": list(children)})
+    out.private_data = _core.arrow_keep([children, child_ptrs, buffers])
     out.release = _release_array
 
 
@@ -232,8 +223,7 @@ def _make_destructor(name: bytes, release_of: Any) -> Any:
 
 def _release_unconsumed_array(struct: Any) -> None:
     array = struct.array if isinstance(struct, ArrowDeviceArray) else struct
-    if array.release:
-        array.release(ctypes.pointer(array))
+    _core.arrow_release(ctypes.addressof(array))  # with the GIL: what it kept goes at once
 
 
 def _release_unconsumed_stream(struct: Any) -> None:
@@ -267,6 +257,7 @@ def _schema_capsule(table: Table) -> Any:
 
 def export_array(table: Table, device: bool) -> tuple[Any, Any]:
     """(schema capsule, array capsule) for ``__arrow_c_array__`` / ``__arrow_c_device_array__``."""
+    _core.arrow_sweep()
     if device:
         struct = ArrowDeviceArray()
         struct.device_type, struct.device_id = _device_of(table)
@@ -349,6 +340,7 @@ _STREAM_CALLBACKS = {False: _make_stream_callbacks(False), True: _make_stream_ca
 
 def export_stream(table: Table, device: bool) -> Any:
     """A stream capsule yielding the table as one batch (``__arrow_c_stream__`` / ``__arrow_c_device_stream__``)."""
+    _core.arrow_sweep()
     get_schema, get_next, get_last_error, release = _STREAM_CALLBACKS[device]
     struct = ArrowDeviceArrayStream() if device else ArrowArrayStream()
     if device:

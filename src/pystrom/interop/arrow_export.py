@@ -1,9 +1,14 @@
 """Arrow data going out: Columns as host pyarrow Arrays.
 
-On the CPU backend the arrays reference the table's memory (pyarrow keeps it alive); only booleans
-are packed into bits and a validity bitmap starting mid-byte is re-aligned. From a GPU, every buffer
-of every column is fetched in one bulk transfer into one host allocation (booleans are packed on
-the device first, so only the bits travel), and the arrays are views of that allocation.
+On the CPU backend the arrays reference the table's memory; only booleans are packed into bits and
+a validity bitmap starting mid-byte is re-aligned. From a GPU, every buffer of every column is fetched
+in one bulk transfer into one host allocation (booleans are packed on the device first, so only the
+bits travel), and the arrays are views of that allocation.
+
+The arrays reach pyarrow through the Arrow C data interface, with a release callback in C++
+(``_core.arrow_array_capsule``, csrc/arrow_keep.hpp) that keeps the NumPy arrays over the memory
+alive and never takes the GIL: pyarrow's pool threads may drop the last reference, even while the
+interpreter shuts down, where a buffer that needs the GIL to go (``pa.py_buffer``) aborted the process.
 """
 
 from __future__ import annotations
@@ -25,18 +30,21 @@ if TYPE_CHECKING:
 __all__ = ["columns_to_arrow"]
 
 
-def _aligned_validity(bitmap: np.ndarray, shift: int, n: int) -> pa.Buffer:
+def _aligned_validity(bitmap: np.ndarray, shift: int, n: int) -> np.ndarray:
     """A bitmap whose row 0 is bit 0 (Arrow arrays built here have offset 0)."""
     if shift == 0:
-        return pa.py_buffer(bitmap)
+        return bitmap
     aligned = np.zeros((n + 7) // 8, dtype=np.uint8)
     _core.copy_bits(np.ascontiguousarray(bitmap), shift, aligned, 0, n)
-    return pa.py_buffer(aligned)
+    return aligned
 
 
-def _finish(col: Column, buffers: list) -> pa.Array:
+def _finish(col: Column, buffers: list[np.ndarray | None]) -> pa.Array:
+    """A pyarrow array over ``buffers`` (validity first; contiguous host arrays), which it keeps alive."""
     ctype = col.column_type
-    storage = pa.Array.from_buffers(ctype.storage_arrow, len(col), buffers, null_count=col.null_count)
+    addresses = [0 if b is None else b.ctypes.data for b in buffers]
+    capsule = _core.arrow_array_capsule(tuple(b for b in buffers if b is not None), len(col), col.null_count, addresses)
+    storage = pa.Array._import_from_c_capsule(ctype.storage_arrow.__arrow_c_schema__(), capsule)
     if isinstance(ctype.arrow, pa.BaseExtensionType):
         return pa.ExtensionArray.from_storage(ctype.arrow, storage)
     return storage
@@ -48,11 +56,11 @@ def _cpu_column(col: Column) -> pa.Array:
     if col.validity is not None and col.null_count:
         validity = _aligned_validity(col.validity, col.validity_offset, len(col))
     if ctype.layout == Layout.BOOL:
-        values = [pa.py_buffer(np.packbits(col.values, bitorder="little"))]
+        values = [np.packbits(col.values, bitorder="little")]
     elif ctype.layout == Layout.VARBINARY:
-        values = [pa.py_buffer(col.offsets), pa.py_buffer(col.data)]  # offsets index the whole data buffer
+        values = [col.offsets, col.data]  # offsets index the whole data buffer
     else:
-        values = [pa.py_buffer(col.values.reshape(-1))]
+        values = [col.values.reshape(-1)]
     return _finish(col, [validity, *values])
 
 
@@ -99,12 +107,13 @@ def _gpu_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
         if col.column_type.layout == Layout.VARBINARY and first:
             offsets = buffers[0].view(np.int32)
             offsets -= first
-        arrays.append(_finish(col, [bitmap, *map(pa.py_buffer, buffers)]))
+        arrays.append(_finish(col, [bitmap, *buffers]))
     return arrays
 
 
 def columns_to_arrow(cols: Sequence[Column]) -> list[pa.Array]:
     """Host pyarrow Arrays for columns of one table (zero copy on the CPU, one bulk copy from a GPU)."""
+    _core.arrow_sweep()  # arrays pyarrow's threads let go of since the last export
     if not cols:
         return []
     backend = cols[0]._live_block().backend

@@ -28,31 +28,49 @@ __device__ __forceinline__ unsigned long long be64(const unsigned char* p) {
 #define INT32_MINV (-2147483647 - 1)
 #define INT64_MAXV 9223372036854775807LL
 #define INT64_MINV (-9223372036854775807LL - 1)
+#define GUARD 128  // kGuard in csrc/pg_decode.cpp
 
 __device__ const double kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                       1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-__device__ double scale10(double hi, double lo, int e) {
+__device__ double scale10(double hi, double lo, int e, double* lo_out) {
   while (e != 0) {
     const int k = e > 0 ? (e > 22 ? 22 : e) : (e < -22 ? 22 : -e);
     const double pw = kPow10[k];
+    // Explicitly rounded operations: NVRTC would otherwise contract a * b + c into an FMA, and the
+    // C++ twin (csrc/pg_decode.cpp) rounds each one.
     if (e > 0) {
-      const double p = hi * pw;
-      lo = fma(hi, pw, -p) + lo * pw;
+      const double p = __dmul_rn(hi, pw);
+      lo = __dadd_rn(fma(hi, pw, -p), __dmul_rn(lo, pw));
       hi = p;
       e -= k;
     } else {
-      const double q = hi / pw;
-      lo = (fma(-q, pw, hi) + lo) / pw;
+      const double q = __ddiv_rn(hi, pw);
+      lo = __ddiv_rn(__dadd_rn(fma(-q, pw, hi), lo), pw);
       hi = q;
       e += k;
     }
-    if (!isfinite(hi)) return hi;
-    const double s = hi + lo;
-    lo = lo - (s - hi);
+    if (!isfinite(hi)) {
+      *lo_out = 0.0;
+      return hi;
+    }
+    const double s = __dadd_rn(hi, lo);
+    lo = __dsub_rn(lo, __dsub_rn(s, hi));
     hi = s;
   }
-  return hi + lo;
+  const double s = __dadd_rn(hi, lo);
+  *lo_out = __dsub_rn(lo, __dsub_rn(s, hi));
+  return s;
+}
+
+// As scale_down_once in the C++ twin: hi + lo times 2^-guard rounded once where it is subnormal.
+__device__ double scale_down_once(double hi, double lo, int guard) {
+  double r = ldexp(hi, -guard);
+  const double dropped = __dsub_rn(hi, ldexp(r, guard));
+  const double half = ldexp(1.0, guard - 1075);
+  if (dropped == half && lo > 0) r = nextafter(r, __longlong_as_double(0x7ff0000000000000LL));
+  if (dropped == -half && lo < 0) r = nextafter(r, __longlong_as_double(0xfff0000000000000LL));
+  return r;
 }
 
 __device__ int numeric_f64(const unsigned char* p, int len, double* out) {
@@ -81,9 +99,29 @@ __device__ int numeric_f64(const unsigned char* p, int len, double* out) {
     }
     break;
   }
-  const double hi = (double)m;
-  const double lo = (double)(long long)(m - (unsigned long long)hi);
-  const double v = scale10(hi, lo, e);
+  // As in the C++ twin: past the double range at once, near its ends scaled on m * 2^-+GUARD.
+  int digits = 19;
+  if (e > 250 || e < -250) {
+    digits = 0;
+    for (unsigned long long t = m; t != 0; t /= 10) ++digits;
+  }
+  double v;
+  if (e + digits > 310) {
+    v = m == 0 ? 0.0 : __longlong_as_double(0x7ff0000000000000LL);
+  } else if (e + digits < -330) {
+    v = 0.0;
+  } else {
+    const double hi = (double)m;
+    const double lo = (double)(long long)(m - (unsigned long long)hi);
+    const int guard = e + digits > 280 ? -GUARD : (e + digits < -280 ? GUARD : 0);
+    double rest;
+    if (guard == 0) {
+      v = scale10(hi, lo, e, &rest);
+    } else {
+      const double top = scale10(ldexp(hi, guard), ldexp(lo, guard), e, &rest);
+      v = guard < 0 ? ldexp(top, -guard) : scale_down_once(top, rest, guard);
+    }
+  }
   *out = sign == 0x4000 ? -v : v;
   return OK;
 }
@@ -108,15 +146,6 @@ __device__ __forceinline__ bool mul_add(U128& a, unsigned int k, unsigned int ad
   }
   return carry == 0;
 }
-__device__ __forceinline__ unsigned int div_small(U128& a, unsigned int k) {
-  unsigned long long rem = 0;
-  for (int i = 3; i >= 0; --i) {
-    const unsigned long long cur = (rem << 32) | a.w[i];
-    a.w[i] = (unsigned int)(cur / k);
-    rem = cur % k;
-  }
-  return (unsigned int)rem;
-}
 
 __device__ int numeric_dec128(const unsigned char* p, int len, int scale, unsigned char* out) {
   if (len < 8) return BAD_LENGTH;
@@ -125,18 +154,26 @@ __device__ int numeric_dec128(const unsigned char* p, int len, int scale, unsign
   const unsigned int sign = be16(p + 4);
   if (sign == 0xC000 || sign == 0xD000 || sign == 0xF000) return DECIMAL_SPECIAL;
   if (ndigits < 0 || len != 8 + 2 * ndigits) return BAD_LENGTH;
+  // Horner's rule over the groups, stopping at the scale (see the C++ twin).
+  const unsigned int pow10[5] = {1, 10, 100, 1000, 10000};
+  const int last = 4 * (weight - ndigits + 1) + scale;
   U128 v = {{0, 0, 0, 0}};
   for (int i = 0; i < ndigits; ++i) {
-    if (!mul_add(v, 10000, be16(p + 8 + 2 * i))) return DECIMAL_OVERFLOW;
+    const unsigned int g = be16(p + 8 + 2 * i);
+    const int e = last + 4 * (ndigits - 1 - i);
+    if (e >= 0) {
+      if (!mul_add(v, 10000, g) || !below_limit(v)) return DECIMAL_OVERFLOW;
+    } else if (e > -4) {
+      const unsigned int drop = pow10[-e];
+      if (g % drop != 0) return DECIMAL_SCALE;
+      if (!mul_add(v, pow10[4 + e], g / drop) || !below_limit(v)) return DECIMAL_OVERFLOW;
+    } else if (g != 0) {
+      return DECIMAL_SCALE;
+    }
   }
-  int e = 4 * (weight - ndigits + 1) + scale;
-  for (; e > 0; --e) {
+  for (int e = last; e > 0; --e) {
     if (!mul_add(v, 10, 0) || !below_limit(v)) return DECIMAL_OVERFLOW;
   }
-  for (; e < 0; ++e) {
-    if (div_small(v, 10) != 0) return DECIMAL_SCALE;
-  }
-  if (!below_limit(v)) return DECIMAL_OVERFLOW;
   if (sign == 0x4000) {
     unsigned long long carry = 1;
     for (int i = 0; i < 4; ++i) {

@@ -17,10 +17,11 @@ from ...errors import InvalidArgumentError, PostgresError
 from ...table import Table
 from ..arrow.write import write_arrow
 from .assemble import assemble
-from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs
+from .pump import Kind
+from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import compose
 from .stream import read_all
-from .types import check_partition_key, describe
+from .types import PgColumn, check_partition_key, describe
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
 
@@ -46,10 +47,13 @@ def read_postgres(
     conninfo
         A libpq connection string or URI, or an open ``psycopg.Connection``. With a connection the
         read runs on it, inside its current transaction, as one stream; it is left open (after a
-        server error its transaction is failed, as with any failed statement: roll it back).
+        server error its transaction is failed, as with any failed statement: roll it back). Its
+        client encoding is set to UTF8 for the read and back afterwards (the loader's own
+        connections always use UTF8), so text from a database in any encoding arrives as UTF-8.
     query
         A SELECT (or anything ``COPY (query) TO STDOUT`` accepts), a string or a ``psycopg.sql``
-        object. ``params`` are bound on the client (COPY takes no server-side parameters).
+        object, written as for psql (trailing semicolons and comments are fine). ``params`` are
+        bound on the client (COPY takes no server-side parameters).
     table
         Instead of ``query``: a table or materialized view. A string is one identifier taken
         literally (``'we"ird name'`` works); a tuple ``('schema', 'name')`` qualifies it.
@@ -113,9 +117,11 @@ def read_postgres(
     if isinstance(conninfo, psycopg.Connection):
         if conninfo.closed:
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
-        plan = compose(conninfo, query, table, columns, where, params)
-        cols = describe(conninfo, plan.select, numeric, run_sql)
-        chunks = read_all(backend, len(cols), ([conninfo], [copy_sql(conninfo, plan.select)], [None]), progress)
+        with utf8_session(conninfo):
+            plan = compose(conninfo, query, table, columns, where, params)
+            cols = describe(conninfo, plan.select, numeric, run_sql)
+            jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
+            chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
         return assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -135,11 +141,16 @@ def read_postgres(
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = read_all(backend, len(cols), jobs, progress)
+        chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
         return assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:
             conn.close()  # read-only transactions: nothing to commit
+
+
+def _strings(cols: Sequence[PgColumn]) -> dict[int, str]:
+    """The string columns by index, named for messages (the streams count their bytes)."""
+    return {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(cols) if c.kind == Kind.VARLEN}
 
 
 def postgres_to_arrow(

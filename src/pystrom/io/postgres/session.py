@@ -10,8 +10,10 @@ that the connections take from one queue (_split).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ..._settings import defaults
@@ -22,6 +24,7 @@ __all__ = [
     "SnapshotJoiner",
     "psycopg_module",
     "connect",
+    "utf8_session",
     "run_sql",
     "copy_sql",
     "table_range_jobs",
@@ -50,23 +53,73 @@ def psycopg_module() -> Any:
     return psycopg
 
 
-def _masked(conninfo: str) -> str:
-    """The conninfo without its password, for messages."""
+def _parsed(conninfo: str) -> dict | None:
     psycopg = psycopg_module()
     try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+        return psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.Error:
+        return None
+
+
+def _masked(conninfo: str) -> str:
+    """The conninfo without its password, for messages."""
+    params = _parsed(conninfo)
+    if params is None:
         return "<unparsable conninfo>"
     params.pop("password", None)
     return " ".join(f"{k}={v}" for k, v in params.items()) or "<defaults>"
 
 
+def _connect_failure(conninfo: str, exc: BaseException) -> PostgresError:
+    """The error for a failed connect, with no part of a password in it. libpq's parse errors quote
+    the words of the string they stumble on (`password=two words` gives: missing "=" after "words"),
+    so for a string libpq cannot parse only the kind of failure is told; otherwise libpq's message, with
+    the password, should the server or libpq repeat it, blanked out."""
+    params = _parsed(conninfo)
+    if params is None:
+        return PostgresError(
+            "cannot connect to PostgreSQL: the connection string is malformed (libpq's message is not "
+            "repeated, since it quotes the string, which may hold a password): check its key=value pairs "
+            "and quoting, or use a postgresql:// URI"
+        )
+    message = _flat(exc)
+    password = params.get("password")
+    if password:
+        message = message.replace(password, "***")
+    return PostgresError(f"cannot connect to PostgreSQL ({_masked(conninfo)}): {message}")
+
+
 def connect(conninfo: str) -> Any:
+    """A connection of the loader's own. Its client encoding is UTF8 whatever the server's (or the
+    DSN's, or PGCLIENTENCODING) is: the server converts text to UTF-8, which Arrow strings must be, and
+    the query, ``where=`` and parameters are sent as UTF-8, which is how the pump sends them."""
     psycopg = psycopg_module()
     try:
-        return psycopg.connect(conninfo, autocommit=True)
+        return psycopg.connect(conninfo, autocommit=True, client_encoding="UTF8")
     except psycopg.Error as exc:
-        raise PostgresError(f"cannot connect to PostgreSQL ({_masked(conninfo)}): {_flat(exc)}") from exc
+        failure = _connect_failure(conninfo, exc)
+    raise failure  # outside the handler: psycopg's error, which may quote the password, is not chained
+
+
+@contextlib.contextmanager
+def utf8_session(conn: Any) -> Iterator[None]:
+    """A user's connection in client encoding UTF8 for the read (see :func:`connect`), set back
+    afterwards. The SET runs in the user's transaction, if any: when the read fails it, the
+    rollback the user must do anyway restores the encoding too."""
+    psycopg = psycopg_module()
+    old = conn.info.parameter_status("client_encoding")
+    if old is None or old.upper() in ("UTF8", "UNICODE"):
+        yield
+        return
+    run_sql(conn, "setting the client encoding to UTF8", "SET client_encoding TO 'UTF8'")
+    try:
+        yield
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR and not conn.closed:
+            try:
+                conn.execute("SELECT set_config('client_encoding', %s, false)", (old,))
+            except psycopg.Error:
+                pass  # the connection broke: there is nothing left to restore
 
 
 def _flat(exc: BaseException) -> str:
@@ -140,7 +193,7 @@ def _range_statements(conn: Any, plan: Plan, ranges: list[tuple[int, int | None]
     head = sql.SQL("COPY (SELECT {} FROM {} WHERE ").format(plan.columns, plan.table).as_string(conn)
     tail = ") TO STDOUT (FORMAT BINARY)"
     if plan.where is not None:
-        tail = sql.SQL(" AND ({})").format(plan.where).as_string(conn) + tail
+        tail = sql.SQL(" AND ({}\n)").format(plan.where).as_string(conn) + tail  # \n: ends a -- comment
     out = []
     for start, stop in ranges:
         cond = f"ctid >= '({int(start)},0)'::tid"

@@ -6,6 +6,7 @@ the statement in ``COPY (...) TO STDOUT (FORMAT BINARY)``, once per partition ra
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +59,80 @@ def compose(conn: Any, query: Any, table: Any, columns: Any, where: Any, params:
                 pred = sql.SQL(ClientCursor(conn).mogrify(where, params))
         select = sql.SQL("SELECT {} FROM {}").format(cols, ident)
         if pred is not None:
-            select = sql.SQL("{} WHERE ({})").format(select, pred)
+            select = sql.SQL("{} WHERE ({}\n)").format(select, pred)  # a trailing -- comment ends at the newline
         return Plan(select, ident, cols, pred)
     if not isinstance(query, (str, sql.Composable)):
         raise InvalidArgumentError(f"query must be a SQL string or a psycopg.sql object; got {type(query).__name__}")
     text = query if isinstance(query, str) else query.as_string(conn)
     if params is not None:
         text = ClientCursor(conn).mogrify(text, params)
-    text = text.strip().rstrip(";").strip()
+    text = _statement_body(text)
     if not text:
         raise InvalidArgumentError("query is empty")
     return Plan(sql.SQL(text))
+
+
+def _statement_body(text: str) -> str:
+    """``text`` up to its last token that is not a semicolon: trailing semicolons, comments and
+    whitespace go, since the statement is wrapped in ``COPY (...)`` and ``SELECT * FROM (...)``,
+    where a trailing ``-- comment`` would swallow the closing parenthesis. Strings, quoted
+    identifiers, dollar quotes and comments are skipped as PostgreSQL's lexer skips them, so a
+    semicolon or dash inside them is left alone."""
+    end = 0  # just past the last significant token that is not ';'
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c.isspace():
+            i += 1
+            continue
+        if text.startswith("--", i):
+            newline = text.find("\n", i)
+            i = n if newline < 0 else newline + 1
+            continue
+        if text.startswith("/*", i):  # block comments nest in PostgreSQL
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+            end = i if depth else end  # an unclosed comment: left for the server to refuse
+            continue
+        if c == ";":
+            i += 1
+            continue
+        i = _token_end(text, i)
+        end = i
+    return text[:end]
+
+
+def _token_end(text: str, i: int) -> int:
+    """Where the token starting at ``text[i]`` (not a space, comment or ';') ends."""
+    n = len(text)
+    c = text[i]
+    if c in "'\"" or (c in "eE" and text.startswith("'", i + 1)):
+        escapes = c in "eE"
+        quote = "'" if escapes else c
+        i += 2 if escapes else 1
+        while i < n:
+            if escapes and text[i] == "\\":
+                i += 2
+            elif text[i] == quote:
+                if text.startswith(quote, i + 1):  # a doubled quote stands for itself
+                    i += 2
+                else:
+                    return i + 1
+            else:
+                i += 1
+        return n
+    if c == "$":
+        match = _DOLLAR_TAG.match(text, i)
+        if match:
+            close = text.find(match.group(0), match.end())
+            return n if close < 0 else close + len(match.group(0))
+    return i + 1
+
+
+_DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$")

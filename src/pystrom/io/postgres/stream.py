@@ -5,13 +5,14 @@ takes the next COPY statement from one queue as it finishes its last, so slower 
 less and all end together. The pump (:mod:`.pump`) drains a statement's rows into staging buffers,
 pinned host memory when the target is a GPU; there each filled chunk is copied to the device at once by
 :class:`Uploader`, overlapping the other streams. A failed stream, or Ctrl-C, cancels the others on the
-server and gives the device scratch back before the error reaches the caller.
+server and gives the device scratch back before the error reaches the caller. Every stream, even a
+lone one, runs in a pool thread while the caller's thread waits, so Ctrl-C is seen at once.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..._progress import reporter
 from ..._settings import defaults
+from ...errors import CapacityError
 from .pump import CopyStream, Staged, drop_device_copies
 
 __all__ = ["CopyReader", "Uploader", "read_all"]
@@ -64,23 +66,49 @@ class Uploader:
         drop_device_copies(chunks)
 
 
-class CopyReader:
-    """Runs the COPY streams of one read and cancels them all when one fails or the caller is interrupted."""
+# The most string bytes one column may hold: Arrow's int32 offsets address 2 GiB. The pump counts each
+# column's bytes per chunk, so a read that passes it stops there instead of after its last byte.
+STRING_COLUMN_LIMIT = 2**31 - 1
 
-    def __init__(self, backend: Any, ncols: int, progress: Callable[[int], None] | None):
+
+class CopyReader:
+    """Runs the COPY streams of one read and cancels them all when one fails or the caller is interrupted.
+
+    ``strings`` maps the index of each string column to its name for messages: a column whose bytes,
+    summed over every stream, pass STRING_COLUMN_LIMIT stops the read with CapacityError at once."""
+
+    def __init__(
+        self,
+        backend: Any,
+        ncols: int,
+        progress: Callable[[int], None] | None,
+        strings: Mapping[int, str] | None = None,
+    ):
         self._allocate = _staging_allocator(backend)
         self._upload = Uploader(backend) if backend.kind == "cuda" else None
         self._ncols = ncols
         self._progress = progress
         self._rows = 0
         self._lock = threading.Lock()
+        self._strings = dict(strings or {})
+        self._string_bytes = dict.fromkeys(self._strings, 0)
 
     def _on_chunk(self, chunk: Staged) -> None:
+        if self._strings:
+            with self._lock:
+                for c in self._strings:
+                    self._string_bytes[c] += int(chunk.bytes[c])
+                    if self._string_bytes[c] > STRING_COLUMN_LIMIT:
+                        raise CapacityError(
+                            f"column {self._strings[c]} holds more than {STRING_COLUMN_LIMIT:,} bytes of strings "
+                            f"(the 2 GiB that 32-bit offsets address) after {self._rows + chunk.nrows:,} rows: "
+                            f"read it in parts (where=) or leave it out"
+                        )
         if self._upload is not None:
             self._upload(chunk)
-        if self._progress is not None:
-            with self._lock:
-                self._rows += chunk.nrows
+        with self._lock:
+            self._rows += chunk.nrows
+            if self._progress is not None:
                 self._progress(self._rows)
 
     def read(self, conn: Any, sql_text: str, size_hint: int | None = None) -> list[Staged]:
@@ -104,8 +132,11 @@ class CopyReader:
             raise
 
     def _read_all(self, sources: Sequence[Any], statements: Sequence[str], hints: Sequence[int | None]) -> list:
-        if len(sources) == 1:
-            return [self.read(sources[0], text, hint) for text, hint in zip(statements, hints)]
+        # Even one stream is read by a pool thread: the pump blocks in libpq (the GIL released) for as
+        # long as the server takes to send a row, and a thread blocked there cannot see Ctrl-C. The
+        # calling thread waits on the futures instead, which a signal interrupts at once; it then
+        # cancels on the server and waits for the streams to drain (~0.1 s), whatever the server was
+        # doing (planning, sleeping, or between rows). The pump's loop is unchanged.
         results: list[list[Staged]] = [[] for _ in statements]
         queue = iter(range(len(statements)))
         failed = threading.Event()
@@ -151,10 +182,13 @@ class CopyReader:
                 raise
 
 
-def read_all(backend: Any, ncols: int, jobs: tuple, progress: Any) -> list[list[Staged]]:
-    """jobs: (connections or SnapshotJoiners, COPY statements, their size hints)."""
+def read_all(
+    backend: Any, ncols: int, jobs: tuple, progress: Any, strings: Mapping[int, str] | None = None
+) -> list[list[Staged]]:
+    """jobs: (connections or SnapshotJoiners, COPY statements, their size hints); strings: the string
+    columns' indices and names (their bytes are counted as they arrive)."""
     with reporter(progress, unit="rows", desc="read_postgres") as report:
-        return CopyReader(backend, ncols, report if report.active else None).read_all(*jobs)
+        return CopyReader(backend, ncols, report if report.active else None, strings).read_all(*jobs)
 
 
 def _staging_allocator(backend: Any) -> Callable[[int], Any]:

@@ -7,6 +7,7 @@ Table's Arrow type, or refuses it naming the column and the cast to add.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,28 +107,52 @@ def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str) -> PgColu
         if typmod < 4:
             raise UnsupportedTypeError(
                 f"column {name!r} is numeric without a declared precision and scale, which decimal128 needs: "
-                f"cast it in SQL, e.g. {name}::numeric(18, 6), or read it with numeric='float64'"
+                f"cast it in SQL, e.g. {_quoted(name)}::numeric(18, 6), or read it with numeric='float64'"
             )
         precision = ((typmod - 4) >> 16) & 0xFFFF
         scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024  # PostgreSQL 15 allows negative scales
         if not (1 <= precision <= 38 and 0 <= scale <= precision):
             raise UnsupportedTypeError(
                 f"column {name!r} has type {pg_type}, which decimal128 cannot hold (precision <= 38, "
-                f"0 <= scale <= precision): cast it in SQL, e.g. {name}::numeric(38, 6), or use numeric='float64'"
+                f"0 <= scale <= precision): cast it in SQL, e.g. {_quoted(name)}::numeric(38, 6), "
+                "or use numeric='float64'"
             )
         return PgColumn(name, pg_type, Kind.NUMERIC_DEC128, column_type(pa.decimal128(precision, scale), name), scale)
     mapped = _arrow_for(oid)
     if mapped is None:
         cast = _CAST_HINTS.get(oid, "::text")
+        ident = _quoted(name)
         raise UnsupportedTypeError(
             f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), which read_postgres cannot decode: "
-            f"add a cast in SQL, e.g. {name}{cast}"
+            f"add a cast in SQL, e.g. {ident}{cast}"
             if not cast.startswith("extract")
             else f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), which read_postgres cannot decode: "
-            f"convert it in SQL, e.g. extract(epoch from {name})::float8"
+            f"convert it in SQL, e.g. extract(epoch from {ident})::float8"
         )
     kind, arrow = mapped
     return PgColumn(name, pg_type, kind, column_type(arrow, name))
+
+
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def _quoted(name: str) -> str:
+    """``name`` as an SQL identifier in a hint: bare when PostgreSQL reads it back unchanged (lower case
+    letters, digits, underscores), else in double quotes (``"Weird Col"``). Keywords are quoted too."""
+    if _PLAIN_IDENTIFIER.fullmatch(name) and name not in _KEYWORDS:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+# Reserved words a bare column name cannot be (PostgreSQL's reserved keywords, appendix C).
+_KEYWORDS = frozenset(
+    "all analyse analyze and any array as asc asymmetric both case cast check collate column constraint create "
+    "current_catalog current_date current_role current_time current_timestamp current_user default deferrable "
+    "desc distinct do else end except false fetch for foreign from grant group having in initially intersect "
+    "into lateral leading limit localtime localtimestamp not null offset on only or order placing primary "
+    "references returning select session_user some symmetric system_user table then to trailing true union "
+    "unique user using variadic when where window with".split()
+)
 
 
 def check_partition_key(cols: Sequence[PgColumn], key: str) -> None:
