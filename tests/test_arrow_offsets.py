@@ -81,4 +81,5 @@ def test_kernel_matches_numpy_twin(num, max_len):
         got = check_offsets(backend, cupy.asarray(scratch), starts, counts, sizes)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    assert want[2].any() and not want[2].all()
+    if num > 1:  # one segment is either good or bad
+        assert want[2].any() and not want[2].all()

@@ -78,7 +78,7 @@ def test_the_offsets_kernel_matches_its_numpy_twin():
 
 GPU_EXPORT_BAD = """
 import cupy
-t = pystrom.Table.from_arrow(pa.table({"s": ["a", "bb", "ccc", None] * 250, "x": np.arange(1000)}), device="cuda")
+t = pystrom.Table.from_arrow(pa.table({{"s": ["a", "bb", "ccc", None] * 250, "x": np.arange(1000)}}), device="cuda")
 h = t.export()
 t.column("s").offsets[{row}] = {value}  # written after export, on the device
 cupy.cuda.runtime.deviceSynchronize()

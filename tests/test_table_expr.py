@@ -44,14 +44,16 @@ def _column(result: pystrom.Table, name: str) -> pa.Array:
 
 
 def _assert_values_equal(got: pa.Array, want: pa.Array, text: str, exact: bool) -> None:
-    """Same NULLs; same values where valid (floats to 1e-12 relative where libm may round differently)."""
+    """Same NULLs; same values where valid (floats to 1e-12 relative where libm may round differently,
+    and 1e-14 absolute: a sum such as exp(b) + log(abs(b)) cancels to ~1e-5 from terms near 1, so one
+    ulp of the terms is 5e-12 of the result)."""
     assert got.null_count == want.null_count, text
     valid = pc.is_valid(got).to_numpy(zero_copy_only=False)
     np.testing.assert_array_equal(valid, pc.is_valid(want).to_numpy(zero_copy_only=False), err_msg=text)
     g = got.to_numpy(zero_copy_only=False)[valid]
     w = pc.cast(want, got.type, safe=False).to_numpy(zero_copy_only=False)[valid]
     if pa.types.is_floating(got.type) and not exact:
-        np.testing.assert_allclose(g, w, rtol=1e-12, atol=0, equal_nan=True, err_msg=text)
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14, equal_nan=True, err_msg=text)
     else:
         np.testing.assert_array_equal(g, w, err_msg=text)
 
