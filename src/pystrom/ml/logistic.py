@@ -171,6 +171,17 @@ class LogisticRegression:
         return self
 
     def _source(self, X: Any, y: Any, sample_weight: Any, columns: Any, target: Any) -> tuple[Source, np.ndarray]:
+        if _is_dask(X):
+            from ..dask._fit import dask_source  # up: fit takes dask collections; pystrom.dask builds on ml
+
+            if self.device is not None:
+                raise DataError("device= does not apply to dask input: the partitions are fitted where they live")
+            source, classes, names = dask_source(X, y, sample_weight, columns, target)
+            if target is not None:
+                self.feature_names_in_ = np.array(names, dtype=object)
+            elif hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+            return source, classes
         if is_table(X):
             weight = sample_weight if isinstance(sample_weight, str) else None
             if sample_weight is not None and weight is None:
@@ -268,8 +279,13 @@ class LogisticRegression:
             raise _not_fitted_error()("this LogisticRegression is not fitted yet: call fit(X, y) before using it")
 
     def decision_function(self, X: Any, *, columns: Sequence[str] | None = None) -> Any:
-        """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32)."""
+        """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32); a dask
+        array for a pystrom.dask collection or a dask array, computed where its partitions are."""
         self._check_fitted()
+        if _is_dask(X):
+            from ..dask._fit import dask_decision  # up: predictions on dask input are dask arrays
+
+            return dask_decision(self, X, columns, _table_dtype)
         if is_table(X):
             names = list(columns) if columns is not None else list(getattr(self, "feature_names_in_", []))
             if not names:
@@ -321,15 +337,16 @@ class LogisticRegression:
     def predict_proba(self, X: Any, **kwargs: Any) -> Any:
         """(n, 2) probabilities of ``classes_[0]`` and ``classes_[1]``."""
         d = self.decision_function(X, **kwargs)
-        xp = _xp_of(d)
-        p1 = _sigmoid(xp, d)
-        return xp.stack([1.0 - p1, p1], axis=1)
+        if _is_dask(d):
+            return d.map_blocks(_proba, new_axis=1, chunks=(d.chunks[0], (2,)), dtype=np.float64)
+        return _proba(d)
 
     def predict(self, X: Any, **kwargs: Any) -> Any:
         """The predicted label of every row (``classes_[1]`` where the decision function is positive)."""
         d = self.decision_function(X, **kwargs)
-        xp = _xp_of(d)
-        return xp.asarray(self.classes_)[(d > 0).astype(np.int64)]
+        if _is_dask(d):
+            return d.map_blocks(_labels, self.classes_, dtype=self.classes_.dtype)
+        return _labels(d, self.classes_)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy (weighted by ``sample_weight``)."""
@@ -383,9 +400,30 @@ def _table_dtype(table: Any, names: list[str]) -> Any:
     return np.float32 if {str(table.column(n).type) for n in names} == {"float"} else np.float64
 
 
+def _proba(d: Any) -> Any:
+    xp = _xp_of(d)
+    p1 = _sigmoid(xp, d)
+    return xp.stack([1.0 - p1, p1], axis=1)
+
+
+def _labels(d: Any, classes: np.ndarray) -> Any:
+    return _xp_of(d).asarray(classes)[(d > 0).astype(np.int64)]
+
+
+def _is_dask(x: Any) -> bool:
+    """A pystrom.dask collection or a dask array (dask is never imported here: it was if x is one)."""
+    if "dask" not in sys.modules:
+        return False
+    from ..dask._fit import is_dask_input  # up: fit and predict take dask input
+
+    return is_dask_input(x)
+
+
 def _xp_of(a: Any) -> Any:
     if isinstance(a, np.ndarray):
         return np
+    if _is_dask(a):
+        return sys.modules["dask.array"]
     import cupy
 
     return cupy
