@@ -134,8 +134,9 @@ def _ours_vs_single(pystrom, LogisticRegression, client, conninfo, table, rows, 
     print(
         f"  pg {label} -> {workers} worker(s): read+persist {med['read+persist']:.3f} s (one process: read "
         f"{med1['read']:.3f} s), fit {med['fit']:.3f} s for {passes} passes (one process {med1['fit']:.3f} s); "
-        f"per pass {per_pass * 1e3:.2f} ms vs {per_pass1 * 1e3:.2f} ms: Dask's overhead {1e3 * (per_pass - per_pass1):.2f}"
-        f" ms a pass (a graph built and sent, one task per partition and sum, the vector back); total "
+        f"per pass {per_pass * 1e3:.2f} ms vs {per_pass1 * 1e3:.2f} ms: Dask's overhead "
+        f"{1e3 * (per_pass - per_pass1):.2f} ms a pass (a graph built and sent to the scheduler, a task per "
+        f"partition, the vectors back); total "
         f"x{t_ours / t_single:.2f} of one process (goal <= 1.3); coefficients differ by {same:.1e}"
     )
     nbytes = rows * (1 + 4 * 8)

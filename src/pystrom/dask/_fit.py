@@ -4,8 +4,8 @@
 dask computation in which every partition (a pystrom Table of a :class:`PartitionedTable`, or a block
 of dask arrays) makes its pass on its worker with the same fused kernel as a single-GPU fit
 (:func:`~pystrom.dask._tasks.table_pass`), the vectors are summed in a tree on the workers
-(:func:`~pystrom.dask._tasks.sum_passes`, eight at a time) and one vector of a few hundred bytes
-reaches the client, where the solver takes its Newton step and line search unchanged. Predictions
+(:func:`~pystrom.dask._tasks.sum_passes`, eight at a time) and at most eight vectors of a few hundred
+bytes reach the client, where the solver takes its Newton step and line search unchanged. Predictions
 are dask arrays computed per partition where it lives.
 """
 
@@ -66,7 +66,9 @@ class DaskSource(Source):
             graph[key] = (self._task, *inputs, *self._args, cw, w, check)
             level.append(key)
         depth = 0
-        while len(level) > 1:
+        # Sums of at most _FAN_IN vectors are made on the client: a task of its own would add a hop
+        # (each vector sent to the summing worker, then the sum to the client) to every pass.
+        while len(level) > _FAN_IN:
             depth += 1
             level_next = []
             for j in range(0, len(level), _FAN_IN):
@@ -86,7 +88,7 @@ class DaskSource(Source):
         if not self._leaves:
             raise DataError("the collection has no partitions: nothing to fit")
         (vecs,) = dask.compute(_Keys(self._graph(np.asarray(w, dtype=np.float64), cw, check)))
-        return np.asarray(vecs[0], dtype=np.float64)
+        return np.asarray(sum_passes(*vecs), dtype=np.float64)
 
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
         total = self._total(w, self.class_weight)
