@@ -233,6 +233,8 @@ def test_snapshot_is_released_on_close_exit_gc_and_persist(client, dev, pg, logr
 
     with pdask.read_postgres(pg.conninfo, table=name, device=dev) as parts:
         assert len(_sessions(pg, app)) == 1
+        # npartitions=None on a small table: one partition per worker (256 MB of heap each on large ones)
+        assert parts.npartitions == len(client.scheduler_info()["workers"])
     assert _wait_until(lambda: _sessions(pg, app) == [])
 
     parts = pdask.read_postgres(pg.conninfo, table=name, device=dev)
@@ -282,7 +284,7 @@ def test_collection_api_persist_arrays_frames_map_filter(client, dev, pg, logreg
     parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=3, device=dev).persist()
     assert parts.npartitions == 3 and parts.num_rows == N_ROWS
     want = data.sort_by("id")
-    ids = np.asarray(parts.to_dask_array(["id"]).compute()).ravel()
+    ids = _host(parts.to_dask_array(["id"]).compute()).ravel()
     order = np.argsort(ids)
 
     arr = parts.to_dask_array(["x1", "x2", "x3"])
@@ -291,7 +293,7 @@ def test_collection_api_persist_arrays_frames_map_filter(client, dev, pg, logreg
     host = _host(arr.compute())[order]
     np.testing.assert_array_equal(host, np.column_stack([want.column(c).to_numpy() for c in ["x1", "x2", "x3"]]))
     as32 = parts.to_dask_array(["x1", "x2"], dtype=np.float32)
-    assert as32.dtype == np.float32 and as32.sum().compute() == pytest.approx(host[:, :2].sum(), rel=1e-5)
+    assert as32.dtype == np.float32 and float(as32.sum().compute()) == pytest.approx(host[:, :2].sum(), rel=1e-5)
 
     ddf = parts.to_dask_dataframe()
     assert list(ddf.columns) == ["id", "x1", "x2", "x3", "y"] and ddf.npartitions == 3
@@ -407,6 +409,25 @@ def test_balanced_weights_and_penalty_match_in_memory(client, dev, pg, logreg):
         np.testing.assert_allclose(got.coefficients_, want.coefficients_, rtol=1e-9, atol=1e-12)
 
 
+def test_separation_is_judged_as_in_memory(client, dev):
+    from pystrom.ml import PerfectSeparationWarning
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(3000, 2))
+    y = X[:, 0] + 0.5 * X[:, 1] > 0.2  # a hyperplane: complete separation
+    if dev == "cuda":
+        import cupy
+
+        X, y = cupy.asarray(X), cupy.asarray(y)
+    Xd, yd = da.from_array(X, chunks=(1000, 2)), da.from_array(y, chunks=1000)
+    with pytest.warns(PerfectSeparationWarning):
+        got = LogisticRegression().fit(Xd, yd)
+    with pytest.warns(PerfectSeparationWarning):
+        want = LogisticRegression().fit(X, y)
+    assert got.separation_ == want.separation_ == "complete" and got.n_iter_ == want.n_iter_
+    np.testing.assert_allclose(got.coefficients_, want.coefficients_, rtol=1e-9)
+
+
 def test_fit_moves_no_partition_off_its_worker(client, dev, pg, logreg):
     name, _ = logreg
     parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=4, device=dev).persist()
@@ -418,7 +439,7 @@ def test_fit_moves_no_partition_off_its_worker(client, dev, pg, logreg):
 
     before = sum(client.run(outgoing).values())
     model = LogisticRegression(max_iter=20).fit(parts, columns=["x1", "x2", "x3"], target="y")
-    proba = model.predict_proba(parts).sum().compute()
+    proba = float(model.predict_proba(parts).sum().compute())
     moved = sum(client.run(outgoing).values()) - before
     assert proba == pytest.approx(N_ROWS)
     table_bytes = N_ROWS * 8 * 4
@@ -506,7 +527,7 @@ def test_a_worker_killed_mid_read_is_retried_on_the_same_snapshot(client, dev, p
         pg.execute(f'DELETE FROM "{name}" WHERE id < 100')  # committed after the snapshot: not seen
         busy = next(addr for addr, keys in client.processing().items() if keys)
         os.kill(client.run(os.getpid, workers=[busy])[busy], signal.SIGKILL)
-        assert future.result(timeout=120) == N_ROWS * (N_ROWS - 1) // 2
+        assert int(future.result(timeout=120)) == N_ROWS * (N_ROWS - 1) // 2
     finally:
         parts.close()
         pg.execute(f'DROP FUNCTION IF EXISTS "{slow}"(int8)')

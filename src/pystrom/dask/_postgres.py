@@ -41,9 +41,13 @@ class Snapshot:
         conn = connect(conninfo)
         self._finalizer = weakref.finalize(self, conn.close)
         self.conn = conn
-        run_sql(conn, "naming the session", "SET application_name = 'pystrom.dask snapshot'")
-        run_sql(conn, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        self.id: str = export_snapshot(conn)
+        try:
+            run_sql(conn, "naming the session", "SET application_name = 'pystrom.dask snapshot'")
+            run_sql(conn, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self.id: str = export_snapshot(conn)
+        except BaseException:
+            self.close()
+            raise
         self.backend_pid: int = conn.info.backend_pid
 
     @property

@@ -98,11 +98,13 @@ def to_array(table: Table, columns: Sequence[str], dtype: Any) -> Any:
 
 
 def to_frame(table: Table, use_cudf: bool) -> Any:
-    """A pandas DataFrame, or with ``use_cudf`` a cuDF one built on the GPU through the Arrow C device interface."""
+    """A pandas DataFrame, or with ``use_cudf`` a cuDF one. cuDF's ``from_arrow`` takes a host
+    pyarrow Table in every version we know of, so the columns go through host memory (cuDF's import
+    of Arrow C device arrays differs between its versions and is not used yet)."""
     if use_cudf and table.device != "cpu":
         import cudf
 
-        return cudf.DataFrame.from_arrow(table)
+        return cudf.DataFrame.from_arrow(table.to_arrow())
     return table.to_pandas()
 
 
