@@ -350,6 +350,24 @@ def test_bad_input_is_refused_with_clear_errors(client, dev, pg, logreg, tmp_pat
         pdask.scan_arrow(str(tmp_path / "missing.arrow"))
 
 
+def test_a_file_changed_after_planning_fails_naming_it(client, dev, tmp_path):
+    path = tmp_path / "changing.arrow"
+    pystrom.write_arrow(_logreg_data(3000), path, batch_rows=1000)
+    parts = pdask.scan_arrow(str(path), batch_rows=1000, device=dev)
+    assert parts.npartitions == 3
+    pystrom.write_arrow(_logreg_data(500), path, batch_rows=500)  # one batch now: batches 1 and 2 are gone
+    with pytest.raises(pystrom.FileFormatError, match="changing.arrow"):
+        parts.compute()
+    path.write_bytes(b"not an arrow file at all")
+    with pytest.raises(pystrom.FileFormatError, match="changing.arrow"):
+        parts.compute()
+
+
+def test_an_unreachable_server_is_a_clear_error(client):
+    with pytest.raises(PostgresError, match="cannot connect"):
+        pdask.read_postgres("host=127.0.0.1 port=1 connect_timeout=3", table="t")
+
+
 # -- logistic regression --------------------------------------------------------------------------------
 
 
