@@ -29,16 +29,20 @@ _FEATURES = ["x1", "x2", "x3", "x4"]
 def _cluster(device: str, workers: int) -> tuple[Any, str]:
     import distributed
 
+    # As many threads in all as the single-process read opens connections (16 at most): every thread
+    # reads one partition at a time, so npartitions=None gives one partition per thread or more.
+    threads = max(1, min(16, os.cpu_count() or 1) // workers)
     if device.startswith("cuda"):
         if workers == 1:
             try:
                 from dask_cuda import LocalCUDACluster
 
-                return LocalCUDACluster(n_workers=1, threads_per_worker=4, dashboard_address=":0"), "cuda"
+                return LocalCUDACluster(n_workers=1, threads_per_worker=threads, dashboard_address=":0"), "cuda"
             except ImportError:
                 print("  dask_cuda is not installed: a LocalCluster worker on GPU 0 instead")
-        return distributed.LocalCluster(n_workers=workers, threads_per_worker=4, dashboard_address=":0"), "cuda"
-    return distributed.LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=":0"), "cpu"
+        cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=threads, dashboard_address=":0")
+        return cluster, "cuda"
+    return distributed.LocalCluster(n_workers=workers, threads_per_worker=threads, dashboard_address=":0"), "cpu"
 
 
 def run(device: str, quick: bool) -> list[Result]:
@@ -98,7 +102,7 @@ def _ours_vs_single(pystrom, LogisticRegression, client, conninfo, table, rows, 
     import distributed
 
     label = f"{rows / 1e6:g}M"
-    stages: dict[str, list[float]] = {"read+persist": [], "fit": [], "passes": []}
+    stages: dict[str, list[float]] = {"read+persist": [], "fit": [], "passes": [], "partitions": []}
     single: dict[str, list[float]] = {"read": [], "fit": [], "passes": []}
 
     def ours():
@@ -107,6 +111,7 @@ def _ours_vs_single(pystrom, LogisticRegression, client, conninfo, table, rows, 
             parts = parts.persist()
             distributed.wait(parts)
         t1 = time.perf_counter()
+        stages["partitions"].append(parts.npartitions)
         model = LogisticRegression(max_iter=20, tol=0.0).fit(parts, columns=_FEATURES, target="t")
         stages["read+persist"].append(t1 - t0)
         stages["fit"].append(time.perf_counter() - t1)
@@ -132,7 +137,8 @@ def _ours_vs_single(pystrom, LogisticRegression, client, conninfo, table, rows, 
     passes = int(med["passes"])
     per_pass, per_pass1 = med["fit"] / passes, med1["fit"] / max(1, med1["passes"])
     print(
-        f"  pg {label} -> {workers} worker(s): read+persist {med['read+persist']:.3f} s (one process: read "
+        f"  pg {label} -> {workers} worker(s), {int(med['partitions'])} partitions: read+persist "
+        f"{med['read+persist']:.3f} s (one process: read "
         f"{med1['read']:.3f} s), fit {med['fit']:.3f} s for {passes} passes (one process {med1['fit']:.3f} s); "
         f"per pass {per_pass * 1e3:.2f} ms vs {per_pass1 * 1e3:.2f} ms: Dask's overhead "
         f"{1e3 * (per_pass - per_pass1):.2f} ms a pass (a graph built and sent to the scheduler, a task per "

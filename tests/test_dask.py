@@ -233,8 +233,9 @@ def test_snapshot_is_released_on_close_exit_gc_and_persist(client, dev, pg, logr
 
     with pdask.read_postgres(pg.conninfo, table=name, device=dev) as parts:
         assert len(_sessions(pg, app)) == 1
-        # npartitions=None on a small table: one partition per worker (256 MB of heap each on large ones)
-        assert parts.npartitions == len(client.scheduler_info()["workers"])
+        # npartitions=None on a small table: one partition per worker thread (256 MB of heap each on large ones)
+        threads = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+        assert parts.npartitions == threads
     assert _wait_until(lambda: _sessions(pg, app) == [])
 
     parts = pdask.read_postgres(pg.conninfo, table=name, device=dev)

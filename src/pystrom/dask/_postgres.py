@@ -75,14 +75,16 @@ def _check_npartitions(npartitions: Any) -> None:
         raise InvalidArgumentError(f"npartitions must be a positive int or None; got {npartitions!r}")
 
 
-def _cluster_workers() -> int:
-    """Workers of the current dask.distributed client (1 without one)."""
+def _cluster_threads() -> int:
+    """Worker threads of the current dask.distributed client (1 without one): partitions enough for
+    every thread to read at once."""
     try:
         from distributed import default_client
 
-        return max(1, len(default_client().scheduler_info(n_workers=-1).get("workers", {})))
-    except (ImportError, ValueError, TypeError):  # no distributed, or no client
+        workers = default_client().scheduler_info(n_workers=-1).get("workers", {})
+    except (ImportError, ValueError):  # no distributed, or no client
         return 1
+    return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
 
 
 def _equal(total: int, n: int) -> list[tuple[int, int]]:
@@ -123,9 +125,10 @@ def read_postgres(
     query, table, columns, where, params, numeric
         As for :func:`pystrom.read_postgres`.
     npartitions
-        Partitions (tasks). None: the table's heap size over 256 MB, at least one per worker of the
-        current ``dask.distributed`` client, at most one per heap page. A ``query=`` without
-        ``partition_on`` is read as one partition.
+        Partitions (tasks). None: the table's heap size over 256 MB, at least one per worker thread
+        of the current ``dask.distributed`` client (so that all read at once), at most one per heap
+        page; with ``partition_on``, one per worker thread. A ``query=`` without ``partition_on`` is
+        read as one partition.
     partition_on
         With ``query=``: an int2/int4/int8 result column whose [min, max] is split into
         ``npartitions`` equal ranges (NULL keys go to the first).
@@ -182,7 +185,7 @@ def read_postgres(
         if plan.table is not None:
             pages, block = table_pages(main, plan)
             if pages is not None:
-                n = npartitions or max(_cluster_workers(), math.ceil(pages * block / _TARGET_PARTITION_BYTES))
+                n = npartitions or max(_cluster_threads(), math.ceil(pages * block / _TARGET_PARTITION_BYTES))
                 ranges: list[tuple[int, int | None]] = list(_equal(pages, max(1, min(n, pages)))) or [(0, 0)]
                 ranges[-1] = (ranges[-1][0], None)  # open-ended: pages added since the size was read
                 statements = ctid_statements(main, plan, ranges)
@@ -192,7 +195,7 @@ def read_postgres(
             bounds = key_bounds(main, plan, partition_on)
             if bounds is not None:
                 lo, hi = bounds
-                n = npartitions or _cluster_workers()
+                n = npartitions or _cluster_threads()
                 key_ranges = _equal(hi - lo + 1, max(1, min(n, hi - lo + 1)))
                 statements = key_statements(main, plan, partition_on, lo, key_ranges)
                 hints = [None] * len(statements)
