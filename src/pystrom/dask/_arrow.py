@@ -9,6 +9,7 @@ A skipped batch has no task. Every worker must see the files at the same paths.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +49,11 @@ def scan_arrow(
     scan = ArrowScan(paths, columns, where, batch_rows, "cpu", False)  # the client only reads metadata
     groups = scan.plan()
     tasks = [(read_arrow_group, path, indices, list(scan.columns), where, device) for path, indices in groups]
-    result = PartitionedTable(Partitions.from_tasks("pystrom-scan-arrow", tasks), scan.schema, device)
+    versions = []
+    for path in scan.paths:  # a file rewritten since makes other keys (the scheduler would reuse equal ones)
+        st = os.stat(path)
+        versions.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    parts = Partitions.from_tasks("pystrom-scan-arrow", tasks, token=versions)
+    result = PartitionedTable(parts, scan.schema, device)
     result.stats = scan.stats
     return result

@@ -38,8 +38,10 @@ class Partitions:
         self.rows = rows  # rows per partition, once counted
 
     @classmethod
-    def from_tasks(cls, prefix: str, tasks: Sequence[tuple], snapshot: Any = None) -> Partitions:
-        name = f"{prefix}-{tokenize(prefix, [t[1:] for t in tasks])}"
+    def from_tasks(cls, prefix: str, tasks: Sequence[tuple], snapshot: Any = None, token: Any = None) -> Partitions:
+        """``token``: what else the tasks' results depend on (a file's size and time), so that keys
+        differ when the data may: the scheduler takes equal keys for equal results."""
+        name = f"{prefix}-{tokenize(prefix, [t[1:] for t in tasks], token)}"
         keys = [(name, i) for i in range(len(tasks))]
         return cls(name, dict(zip(keys, tasks)), keys, snapshot)
 
