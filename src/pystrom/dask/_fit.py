@@ -24,7 +24,7 @@ from ..table import Table
 from ._collection import PartitionedTable, Partitions, _Keys
 from ._tasks import _EXTRA, array_pass, sum_passes, table_pass
 
-__all__ = ["is_dask_input", "DaskSource", "dask_source", "dask_decision"]
+__all__ = ["is_dask_input", "DaskSource", "dask_source", "dask_predict"]
 
 _FAN_IN = 8
 
@@ -191,15 +191,20 @@ def dask_source(X: Any, y: Any, sample_weight: Any, columns: Any, target: Any) -
     return DaskSource(leaves, array_pass, (), k, names, backend), np.array([False, True]), names
 
 
-def dask_decision(model: Any, X: Any, columns: Sequence[str] | None, table_dtype: Any) -> Any:
-    """w.x + b for every row as a 1-D dask array, computed per partition on its worker.
-    ``table_dtype(table, names)``: the dtype the model multiplies a Table's columns in."""
+def dask_predict(model: Any, method: str, X: Any, columns: Sequence[str] | None, table_dtype: Any) -> Any:
+    """``model.<method>`` (decision_function, predict, predict_proba, ...) as a dask array: each block
+    is the in-memory method on one partition's features, run on its worker, so the answers are the
+    single-process ones. ``table_dtype(table, names)``: the dtype the model multiplies columns in."""
+    from dask.array.utils import meta_from_array
+
     if isinstance(X, PartitionedTable):
         names = list(columns) if columns is not None else list(getattr(model, "feature_names_in_", []))
         if not names:
             raise DataError("this model was fitted on an array: pass columns=[...] to predict from a collection")
         empty = Table.from_arrow(X.schema.empty_table(), device="cpu")
         X = X.to_dask_array(names, dtype=table_dtype(empty, names))
+    elif columns is not None:
+        raise DataError("columns= applies to pystrom.dask collections and Tables, not to dask arrays")
     if X.ndim != 2:
         raise SchemaMismatchError(f"X must be a 2-D dask array (rows x features); got {X.ndim}-D")
     k = model.coef_.shape[1]
@@ -207,21 +212,13 @@ def dask_decision(model: Any, X: Any, columns: Sequence[str] | None, table_dtype
         raise DataError(f"X has {X.shape[1]} features, but LogisticRegression is expecting {k} features as input")
     if X.numblocks[1] != 1:
         X = X.rechunk({1: k})
-    from dask.array.utils import meta_from_array
+    if method in ("predict_proba", "predict_log_proba"):
+        meta = meta_from_array(X, ndim=2, dtype=np.float64)
+        return X.map_blocks(_apply, model, method, chunks=(X.chunks[0], (2,)), dtype=np.float64, meta=meta)
+    dtype = model.classes_.dtype if method == "predict" else np.dtype(np.float64)
+    meta = meta_from_array(X, ndim=1, dtype=dtype)
+    return X.map_blocks(_apply, model, method, drop_axis=1, dtype=dtype, meta=meta)
 
-    meta = meta_from_array(X, ndim=1, dtype=np.float64)
-    return X.map_blocks(_decision_block, model.coef_[0].copy(), float(model.intercept_[0]), drop_axis=1, meta=meta)
 
-
-def _decision_block(X: Any, coef: np.ndarray, intercept: float) -> Any:
-    from .._backend import backend_of_array
-    from ..ml._data import locate_nonfinite
-
-    backend = backend_of_array(X) or resolve_device("cpu")
-    with backend.activate():
-        xp = backend.xp
-        dtype = X.dtype if X.dtype in (np.float32, np.float64) else np.float64
-        out = (X.astype(dtype, copy=False) @ xp.asarray(coef.astype(dtype))).astype(np.float64) + intercept
-        if not bool(xp.isfinite(out).all()):
-            raise locate_nonfinite(xp, X, [f"x{j}" for j in range(X.shape[1])])
-        return out
+def _apply(block: Any, model: Any, method: str) -> Any:
+    return getattr(model, method)(block)

@@ -283,9 +283,7 @@ class LogisticRegression:
         array for a pystrom.dask collection or a dask array, computed where its partitions are."""
         self._check_fitted()
         if _is_dask(X):
-            from ..dask._fit import dask_decision  # up: predictions on dask input are dask arrays
-
-            return dask_decision(self, X, columns, _table_dtype)
+            return _dask_predict(self, "decision_function", X, columns)
         if is_table(X):
             names = list(columns) if columns is not None else list(getattr(self, "feature_names_in_", []))
             if not names:
@@ -336,17 +334,20 @@ class LogisticRegression:
 
     def predict_proba(self, X: Any, **kwargs: Any) -> Any:
         """(n, 2) probabilities of ``classes_[0]`` and ``classes_[1]``."""
+        if _is_dask(X):
+            return _dask_predict(self, "predict_proba", X, kwargs.get("columns"))
         d = self.decision_function(X, **kwargs)
-        if _is_dask(d):
-            return d.map_blocks(_proba, new_axis=1, chunks=(d.chunks[0], (2,)), dtype=np.float64)
-        return _proba(d)
+        xp = _xp_of(d)
+        p1 = _sigmoid(xp, d)
+        return xp.stack([1.0 - p1, p1], axis=1)
 
     def predict(self, X: Any, **kwargs: Any) -> Any:
         """The predicted label of every row (``classes_[1]`` where the decision function is positive)."""
+        if _is_dask(X):
+            return _dask_predict(self, "predict", X, kwargs.get("columns"))
         d = self.decision_function(X, **kwargs)
-        if _is_dask(d):
-            return d.map_blocks(_labels, self.classes_, dtype=self.classes_.dtype)
-        return _labels(d, self.classes_)
+        xp = _xp_of(d)
+        return xp.asarray(self.classes_)[(d > 0).astype(np.int64)]
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy (weighted by ``sample_weight``)."""
@@ -400,16 +401,6 @@ def _table_dtype(table: Any, names: list[str]) -> Any:
     return np.float32 if {str(table.column(n).type) for n in names} == {"float"} else np.float64
 
 
-def _proba(d: Any) -> Any:
-    xp = _xp_of(d)
-    p1 = _sigmoid(xp, d)
-    return xp.stack([1.0 - p1, p1], axis=1)
-
-
-def _labels(d: Any, classes: np.ndarray) -> Any:
-    return _xp_of(d).asarray(classes)[(d > 0).astype(np.int64)]
-
-
 def _is_dask(x: Any) -> bool:
     """A pystrom.dask collection or a dask array (dask is never imported here: it was if x is one)."""
     if "dask" not in sys.modules:
@@ -419,11 +410,17 @@ def _is_dask(x: Any) -> bool:
     return is_dask_input(x)
 
 
+def _dask_predict(model: LogisticRegression, method: str, X: Any, columns: Sequence[str] | None) -> Any:
+    """``model.method`` on dask input: a dask array whose blocks are the method on each partition, where it lives."""
+    from ..dask._fit import dask_predict  # up: predictions on dask input are dask arrays
+
+    model._check_fitted()
+    return dask_predict(model, method, X, columns, _table_dtype)
+
+
 def _xp_of(a: Any) -> Any:
     if isinstance(a, np.ndarray):
         return np
-    if _is_dask(a):
-        return sys.modules["dask.array"]
     import cupy
 
     return cupy
