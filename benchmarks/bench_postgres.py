@@ -32,24 +32,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 _SLOW_LIMIT = 12_000_000  # above this many rows only the fast comparisons run
 
 
-def _load(conninfo: str, rows: int, workers: int) -> None:
+def _load(
+    conninfo: str, rows: int, workers: int, name: str = "logreg", with_id: bool = False, noise: float = 0.0
+) -> None:
+    """The seed's logreg table; ``with_id``: an int8 ``id`` column first (1..rows, for readers that split
+    on a key); ``noise``: the share of labels flipped at random (the fit then has an optimum)."""
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS logreg")
-        conn.execute("CREATE UNLOGGED TABLE logreg (t bool, x1 float8, x2 float8, x3 float8, x4 float8)")
+        conn.execute(f"DROP TABLE IF EXISTS {name}")
+        ident = "id int8, " if with_id else ""
+        conn.execute(f"CREATE UNLOGGED TABLE {name} ({ident}t bool, x1 float8, x2 float8, x3 float8, x4 float8)")
 
     def part(i: int) -> None:
         lo, hi = rows * i // workers + 1, rows * (i + 1) // workers
         with psycopg.connect(conninfo, autocommit=True) as conn:
             # Box-Muller normals; t follows the rule 1 + 2 x1 - 3 x2 + x3 + 0.5 x4 > 0.
             conn.execute(
-                "INSERT INTO logreg SELECT 1 + 2 * x1 - 3 * x2 + x3 + 0.5 * x4 > 0, x1, x2, x3, x4 FROM ("
-                " SELECT sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random()) AS x1,"
+                f"INSERT INTO {name} SELECT {'g, ' if with_id else ''}"
+                f"(1 + 2 * x1 - 3 * x2 + x3 + 0.5 * x4 > 0) <> (random() < {float(noise)!r}), x1, x2, x3, x4 FROM ("
+                " SELECT g, sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random()) AS x1,"
                 "        sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random()) AS x2,"
                 "        sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random()) AS x3,"
                 "        sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random()) AS x4"
-                " FROM generate_series(%s::bigint, %s::bigint)) s",
+                " FROM generate_series(%s::bigint, %s::bigint) AS g) s",
                 (lo, hi),
             )
 
@@ -59,7 +65,7 @@ def _load(conninfo: str, rows: int, workers: int) -> None:
     for th in threads:
         th.join()
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute("VACUUM (FREEZE, ANALYZE) logreg")  # hint bits set now, not during the first timed read
+        conn.execute(f"VACUUM (FREEZE, ANALYZE) {name}")  # hint bits set now, not during the first timed read
 
 
 def _server_copy(conninfo: str, n: int) -> None:

@@ -23,3 +23,5 @@ echo "== pystrom demo"
 python3 -m pystrom demo 2>&1 | tee "$out/demo.log" | tail -30
 echo "== benchmarks"
 python3 benchmarks/run.py $quick 2>&1 | tee "$out/bench.log"
+echo "== pystrom.dask with two workers sharing the GPU"
+PYSTROM_BENCH_DASK_WORKERS=2 python3 benchmarks/run.py $quick --only dask 2>&1 | tee "$out/bench-dask-2workers.log"

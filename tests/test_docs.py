@@ -70,6 +70,12 @@ def test_every_public_name_is_in_the_api_reference(built):
     expected = [f"pystrom.{name}" for name in pystrom.__all__ if name not in ("__version__", "ml")]
     expected += [f"pystrom.ml.{name}" for name in pystrom.ml.__all__]
     expected += [f"pystrom.testing.{name}" for name in pystrom.testing.__all__]
+    try:
+        from pystrom import dask as pystrom_dask
+    except ImportError:  # without the dask extra its page documents nothing
+        pass
+    else:
+        expected += [f"pystrom.dask.{name}" for name in pystrom_dask.__all__]
     expected += ["pystrom._settings.Settings"]
     missing = [name for name in expected if name not in inv]
     assert not missing, f"public names without an API entry: {missing}"

@@ -202,6 +202,18 @@ class LogisticRegression:
         return self
 
     def _source(self, X: Any, y: Any, sample_weight: Any, columns: Any, target: Any) -> tuple[Source, np.ndarray]:
+        if _is_dask(X):
+            from ..dask._fit import dask_source  # up: fit takes dask collections; pystrom.dask builds on ml
+
+            if self.device is not None:
+                raise DataError("device= does not apply to dask input: the partitions are fitted where they live")
+            source, classes, names = dask_source(X, y, sample_weight, columns, target)
+            self._names_from_frame = False
+            if target is not None:
+                self.feature_names_in_ = np.array(names, dtype=object)
+            elif hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+            return source, classes
         if is_table(X):
             weight = sample_weight if isinstance(sample_weight, str) else None
             if sample_weight is not None and weight is None:
@@ -323,12 +335,15 @@ class LogisticRegression:
             raise _not_fitted_error()("this LogisticRegression is not fitted yet: call fit(X, y) before using it")
 
     def decision_function(self, X: Any, *, columns: Sequence[str] | None = None) -> Any:
-        """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32).
+        """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32); a dask
+        array for a pystrom.dask collection or a dask array, computed where its partitions are.
 
         A Table may hold NULLs in the feature columns: those rows give NaN (MADlib returns NULL).
         Aliased coefficients (NaN) count as 0: the predictions are the reduced model's.
         """
         self._check_fitted()
+        if _is_dask(X):
+            return _dask_predict(self, "decision_function", X, columns)
         if is_table(X):
             names = list(columns) if columns is not None else list(getattr(self, "feature_names_in_", []))
             if not names:
@@ -403,6 +418,8 @@ class LogisticRegression:
 
     def predict_proba(self, X: Any, **kwargs: Any) -> Any:
         """(n, 2) probabilities of ``classes_[0]`` and ``classes_[1]`` (NaN for rows with NULLs)."""
+        if _is_dask(X):
+            return _dask_predict(self, "predict_proba", X, kwargs.get("columns"))
         d = self.decision_function(X, **kwargs)
         xp = _xp_of(d)
         p1 = _sigmoid(xp, d)
@@ -410,6 +427,8 @@ class LogisticRegression:
 
     def predict_log_proba(self, X: Any, **kwargs: Any) -> Any:
         """(n, 2) natural logs of :meth:`predict_proba`, computed without rounding to 0 first."""
+        if _is_dask(X):
+            return _dask_predict(self, "predict_log_proba", X, kwargs.get("columns"))
         d = self.decision_function(X, **kwargs)
         xp = _xp_of(d)
         tail = xp.log1p(xp.exp(-xp.abs(d)))
@@ -421,6 +440,8 @@ class LogisticRegression:
         Rows of a Table with NULL features have no label: the result is then float64 with NaN there
         for numeric or bool labels (True as 1.0, as pandas does), or a NumPy object array with None.
         """
+        if _is_dask(X):
+            return _dask_predict(self, "predict", X, kwargs.get("columns"))
         return self._labels(self.decision_function(X, **kwargs))
 
     def _labels(self, d: Any) -> Any:
@@ -556,6 +577,23 @@ def _valid_rows(table: Any, names: Sequence[str]) -> Any:
 
 def _table_dtype(table: Any, names: list[str]) -> Any:
     return np.float32 if {str(table.column(n).type) for n in names} == {"float"} else np.float64
+
+
+def _is_dask(x: Any) -> bool:
+    """A pystrom.dask collection or a dask array (dask is never imported here: it was if x is one)."""
+    if "dask" not in sys.modules:
+        return False
+    from ..dask._fit import is_dask_input  # up: fit and predict take dask input
+
+    return is_dask_input(x)
+
+
+def _dask_predict(model: LogisticRegression, method: str, X: Any, columns: Sequence[str] | None) -> Any:
+    """``model.method`` on dask input: a dask array whose blocks are the method on each partition, where it lives."""
+    from ..dask._fit import dask_predict  # up: predictions on dask input are dask arrays
+
+    model._check_fitted()
+    return dask_predict(model, method, X, columns, _table_dtype)
 
 
 def _xp_of(a: Any) -> Any:

@@ -23,7 +23,7 @@ import pyarrow as pa
 from ..._backend import resolve_device
 from ..._concat import concat
 from ..._progress import check_progress, reporter
-from ...errors import PerformanceWarning, SchemaMismatchError
+from ...errors import FileFormatError, PerformanceWarning, SchemaMismatchError
 from ...expr import compile_where
 from ...table import Table
 from .direct import read_batches
@@ -217,6 +217,31 @@ class ArrowScan:
         out = self._finish(table, stats)
         stats.seconds = time.perf_counter() - start
         return out
+
+    def plan(self) -> list[tuple[str, list[int]]]:
+        """The groups of record batches a pass reads, as (path, batch indices), after statistics
+        skipping (metadata only: nothing is read); :attr:`stats` counts the batches and bytes skipped.
+        :meth:`read_group` reads one of them, on this process or another (pystrom.dask's tasks)."""
+        stats = self.stats = ScanStats()
+        out = []
+        for path in self.paths:
+            with open_arrow_file(path) as file:
+                self._check_schema(file)
+                stats.files += 1
+                out.extend((path, [b.index for b in group]) for group in self._groups(file, stats))
+        return out
+
+    def read_group(self, path: str, indices: Sequence[int]) -> Any:
+        """One group of :meth:`plan`: those record batches of ``path``, filtered and projected as a pass yields them."""
+        with open_arrow_file(path) as file:
+            self._check_schema(file)
+            types = direct_types(file.schema, self._read_columns)
+            for i in indices:
+                if not 0 <= i < file.num_batches:
+                    raise FileFormatError(f"{path!r} has {file.num_batches} record batches; batch {i} was asked for")
+            group = [file.layout(i, self._read_columns, types) for i in indices]
+            table, _ = self._load(file, group)
+        return self._finish(table, ScanStats())
 
     def collect(self) -> Any:
         """Every matching row of the scan as one Table."""

@@ -29,6 +29,12 @@ __all__ = [
     "copy_sql",
     "table_range_jobs",
     "key_range_jobs",
+    "export_snapshot",
+    "join_snapshot",
+    "table_pages",
+    "ctid_statements",
+    "key_bounds",
+    "key_statements",
 ]
 
 _PAGES_PER_PARTITION = 1024  # 8 MiB of heap at least per connection: below that a connection costs more than it saves
@@ -184,7 +190,7 @@ def _ranges(pages: int, n: int) -> list[tuple[int, int | None]]:
     return out
 
 
-def _range_statements(conn: Any, plan: Plan, ranges: list[tuple[int, int | None]]) -> list[str]:
+def ctid_statements(conn: Any, plan: Plan, ranges: list[tuple[int, int | None]]) -> list[str]:
     """The COPY statement of each ctid range. The columns, the table and the user's predicate are
     composed once by psycopg.sql; only the page numbers, ints of our own, differ between ranges
     (composing all of every statement took ~2 ms for the 64 ranges of a 16-connection read)."""
@@ -208,19 +214,8 @@ def table_range_jobs(
 ) -> tuple[list, list[str], list[int | None]] | None:
     """(``main`` and SnapshotJoiners that open the others on its snapshot, the COPY statements of the
     ctid ranges, each range's heap bytes); None when one stream is all it takes."""
-    from psycopg import sql
-
-    row = run_sql(
-        main,
-        "sizing the table",
-        sql.SQL(
-            "SELECT c.relkind, pg_relation_size(c.oid), current_setting('block_size')::bigint "
-            "FROM pg_class c WHERE c.oid = {}::regclass"
-        ).format(sql.Literal(plan.table.as_string(main))),
-    ).fetchone()
-    relkind, block = row[0], int(row[2])
-    pages = int(row[1]) // block
-    if relkind not in ("r", "m"):  # views and foreign tables have no ctid to split on
+    pages, block = table_pages(main, plan)
+    if pages is None:
         return None
     n = partitions if partitions is not None else auto_partitions(main, pages)
     n = max(1, min(n, max(pages, 1)))
@@ -232,7 +227,26 @@ def table_range_jobs(
     # line pointers), so one staging buffer of that size mostly holds the range (TOASTed values,
     # stored apart from the heap, are the exception: their range fills a few buffers).
     hints = [((b if b is not None else pages) - a) * block for a, b in ranges]
-    return conns, _range_statements(main, plan, ranges), hints
+    return conns, ctid_statements(main, plan, ranges), hints
+
+
+def table_pages(main: Any, plan: Plan) -> tuple[int | None, int]:
+    """(heap pages of a ``table=`` read's relation, the block size); pages None for relations without
+    ctids to split on (views, foreign tables)."""
+    from psycopg import sql
+
+    row = run_sql(
+        main,
+        "sizing the table",
+        sql.SQL(
+            "SELECT c.relkind, pg_relation_size(c.oid), current_setting('block_size')::bigint "
+            "FROM pg_class c WHERE c.oid = {}::regclass"
+        ).format(sql.Literal(plan.table.as_string(main))),
+    ).fetchone()
+    relkind, block = row[0], int(row[2])
+    if relkind not in ("r", "m"):  # views and foreign tables have no ctid to split on
+        return None, block
+    return int(row[1]) // block, block
 
 
 def key_range_jobs(
@@ -240,23 +254,44 @@ def key_range_jobs(
 ) -> tuple[list, list[str], list[int | None]] | None:
     """Split a query on an integer column's [min, max] (ConnectorX's scheme): (``main`` and
     SnapshotJoiners, the COPY statements of the key ranges, no size hints); None when one stream is all it takes."""
-    from psycopg import sql
-
-    q = sql.SQL("({}) AS _pystrom_q").format(plan.select)
-    col = sql.SQL("_pystrom_q.{}").format(sql.Identifier(key))
-    lo, hi = run_sql(
-        main, f"finding the range of {key!r}", sql.SQL("SELECT min({}), max({}) FROM {}").format(col, col, q)
-    ).fetchone()
-    if lo is None:  # no rows, or only NULL keys
+    bounds = key_bounds(main, plan, key)
+    if bounds is None:  # no rows, or only NULL keys
         return None
-    lo, hi = int(lo), int(hi)
+    lo, hi = bounds
     n = partitions if partitions is not None else auto_partitions(main, None)
     n = max(1, min(n, hi - lo + 1))
     if n == 1:
         return None
     ranges = _split(hi - lo + 1, n)
-    r = len(ranges)
     conns = _snapshot_joiners(conninfo, main, n, extra)
+    statements = key_statements(main, plan, key, lo, ranges)
+    return conns, statements, [None] * len(statements)
+
+
+def _key_column(plan: Plan, key: str) -> tuple[Any, Any]:
+    from psycopg import sql
+
+    return sql.SQL("({}) AS _pystrom_q").format(plan.select), sql.SQL("_pystrom_q.{}").format(sql.Identifier(key))
+
+
+def key_bounds(main: Any, plan: Plan, key: str) -> tuple[int, int] | None:
+    """The [min, max] of a ``query=`` read's integer column ``key``; None when it has no non-NULL value."""
+    from psycopg import sql
+
+    q, col = _key_column(plan, key)
+    lo, hi = run_sql(
+        main, f"finding the range of {key!r}", sql.SQL("SELECT min({}), max({}) FROM {}").format(col, col, q)
+    ).fetchone()
+    return None if lo is None else (int(lo), int(hi))
+
+
+def key_statements(main: Any, plan: Plan, key: str, lo: int, ranges: list[tuple[int, int]]) -> list[str]:
+    """The COPY statement of each range of ``key`` (offsets from ``lo``); the first range also takes
+    the NULL keys and the last is open above."""
+    from psycopg import sql
+
+    q, col = _key_column(plan, key)
+    r = len(ranges)
     statements = []
     for i, (a, b) in enumerate(ranges):
         preds = [sql.SQL("{} >= {}").format(col, sql.Literal(lo + a))]
@@ -266,12 +301,12 @@ def key_range_jobs(
         if i == 0:
             cond = sql.SQL("({}) OR {} IS NULL").format(cond, col)
         statements.append(copy_sql(main, sql.SQL("SELECT * FROM {} WHERE {}").format(q, cond)))
-    return conns, statements, [None] * len(statements)
+    return statements
 
 
 def _snapshot_joiners(conninfo: str, main: Any, n: int, extra: list) -> list:
     """``main`` and n - 1 SnapshotJoiners on the snapshot ``main`` exports now."""
-    snapshot = run_sql(main, "exporting the snapshot", "SELECT pg_export_snapshot()").fetchone()[0]
+    snapshot = export_snapshot(main)
     lock = threading.Lock()
     return [main, *(SnapshotJoiner(conninfo, snapshot, extra, lock) for _ in range(n - 1))]
 
@@ -290,13 +325,22 @@ class SnapshotJoiner:
         self._lock = lock
 
     def __call__(self) -> Any:
-        from psycopg import sql
-
         conn = connect(self._conninfo)
         with self._lock:
             self._extra.append(conn)
-        run_sql(conn, "starting a partition transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        run_sql(
-            conn, "importing the snapshot", sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(self._snapshot))
-        )
+        join_snapshot(conn, self._snapshot)
         return conn
+
+
+def export_snapshot(main: Any) -> str:
+    """The id of the snapshot of ``main``'s open REPEATABLE READ transaction: others can join it
+    (:func:`join_snapshot`) for as long as that transaction stays open."""
+    return run_sql(main, "exporting the snapshot", "SELECT pg_export_snapshot()").fetchone()[0]
+
+
+def join_snapshot(conn: Any, snapshot: str) -> None:
+    """Begin a REPEATABLE READ READ ONLY transaction on ``conn`` that sees the exported ``snapshot``."""
+    from psycopg import sql
+
+    run_sql(conn, "starting a partition transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    run_sql(conn, "importing the snapshot", sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
