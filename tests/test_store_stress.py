@@ -1,7 +1,8 @@
 """32 concurrent clients (8 spawned processes x 4 threads, each thread its own connection) putting,
 getting, listing and dropping tables with checksums, then no memory left allocated.
 
-Duration: ``PYSTROM_STRESS_SECONDS`` (default 30 s on a GPU, 10 s on the CPU: long enough that 32 clients on 2 busy cores all get a turn).
+Duration: ``PYSTROM_STRESS_SECONDS`` (default 30 s on a GPU, 10 s on the CPU: long enough that 32
+clients on 2 busy cores all get a turn).
 """
 
 from __future__ import annotations
