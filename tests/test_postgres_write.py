@@ -104,8 +104,13 @@ def test_round_trip_every_type_equal(pg, source, device):
         assert len(got) == len(want) == 3
         for g, w in zip(got, want):
             assert all(_same(a, b) for a, b in zip(g, w)), (g, w)
-    types = dict(pg.fetch("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-                          "WHERE attrelid = %s::regclass AND attnum > 0", (out,)))
+    types = dict(
+        pg.fetch(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0",
+            (out,),
+        )
+    )
     assert types == {
         "id": "integer", "b": "boolean", "i2": "smallint", "i4": "integer", "i8": "bigint", "f4": "real",
         "f8": "double precision", "n": "numeric(38,6)", "nbig": "numeric(38,0)", "nfrac": "numeric(38,38)",
@@ -153,9 +158,13 @@ def _arrow_table() -> pa.Table:
             "u64": pa.array([0, 18446744073709551615, None, 9223372036854775808], pa.uint64()),
             "f16": pa.array(np.array([1.5, -65504.0, np.nan, 5.96e-08], dtype=np.float16), pa.float16()),
             "f32": pa.array([float("inf"), -0.0, None, 1e-45], pa.float32()),
-            "dec": pa.array([decimal.Decimal("-1.05"), decimal.Decimal("999999.99"), None, decimal.Decimal("0.01")],
-                            pa.decimal128(8, 2)),  # fmt: skip
-            "dec0": pa.array([decimal.Decimal(10**37), decimal.Decimal(-7), None, decimal.Decimal(0)], pa.decimal128(38, 0)),
+            "dec": pa.array(
+                [decimal.Decimal("-1.05"), decimal.Decimal("999999.99"), None, decimal.Decimal("0.01")],
+                pa.decimal128(8, 2),
+            ),  # fmt: skip
+            "dec0": pa.array(
+                [decimal.Decimal(10**37), decimal.Decimal(-7), None, decimal.Decimal(0)], pa.decimal128(38, 0)
+            ),
             "d64": pa.array([0, -86400000 * 365, None, 86400000 * 20000], pa.date64()),
             "t_s": pa.array(ts, pa.timestamp("s")),
             "t_ms": pa.array(ts, pa.timestamp("ms", tz="Europe/Paris")),
@@ -236,12 +245,14 @@ def test_decimals_equal_pyarrow(pg_cluster, case):
 
 def test_zero_and_one_row_and_nulls_only(pg, source, device):
     for where in ("FALSE", "id = 3", "id = 2"):
-        t = pystrom.read_postgres(
-            pg.conninfo, table=source, where=where, numeric="decimal", device=device
-        )
+        t = pystrom.read_postgres(pg.conninfo, table=source, where=where, numeric="decimal", device=device)
         out = pg.name("out")
         assert pystrom.write_postgres(t, pg.conninfo, out, partitions=2) == t.num_rows
-        want = [r for r in _text_rows(pg, source) if (where == "id = 3" and r[0] == "3") or (where == "id = 2" and r[0] == "2")]
+        want = [
+            r
+            for r in _text_rows(pg, source)
+            if (where == "id = 3" and r[0] == "3") or (where == "id = 2" and r[0] == "2")
+        ]
         assert _text_rows(pg, out) == want
     assert _staging_tables(pg) == []
 

@@ -198,7 +198,9 @@ def _chunks(encoder: Any, starts: Any, total: int, n: int) -> list[Chunk]:
     return plan_chunks(encoder.xp, starts, encoder.nrows, size)
 
 
-def _send(conn: Any, copy_text: str, take: Callable[[], Chunk | None], encoder: Any, stop: threading.Event, sent: Any) -> int:
+def _send(
+    conn: Any, copy_text: str, take: Callable[[], Chunk | None], encoder: Any, stop: threading.Event, sent: Any
+) -> int:
     """One COPY FROM STDIN on ``conn``: encode and send chunks from ``take`` until none are left;
     the rows the server took. ``stop`` set by another writer (or the caller) ends it with a failure."""
     stream = CopyInStream(conn)
@@ -277,7 +279,9 @@ def _write_on_dsn(
                     run_sql(main, f"appending the rows to {schema}.{rel}", insert_select(target, staging, cols))
                 else:
                     if if_exists == "replace":
-                        run_sql(main, f"dropping the old {schema}.{rel}", sql.SQL("DROP TABLE IF EXISTS {}").format(target))
+                        run_sql(
+                            main, f"dropping the old {schema}.{rel}", sql.SQL("DROP TABLE IF EXISTS {}").format(target)
+                        )
                     run_sql(
                         main,
                         f"renaming the staging table to {schema}.{rel}",
@@ -419,7 +423,9 @@ def _write_on_connection(
                 run_sql(conn, f"appending the rows to {schema}.{rel}", insert_select(target, dest, cols))
                 run_sql(conn, "dropping the staging table", sql.SQL("DROP TABLE {}").format(dest))
             if restore is not None:
-                run_sql(conn, "restoring client_encoding", sql.SQL("SET client_encoding TO {}").format(sql.Literal(restore)))
+                run_sql(
+                    conn, "restoring client_encoding", sql.SQL("SET client_encoding TO {}").format(sql.Literal(restore))
+                )
     except psycopg.Error as exc:  # the ROLLBACK itself failed: the connection is gone
         raise PostgresError(f"PostgreSQL, while writing: {' '.join(str(exc).split())}") from exc
     return rows
