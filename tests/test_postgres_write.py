@@ -335,3 +335,142 @@ def test_bad_arguments_and_values(pg):
     tb = pystrom.Table.from_arrow(bad_text, device="cpu")
     pystrom.write_postgres(tb, pg.conninfo, out)  # bytea takes any bytes
     assert [bytes(r[0]) for r in pg.fetch(sql.SQL("SELECT s FROM {}").format(_ident(out)))] == [b"ok", b"\xff\xfe"]
+
+
+# -- failures late in a write leave the target as it was and no staging table -------------------------
+
+
+def _big(device: str, n: int = 400_000) -> pystrom.Table:
+    k = np.arange(n, dtype=np.int64) + 1000
+    return pystrom.Table.from_arrays(
+        {"k": k, "x": k * 0.25, "s": np.array([f"row {i}" for i in range(n)])}, device=device
+    )
+
+
+def _target(pg, rows: int = 10) -> str:
+    out = pg.name("target")
+    pg.execute(sql.SQL("CREATE TABLE {} (k bigint PRIMARY KEY, x float8, s text)").format(_ident(out)))
+    pg.execute(
+        sql.SQL("INSERT INTO {} SELECT i, i, 'old' FROM generate_series(0, %s) i").format(_ident(out)), (rows - 1,)
+    )
+    return out
+
+
+def _snapshot(pg, name: str) -> list[tuple]:
+    return pg.fetch(sql.SQL("SELECT * FROM {} ORDER BY k").format(_ident(name)))
+
+
+def _copies(pg) -> list[tuple]:
+    return pg.fetch(
+        "SELECT pid, query FROM pg_stat_activity WHERE query LIKE 'COPY %%_pystrom_w_%%' AND state = 'active' "
+        "AND pid <> pg_backend_pid()"
+    )
+
+
+@pytest.mark.parametrize("mode", ["replace", "append"])
+@pytest.mark.parametrize("victim", ["first", "other"])
+def test_writer_terminated_late_leaves_target_unchanged(pg, device, mode, victim):
+    """pg_terminate_backend on one writer after ~70% of the rows were sent: the first connection (the
+    one that would finish the write) or another one."""
+    out = _target(pg)
+    before = _snapshot(pg, out)
+    t = _big(device)
+    killed = []
+
+    def kill(rows: int) -> None:
+        if killed or rows < 0.7 * t.num_rows:
+            return
+        copies = _copies(pg)
+        staging = [r[0] for r in pg.fetch("SELECT relname FROM pg_class WHERE relname LIKE '\\_pystrom\\_w\\_%%'")]
+        first = int(staging[0].split("_")[3])
+        pids = [p for p, _ in copies if (p == first) == (victim == "first")]
+        assert pids, (copies, staging)
+        pg.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+        killed.append(pids[0])
+
+    with pystrom.defaults.set(pg_write_chunk=1 << 16):  # many chunks: the kill lands mid-COPY
+        with pytest.raises(PostgresError, match="terminat|closed|lost|connection"):
+            pystrom.write_postgres(t, pg.conninfo, out, if_exists=mode, partitions=3, progress=kill)
+    assert killed
+    assert _snapshot(pg, out) == before
+    assert _staging_tables(pg) == []
+    assert _copies(pg) == []
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_unique_violation_in_the_last_rows(pg, device, partitions):
+    out = _target(pg)
+    before = _snapshot(pg, out)
+    n = 200_000
+    k = np.arange(n, dtype=np.int64) + 1000
+    k[-1] = 5  # the last row collides with a row the target holds
+    t = pystrom.Table.from_arrays({"k": k, "x": k * 0.5, "s": np.array(["new"] * n)}, device=device)
+    with pytest.raises(PostgresError, match="duplicate key value violates unique constraint"):
+        pystrom.write_postgres(t, pg.conninfo, out, if_exists="append", partitions=partitions)
+    assert _snapshot(pg, out) == before
+    assert _staging_tables(pg) == []
+    # On a user's connection: its savepoint is rolled back, its transaction goes on.
+    with psycopg.connect(pg.conninfo) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (-1, 0, 'mine')").format(_ident(out)))
+        with pytest.raises(PostgresError, match="duplicate key"):
+            pystrom.write_postgres(t, conn, out, if_exists="append")
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_ident(out))).fetchone() == (11,)
+        conn.commit()
+    assert len(_snapshot(pg, out)) == 11
+    assert _staging_tables(pg) == []
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_interrupt_rolls_everything_back(pg, device, partitions):
+    out = _target(pg)
+    before = _snapshot(pg, out)
+    t = _big(device)
+
+    def interrupt(rows: int) -> None:
+        if rows > t.num_rows // 2:
+            raise KeyboardInterrupt
+
+    with pystrom.defaults.set(pg_write_chunk=1 << 16):
+        with pytest.raises(KeyboardInterrupt):
+            pystrom.write_postgres(t, pg.conninfo, out, if_exists="replace", partitions=partitions, progress=interrupt)
+        assert _snapshot(pg, out) == before
+        assert _staging_tables(pg) == [] and _copies(pg) == []
+        with psycopg.connect(pg.conninfo, autocommit=True) as conn:
+            with pytest.raises(KeyboardInterrupt):
+                pystrom.write_postgres(t, conn, out, if_exists="replace", progress=interrupt)
+            assert conn.execute("SELECT 42").fetchone() == (42,)  # the COPY was ended, the connection idle
+    assert _snapshot(pg, out) == before
+
+
+def test_user_connection_terminated_mid_write(pg, device):
+    out = _target(pg)
+    before = _snapshot(pg, out)
+    t = _big(device)
+    with psycopg.connect(pg.conninfo) as conn:
+        pid = conn.info.backend_pid
+
+        def kill(rows: int) -> None:
+            if rows > t.num_rows // 2 and _copies(pg):
+                pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+        with pystrom.defaults.set(pg_write_chunk=1 << 16):
+            with pytest.raises(PostgresError):
+                pystrom.write_postgres(t, conn, out, if_exists="append", progress=kill)
+        with pytest.raises(psycopg.OperationalError):  # clearly failed, not silently half-usable
+            conn.execute("SELECT 1")
+    assert _snapshot(pg, out) == before
+
+
+def test_concurrent_readers_see_old_or_new(pg, device):
+    """While a replace runs, other sessions read the old table; afterwards the new one, never a mix."""
+    out = _target(pg)
+    t = _big(device, 100_000)
+    seen = []
+
+    def look(rows: int) -> None:
+        seen.append(pg.fetch(sql.SQL("SELECT count(*) FROM {}").format(_ident(out)))[0][0])
+
+    with pystrom.defaults.set(pg_write_chunk=1 << 16):
+        pystrom.write_postgres(t, pg.conninfo, out, if_exists="replace", partitions=2, progress=look)
+    assert seen and set(seen) == {10}
+    assert pg.fetch(sql.SQL("SELECT count(*), min(k) FROM {}").format(_ident(out))) == [(100_000, 1000)]
