@@ -17,7 +17,6 @@ import shutil
 import struct
 import subprocess
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -172,6 +171,10 @@ def _reference(data: pa.Table) -> bytes:
     return b"".join(out)
 
 
+def _to_millis(d: dt.datetime) -> dt.datetime:
+    return d.replace(microsecond=d.microsecond // 1000 * 1000)
+
+
 def _scaled(unscaled: int, scale: int) -> decimal.Decimal:
     return decimal.Decimal(unscaled).scaleb(-scale, decimal.Context(prec=60))
 
@@ -193,7 +196,7 @@ _TYPES = [
     (pa.decimal128(20, 20), st.integers(-(10**20) + 1, 10**20 - 1).map(lambda u: _scaled(u, 20))),
     (pa.date32(), st.dates()),
     (pa.timestamp("us"), st.datetimes()),
-    (pa.timestamp("ms", tz="UTC"), st.datetimes(timezones=st.just(dt.timezone.utc)).map(lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000))),
+    (pa.timestamp("ms", tz="UTC"), st.datetimes(timezones=st.just(dt.timezone.utc)).map(_to_millis)),
     (pa.time64("us"), st.times()),
     (pa.duration("us"), st.timedeltas(min_value=dt.timedelta(days=-(10**7)), max_value=dt.timedelta(days=10**7))),
     (pa.utf8(), st.text()),
@@ -235,7 +238,9 @@ def test_float16_infinities_and_edges(host_kernels):
     want = b"".join(struct.pack(">hi", 1, 4) + struct.pack(">f", float(v)) for v in h)
     assert _cpp_encode(t) == want
     assert _host_kernel_encode(host_kernels, t) == (0, want)
-    nan = pystrom.Table.from_arrow(pa.table({"h": pa.array(np.array([np.nan], np.float16), pa.float16())}), device="cpu")
+    nan = pystrom.Table.from_arrow(
+        pa.table({"h": pa.array(np.array([np.nan], np.float16), pa.float16())}), device="cpu"
+    )
     (bits,) = struct.unpack(">I", _cpp_encode(nan)[6:])
     assert bits & 0x7F800000 == 0x7F800000 and bits & 0x7FFFFF  # still a NaN
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
-import uuid
 
 import numpy as np
 import pyarrow as pa
