@@ -275,7 +275,7 @@ def test_infinities_sentinels_and_failures_agree(host_kernels):
 def test_gpu_encoder_matches_cpp_twin():
     """The CUDA kernels and the C++ encoder give the same bytes for every type, also for a sliced table
     and chunk by chunk (row starts inside a chunk rebased to its first row)."""
-    from pystrom.io.postgres.encode import Chunk, plan_chunks
+    from pystrom.io.postgres.encode import Chunk
     from pystrom.io.postgres.encode_device import DeviceEncoder
 
     rng = np.random.default_rng(7)
@@ -314,7 +314,7 @@ def test_gpu_encoder_matches_cpp_twin():
         starts = enc.starts()
         assert int(starts[-1]) == len(want)
         got = bytearray()
-        for chunk in plan_chunks(enc.xp, starts, gpu.num_rows, 1 << 16):
+        for chunk in enc.chunks(starts, 1 << 16):
             buf = enc.buffer(chunk.nbytes)
             enc.encode(chunk, buf)
             got += buf[: chunk.nbytes].tobytes()

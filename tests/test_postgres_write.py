@@ -74,6 +74,15 @@ def _staging_tables(pg) -> list[str]:
     return [r[0] for r in pg.fetch("SELECT relname FROM pg_class WHERE relname LIKE '\\_pystrom\\_w\\_%%'")]
 
 
+def _device_memory(device: str) -> int:
+    if device == "cpu":
+        return 0
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return cupy.get_default_memory_pool().used_bytes()
+
+
 def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -374,6 +383,7 @@ def test_writer_terminated_late_leaves_target_unchanged(pg, device, mode, victim
     out = _target(pg)
     before = _snapshot(pg, out)
     t = _big(device)
+    memory = _device_memory(device)
     killed = []
 
     def kill(rows: int) -> None:
@@ -394,6 +404,7 @@ def test_writer_terminated_late_leaves_target_unchanged(pg, device, mode, victim
     assert _snapshot(pg, out) == before
     assert _staging_tables(pg) == []
     assert _copies(pg) == []
+    assert _device_memory(device) == memory  # the encoder's device memory is back in the pool
 
 
 @pytest.mark.parametrize("partitions", [1, 3])
@@ -473,3 +484,28 @@ def test_concurrent_readers_see_old_or_new(pg, device):
         pystrom.write_postgres(t, pg.conninfo, out, if_exists="replace", partitions=2, progress=look)
     assert seen and set(seen) == {10}
     assert pg.fetch(sql.SQL("SELECT count(*), min(k) FROM {}").format(_ident(out))) == [(100_000, 1000)]
+
+
+def test_predictions_as_a_column(pg, device):
+    """The docs' workflow: train on a table read from PostgreSQL, write the predicted probabilities
+    back beside the keys, and compare them with the same model evaluated by PostgreSQL itself."""
+    from pystrom.ml import logregr_predict_prob, logregr_train
+
+    src = pg.name("logreg")
+    pg.execute(sql.SQL("CREATE TABLE {} AS SELECT i AS id, x1, x2, 1 + 2 * x1 - 3 * x2 + sin(i) > 0 AS t FROM "
+                       "(SELECT i, sin(i * 1.7) AS x1, cos(i * 0.3) AS x2 FROM generate_series(1, 5000) i) s"
+                       ).format(_ident(src)))  # fmt: skip
+    t = pystrom.read_postgres(pg.conninfo, table=src, device=device)
+    model = logregr_train(t, "t", ["1", "x1", "x2"])
+    p = logregr_predict_prob(model, t)
+    scores = pystrom.Table.from_arrays({"id": t["id"], "p": p}, device=device)
+    out = pg.name("scores")
+    assert pystrom.write_postgres(scores, pg.conninfo, out) == 5000
+    b0, b1, b2 = (float(c) for c in model.coefficients_)
+    worst = pg.fetch(
+        sql.SQL(
+            "SELECT max(abs(s.p - 1 / (1 + exp(-(%s + %s * l.x1 + %s * l.x2))))) FROM {} s JOIN {} l USING (id)"
+        ).format(_ident(out), _ident(src)),
+        (b0, b1, b2),
+    )[0][0]
+    assert worst < 1e-12

@@ -111,6 +111,12 @@ class HostEncoder:
         np.cumsum(sizes, out=sizes)
         return sizes
 
+    def chunks(self, starts: np.ndarray, chunk_bytes: int) -> list[Chunk]:
+        return plan_chunks(np, starts, self.nrows, chunk_bytes)
+
+    def close(self) -> None:
+        self._table = None
+
     def buffer(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
 

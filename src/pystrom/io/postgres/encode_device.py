@@ -19,7 +19,7 @@ import numpy as np
 
 from ...kernels import launch
 from .ddl import WriteColumn
-from .encode import Chunk, descriptors, encode_failure
+from .encode import Chunk, descriptors, encode_failure, plan_chunks
 
 __all__ = ["DeviceEncoder"]
 
@@ -59,6 +59,16 @@ class DeviceEncoder:
                 raise encode_failure(self._cols, key & 3, key >> 13, (key >> 2) & 0x7FF)
             self._starts = cp.cumsum(sizes)  # sizes[0] is 0: the scan gives each row's start
         return self._starts
+
+    def close(self) -> None:
+        """Give the device memory back now (the row starts, the descriptors), not when a traceback goes."""
+        with self._backend.activate():
+            self.xp.cuda.get_current_stream().synchronize()
+        self._starts = self._desc = self._table = None
+
+    def chunks(self, starts: Any, chunk_bytes: int) -> list[Chunk]:
+        with self._backend.activate():
+            return plan_chunks(self.xp, starts, self.nrows, chunk_bytes)
 
     def buffer(self, nbytes: int) -> np.ndarray:
         """Pinned host memory: the copy from the device runs at full PCIe speed."""

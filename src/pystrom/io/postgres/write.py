@@ -31,7 +31,7 @@ from ..._settings import defaults
 from ...errors import InvalidArgumentError, PostgresError
 from ...table import Table
 from .ddl import WriteColumn, copy_in_sql, create_table, insert_select, target_columns, target_name
-from .encode import Chunk, HostEncoder, plan_chunks
+from .encode import Chunk, HostEncoder
 from .pump import CopyInStream
 from .session import auto_partitions, connect, psycopg_module, run_sql
 
@@ -134,15 +134,18 @@ def write_postgres(
         encoder: Any = DeviceEncoder(table, cols)
     else:
         encoder = HostEncoder(table, cols)
-    starts = encoder.starts()  # every value checked before a connection opens
-    nrows = table.num_rows
-    total = int(starts[nrows])
-
-    with reporter(progress, unit="rows", desc="write_postgres", total=nrows) as report:
-        sent = _Progress(report if report.active else None)
-        if user_conn:
-            return _write_on_connection(conninfo, schema, rel, cols, if_exists, encoder, starts, total, sent)
-        return _write_on_dsn(conninfo, schema, rel, cols, if_exists, partitions, encoder, starts, total, sent)
+    try:
+        starts = encoder.starts()  # every value checked before a connection opens
+        nrows = table.num_rows
+        total = int(starts[nrows])
+        with reporter(progress, unit="rows", desc="write_postgres", total=nrows) as report:
+            sent = _Progress(report if report.active else None)
+            if user_conn:
+                return _write_on_connection(conninfo, schema, rel, cols, if_exists, encoder, starts, total, sent)
+            return _write_on_dsn(conninfo, schema, rel, cols, if_exists, partitions, encoder, starts, total, sent)
+    finally:
+        starts = None
+        encoder.close()
 
 
 class _Progress:
@@ -195,7 +198,7 @@ def _chunks(encoder: Any, starts: Any, total: int, n: int) -> list[Chunk]:
     """Chunks small enough that each connection takes several (they end together), at most
     ``defaults.pg_write_chunk`` bytes."""
     size = max(_LEAST_CHUNK, min(defaults.pg_write_chunk, -(-total // (4 * n))))
-    return plan_chunks(encoder.xp, starts, encoder.nrows, size)
+    return encoder.chunks(starts, size)
 
 
 def _send(
