@@ -333,11 +333,12 @@ def _parallel_copy(
     sent: Any,
 ) -> int:
     """``n`` connections (``main`` and n - 1 new ones, opened by the threads that use them) each run one
-    COPY, taking chunks from one queue; a failure or Ctrl-C stops and rolls back them all."""
+    COPY, taking chunks from one queue; a failure or Ctrl-C stops and rolls back them all. No cancel
+    request is sent: one that lands while the server reads a CopyData message can leave client and
+    server each waiting for the other (seen here: the backend idle in ClientRead, libpq in PQgetResult)."""
     queue = iter(chunks)
     lock = threading.Lock()
     stop = threading.Event()
-    opened: list[Any] = []
 
     def take() -> Chunk | None:
         with lock:
@@ -352,8 +353,6 @@ def _parallel_copy(
                 with lock:
                     extra.append(conn)
                 _set_utf8(conn)
-            with lock:
-                opened.append(conn)
             return _send(conn, copy_text, take, encoder, stop, sent)
         except BaseException:
             stop.set()  # the others send no further chunk
@@ -364,26 +363,18 @@ def _parallel_copy(
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="pystrom-pg-write") as pool:
         futures = [pool.submit(work, i == 0) for i in range(n)]
         try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failures = [f for f in futures if f in done and f.exception() is not None]
-            real = [f for f in failures if not isinstance(f.exception(), _Stopped)]
-            for f in real or failures:
-                f.result()
-            return sum(f.result() for f in futures)
-        except BaseException:
-            # One writer failed (or Ctrl-C): stop the others now, on the server too (a COPY blocked on
-            # a full socket ends with the cancel), then let them roll back.
-            stop.set()
-            with lock:
-                live = list(opened)
-            for conn in live:
-                try:
-                    conn.cancel()
-                except Exception:
-                    pass
-            for f in futures:
-                f.exception()
-            raise
+            wait(futures, return_when=FIRST_EXCEPTION)
+        finally:
+            # A writer failed, or Ctrl-C here: the others stop before their next chunk (a few MiB at
+            # most: the server reads a COPY as fast as it comes) and end their COPY with CopyFail.
+            if any(f.done() and f.exception() is not None for f in futures) or not all(f.done() for f in futures):
+                stop.set()
+                for f in futures:
+                    f.exception()
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:  # the failure itself, not a writer that stopped because of it
+            raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+        return sum(f.result() for f in futures)
 
 
 def _write_on_connection(
