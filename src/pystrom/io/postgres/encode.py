@@ -88,6 +88,7 @@ class HostEncoder:
         self._desc = descriptors(table, cols)
         self.nrows = table.num_rows
         self.xp = np
+        self._starts: np.ndarray | None = None
 
     def starts(self) -> np.ndarray:
         """Every row's start in one stream of all rows (n + 1 values: the total last); raises
@@ -109,13 +110,15 @@ class HostEncoder:
                 raise encode_failure(self._cols, code, row, column)
         sizes[0] = 0
         np.cumsum(sizes, out=sizes)
+        self._starts = sizes
         return sizes
 
-    def chunks(self, starts: np.ndarray, chunk_bytes: int) -> list[Chunk]:
-        return plan_chunks(np, starts, self.nrows, chunk_bytes)
+    def chunks(self, chunk_bytes: int) -> list[Chunk]:
+        """The rows cut into chunks (after :meth:`starts`)."""
+        return plan_chunks(np, self._starts, self.nrows, chunk_bytes)
 
     def close(self) -> None:
-        self._table = None
+        self._table = self._starts = None
 
     def buffer(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)

@@ -46,7 +46,7 @@ class DeviceEncoder:
         cp, n = self.xp, self.nrows
         with self._backend.activate():
             sizes = cp.zeros(n + 1, dtype=cp.int64)
-            first = cp.full(1, _NO_FAILURE, dtype=cp.uint64)
+            first = cp.asarray(np.array([_NO_FAILURE], dtype=np.uint64))  # no Python int past int64 in CuPy's fill
             launch(
                 "pg_encode",
                 "pg_encode_sizes",
@@ -66,9 +66,10 @@ class DeviceEncoder:
             self.xp.cuda.get_current_stream().synchronize()
         self._starts = self._desc = self._table = None
 
-    def chunks(self, starts: Any, chunk_bytes: int) -> list[Chunk]:
+    def chunks(self, chunk_bytes: int) -> list[Chunk]:
+        """The rows cut into chunks (after :meth:`starts`); only the bounds come to the host."""
         with self._backend.activate():
-            return plan_chunks(self.xp, starts, self.nrows, chunk_bytes)
+            return plan_chunks(self.xp, self._starts, self.nrows, chunk_bytes)
 
     def buffer(self, nbytes: int) -> np.ndarray:
         """Pinned host memory: the copy from the device runs at full PCIe speed."""

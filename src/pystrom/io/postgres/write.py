@@ -135,16 +135,16 @@ def write_postgres(
     else:
         encoder = HostEncoder(table, cols)
     try:
-        starts = encoder.starts()  # every value checked before a connection opens
+        # Every value checked before a connection opens; the row starts stay with the encoder (on a
+        # GPU: device memory that close() gives back, which no frame of a traceback may hold).
+        total = int(encoder.starts()[table.num_rows])
         nrows = table.num_rows
-        total = int(starts[nrows])
         with reporter(progress, unit="rows", desc="write_postgres", total=nrows) as report:
             sent = _Progress(report if report.active else None)
             if user_conn:
-                return _write_on_connection(conninfo, schema, rel, cols, if_exists, encoder, starts, total, sent)
-            return _write_on_dsn(conninfo, schema, rel, cols, if_exists, partitions, encoder, starts, total, sent)
+                return _write_on_connection(conninfo, schema, rel, cols, if_exists, encoder, total, sent)
+            return _write_on_dsn(conninfo, schema, rel, cols, if_exists, partitions, encoder, total, sent)
     finally:
-        starts = None
         encoder.close()
 
 
@@ -194,11 +194,11 @@ def _check_mode(schema: str, rel: str, exists: bool, if_exists: str) -> None:
         )
 
 
-def _chunks(encoder: Any, starts: Any, total: int, n: int) -> list[Chunk]:
+def _chunks(encoder: Any, total: int, n: int) -> list[Chunk]:
     """Chunks small enough that each connection takes several (they end together), at most
     ``defaults.pg_write_chunk`` bytes."""
     size = max(_LEAST_CHUNK, min(defaults.pg_write_chunk, -(-total // (4 * n))))
-    return encoder.chunks(starts, size)
+    return encoder.chunks(size)
 
 
 def _send(
@@ -251,7 +251,6 @@ def _write_on_dsn(
     if_exists: str,
     partitions: int | None,
     encoder: Any,
-    starts: Any,
     total: int,
     sent: Any,
 ) -> int:
@@ -265,7 +264,7 @@ def _write_on_dsn(
         _check_mode(schema, rel, exists, if_exists)
         _set_utf8(main)
         n = partitions if partitions is not None else auto_partitions(main, total // 8192)
-        chunks = _chunks(encoder, starts, total, n)
+        chunks = _chunks(encoder, total, n)
         n = max(1, min(n, len(chunks)))
         pid = main.info.backend_pid
         staging = sql.Identifier(schema, f"{STAGING_PREFIX}{pid}_{secrets.token_hex(4)}")
@@ -384,7 +383,6 @@ def _write_on_connection(
     cols: list[WriteColumn],
     if_exists: str,
     encoder: Any,
-    starts: Any,
     total: int,
     sent: Any,
 ) -> int:
@@ -396,7 +394,7 @@ def _write_on_connection(
     schema, exists = _locate(conn, schema, rel)
     _check_mode(schema, rel, exists, if_exists)
     target = sql.Identifier(schema, rel)
-    chunks = _chunks(encoder, starts, total, 1)
+    chunks = _chunks(encoder, total, 1)
     queue = iter(chunks)
     stop = threading.Event()
     psycopg = psycopg_module()
