@@ -301,8 +301,9 @@ def test_gpu_encoder_matches_cpp_twin():
             arr = pa.array(rng.integers(-700_000, 2_000_000, n).astype(np.int32), pa.int32()).cast(typ)
         elif pa.types.is_time(typ):
             arr = pa.array(rng.integers(0, 86_400_000_000, n), pa.int64()).cast(typ)
-        else:  # timestamps, durations
-            arr = pa.array(rng.integers(-(10**15), 10**15, n), pa.int64()).cast(typ)
+        else:  # timestamps, durations: +-31 years of microseconds (in the type's unit)
+            per_us = {"s": 10**6, "ms": 10**3, "us": 1, "ns": 1}[typ.unit]
+            arr = pa.array(rng.integers(-(10**15), 10**15, n) // per_us, pa.int64()).cast(typ)
         mask = pa.array(rng.random(n) < 0.1)
         cols[f"c{k}"] = pa.compute.if_else(mask, pa.scalar(None, typ), arr)
     data = pa.table(cols)
