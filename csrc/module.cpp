@@ -11,6 +11,8 @@
 #include "arrow_keep.hpp"
 #include "bits.hpp"
 #include "gather.hpp"
+#include "pg_copy_in.hpp"
+#include "pg_encode.hpp"
 #include "pg_decode.hpp"
 #include "pg_pump.hpp"
 
@@ -176,4 +178,63 @@ PYBIND11_MODULE(_core, m) {
     }
     return py::make_tuple(e.code, e.row, e.column);
   });
+
+  // -- PostgreSQL writes: the CPU encoder and the COPY FROM STDIN sender (io/postgres/pump.py wraps these) --
+  m.def("pg_load_libpq_copy_in", [](const std::string& path) { pystrom::pg::load_libpq_copy_in(path); });
+
+  m.def("pg_encode_sizes", [](py::buffer desc, int64_t begin, int64_t end, py::buffer sizes) {
+    Bytes d = request(desc, false, "desc");
+    Bytes s = request(sizes, true, "sizes");
+    const int ncols = static_cast<int>(d.size / (sizeof(int64_t) * pystrom::pg::kEncodeSlots));
+    if (begin < 0 || end < begin || static_cast<std::size_t>(end - begin) > s.size / sizeof(int64_t)) {
+      throw std::out_of_range("pg_encode_sizes: more rows than sizes");
+    }
+    pystrom::pg::EncodeError e;
+    {
+      py::gil_scoped_release nogil;
+      e = pystrom::pg::row_sizes(reinterpret_cast<const int64_t*>(d.ptr), ncols, begin, end,
+                                 reinterpret_cast<int64_t*>(s.ptr));
+    }
+    return py::make_tuple(e.code, e.row, e.column);
+  });
+
+  m.def("pg_encode_rows", [](py::buffer desc, int64_t begin, int64_t end, py::buffer out) {
+    Bytes d = request(desc, false, "desc");
+    Bytes o = request(out, true, "out");
+    const int ncols = static_cast<int>(d.size / (sizeof(int64_t) * pystrom::pg::kEncodeSlots));
+    if (begin < 0 || end < begin) throw std::out_of_range("pg_encode_rows: bad row range");
+    int64_t n;
+    {
+      py::gil_scoped_release nogil;
+      n = pystrom::pg::encode_rows(reinterpret_cast<const int64_t*>(d.ptr), ncols, begin, end, o.ptr, o.size);
+    }
+    if (n < 0) throw std::out_of_range("pg_encode_rows: the rows do not fit the buffer (size it with pg_encode_sizes)");
+    return n;
+  });
+
+  py::class_<pystrom::pg::CopyInSender>(m, "CopyInSender")
+      .def(py::init<uintptr_t>())
+      .def("start",
+           [](pystrom::pg::CopyInSender& self, const std::string& sql) {
+             py::gil_scoped_release nogil;
+             self.start(sql);
+           })
+      .def("put",
+           [](pystrom::pg::CopyInSender& self, py::buffer data, std::size_t size) {
+             Bytes b = request(data, false, "data");
+             if (size > b.size) throw std::out_of_range("put: size exceeds the buffer");
+             py::gil_scoped_release nogil;
+             self.put(b.ptr, size);
+           })
+      .def("finish",
+           [](pystrom::pg::CopyInSender& self) {
+             py::gil_scoped_release nogil;
+             return self.finish();
+           })
+      .def("abort",
+           [](pystrom::pg::CopyInSender& self, const std::string& reason) {
+             py::gil_scoped_release nogil;
+             self.abort(reason);
+           })
+      .def_property_readonly("active", &pystrom::pg::CopyInSender::active);
 }

@@ -24,7 +24,7 @@ from test_store import Daemon
 import pystrom
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-COMMANDS = ["demo", "info", "pg2arrow", "serve", "load", "ls", "drop", "bench"]
+COMMANDS = ["demo", "info", "pg2arrow", "serve", "load", "ls", "drop", "bench", "arrow2pg", "dump"]
 
 
 def cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float = 180):
@@ -388,6 +388,15 @@ MISTAKES = [
     (["serve", "--memory", "magic"], "invalid choice: 'magic'"),
     (["serve", "--socket", "{sock}", "--device", "cpu"], "another store daemon already serves"),
     (["serve", "--socket", "/proc/pystrom/store.sock", "--device", "cpu"], "cannot create the socket directory"),
+    # arrow2pg / dump
+    (["arrow2pg", "{arrow}"], "the following arguments are required: name, -d/--dsn"),
+    (["arrow2pg", "{tmp}/nope.arrow", "t", "-d", "{dsn}"], "does not exist"),
+    (["arrow2pg", "{arrow}", "t", "-d", "{dsn}", "--if-exists", "merge"], "invalid choice: 'merge'"),
+    (["arrow2pg", "{arrow}", "{table}", "-d", "{dsn}"], "already exists (if_exists='fail')"),
+    (["arrow2pg", "{arrow}", "t", "-d", "{dsn}", "--columns", "id,nope"], "'nope'"),
+    (["arrow2pg", "{arrow}", "t", "-d", "{dsn}", "--partitions", "0"], "expected a positive integer"),
+    (["dump", "nothere", "t", "-d", "{dsn}", "--socket", "{sock}"], "nothere"),
+    (["dump", "x", "t", "-d", "{dsn}", "--socket", "{nosock}"], "store"),
     # the command itself
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
@@ -420,6 +429,45 @@ def test_mistakes_are_one_line_and_exit_2(args, fragment, request, tmp_path):
     line = one_line_error(cli(*argv, cwd=cwd), fragment)
     if argv[0] in COMMANDS:  # the line names the subcommand that was used wrongly
         assert line.startswith(f"pystrom {argv[0]}: error: "), line
+
+
+# -- arrow2pg and dump: back into PostgreSQL --------------------------------------------------------
+
+
+def test_arrow2pg_and_dump(daemon, pg, arrow_file):
+    name = pg.name("from_arrow")
+    out = ok(cli("arrow2pg", str(arrow_file), name, "-d", pg.conninfo, "--partitions", "2"))
+    assert out.startswith(f"{name}: 5,000 rows, ") and f"from Arrow file '{arrow_file}'" in out
+    want = sample()
+    got = pg.fetch(f"SELECT id, x, flag, s FROM {name} ORDER BY id")
+    assert [r[0] for r in got] == want["id"].to_pylist() and [r[1] for r in got] == want["x"].to_pylist()
+    assert [r[3] for r in got] == want["s"].to_pylist()
+    out = ok(cli("arrow2pg", str(arrow_file), name, "-d", pg.conninfo, "--if-exists", "append",
+                 "--columns", "id,s", "--where", "id < 10"))  # fmt: skip
+    assert out.startswith(f"{name}: 10 rows, ")
+    assert pg.fetch(f"SELECT count(*), count(x) FROM {name}") == [(5010, 5000)]
+
+    ok(cli("load", "--name", "tbl", "--arrow", str(arrow_file), "--socket", daemon.path))
+    dumped = pg.name("dumped")
+    out = ok(cli("dump", "tbl", dumped, "-d", pg.conninfo, "--socket", daemon.path, "--columns", "id,flag"))
+    assert out.startswith(f"{dumped}: 5,000 rows, ") and "from store table 'tbl' (cpu)" in out
+    assert pg.fetch(f"SELECT count(*), sum(id), count(*) FILTER (WHERE flag) FROM {dumped}") == [
+        (5000, sum(range(5000)), sum(want["flag"].to_pylist()))
+    ]
+    ok(cli("dump", "tbl", dumped, "-d", pg.conninfo, "--socket", daemon.path, "--if-exists", "replace"))
+    assert pg.fetch(f"SELECT count(*), count(s) FROM {dumped}") == [(5000, want["s"].drop_null().__len__())]
+
+
+def test_arrow2pg_progress(pg, tmp_path):
+    path = tmp_path / "x.arrow"
+    pystrom.write_arrow(pa.table({"x": np.arange(100_000, dtype=np.int64)}), path, batch_rows=25_000)
+    name = pg.name("bar")
+    base = [sys.executable, "-m", "pystrom", "arrow2pg", str(path), name, "-d", pg.conninfo, "--if-exists", "replace"]
+    code, out, tty = run_on_pty(base, env={"PYSTROM_PROGRESS_DELAY": "0"})
+    assert code == 0 and out.startswith(f"{name}: 100,000 rows")
+    assert "write_postgres: 100%" in tty and "read_arrow: 100%" in tty, repr(tty)
+    piped = subprocess.run([*base, "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == ""
 
 
 # -- the progress bar of `load` ---------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The store and tooling subcommands of ``pystrom``: ``load``, ``ls``, ``drop``, ``bench``.
+"""The store and tooling subcommands of ``pystrom``: ``load``, ``ls``, ``drop``, ``bench``, and the
+writers back into PostgreSQL, ``arrow2pg`` (an Arrow file) and ``dump`` (a table of the store).
 
 ``cli.py`` owns the parser and ``main``; this module adds these subcommands to it. Their mistakes
 (a missing option, a file that is not there, a daemon that is not running, an unknown table) are
@@ -261,11 +262,73 @@ def libpq_version() -> str:
     return f"{text} (psycopg {psycopg.__version__}, {psycopg.pq.__impl__} implementation)"
 
 
+# -- arrow2pg / dump: tables back into PostgreSQL -----------------------------------------------------
+
+
+def _pg_target(args: argparse.Namespace) -> str | tuple[str, str]:
+    return (args.schema, args.name) if args.schema else args.name
+
+
+def _write_pg(table: Any, args: argparse.Namespace, source: str, start: float) -> int:
+    from .io.postgres import write_postgres
+
+    written = time.perf_counter()
+    with table:
+        nbytes = table.nbytes
+        rows = write_postgres(
+            table,
+            args.dsn,
+            _pg_target(args),
+            if_exists=args.if_exists,
+            columns=args.columns,
+            partitions=args.partitions,
+            progress=args.progress,
+        )
+    now = time.perf_counter()
+    target = f"{args.schema}.{args.name}" if args.schema else args.name
+    print(
+        f"{target}: {rows:,} rows, {nbytes:,} bytes from {source} in {now - start:.2f} s "
+        f"(read {written - start:.2f} s; write {now - written:.2f} s, if_exists={args.if_exists})"
+    )
+    return 0
+
+
+def _arrow2pg(args: argparse.Namespace) -> int:
+    from .io.arrow import read_arrow
+
+    if not os.path.isfile(args.file):
+        what = "is a directory, not a file" if os.path.isdir(args.file) else "does not exist"
+        raise FileNotFoundError(f"Arrow file {args.file!r} {what}")
+    start = time.perf_counter()
+    table = read_arrow(args.file, args.columns, args.where, device=args.device, progress=args.progress)
+    return _write_pg(table, args, f"Arrow file {args.file!r}", start)
+
+
+def _dump(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    with _store(args.socket) as store:
+        table = store.get(args.store_name)  # a view of the daemon's memory, on its device
+        return _write_pg(table, args, f"store table {args.store_name!r} ({table.device})", start)
+
+
+def _add_pg_write_options(parser: argparse.ArgumentParser, positive_int: Any) -> None:
+    parser.add_argument("name", type=_nonempty, help="PostgreSQL table to write (one identifier)")
+    parser.add_argument("-d", "--dsn", required=True, type=_nonempty, help="libpq connection string or URI")
+    parser.add_argument("--schema", type=_nonempty, help="schema of the table (default: the search path's)")
+    parser.add_argument(
+        "--if-exists",
+        choices=("fail", "append", "replace"),
+        default="fail",
+        help="when the table exists: fail (default), append the rows, or replace the table",
+    )
+    parser.add_argument("--partitions", type=positive_int, help="connections writing in parallel (default: automatic)")
+
+
 # -- parser wiring ----------------------------------------------------------------------------------
 
 
 def add_commands(sub: Any, positive_int: Any) -> None:
-    """Add ``load``, ``ls``, ``drop`` and ``bench`` to the subparsers of ``pystrom``."""
+    """Add ``load``, ``ls``, ``drop``, ``bench``, ``arrow2pg`` and ``dump`` to the subparsers of ``pystrom``."""
     socket_help = "the daemon's socket (default: $PYSTROM_STORE_SOCKET, else the per-user default)"
 
     load = sub.add_parser(
@@ -314,3 +377,30 @@ def add_commands(sub: Any, positive_int: Any) -> None:
     bench.add_argument("--device", type=_nonempty, help="cpu, cuda or cuda:N (default: a GPU if present)")
     bench.add_argument("--only", type=_nonempty, help="run only benchmarks/bench_<ONLY>.py")
     bench.set_defaults(run=_bench)
+
+    arrow2pg = sub.add_parser(
+        "arrow2pg",
+        help="write an Arrow IPC file into a PostgreSQL table (all or nothing)",
+        description="Read an Arrow IPC file and write it into a PostgreSQL table with write_postgres: binary COPY "
+        "over several connections into a staging table, put in place by one transaction.",
+    )
+    arrow2pg.add_argument("file", type=_nonempty, help="the Arrow IPC file")
+    _add_pg_write_options(arrow2pg, positive_int)
+    arrow2pg.add_argument("--columns", type=_column_list, help="comma-separated columns to write (default: all)")
+    arrow2pg.add_argument("--where", type=_nonempty, help="rows to write: a pystrom expression (docs/where.md)")
+    arrow2pg.add_argument("--device", type=_nonempty, help="cpu, cuda or cuda:N (default: a GPU if present)")
+    add_progress_flag(arrow2pg, "read or the write")
+    arrow2pg.set_defaults(run=_arrow2pg)
+
+    dump = sub.add_parser(
+        "dump",
+        help="write a table of the store daemon into a PostgreSQL table (all or nothing)",
+        description="Write a named table of the store daemon (`pystrom serve`) into a PostgreSQL table with "
+        "write_postgres, encoded on the daemon's device.",
+    )
+    dump.add_argument("store_name", type=_nonempty, help="the table of the store")
+    _add_pg_write_options(dump, positive_int)
+    dump.add_argument("--columns", type=_column_list, help="comma-separated columns to write (default: all)")
+    dump.add_argument("--socket", default=None, help=socket_help)
+    add_progress_flag(dump, "write")
+    dump.set_defaults(run=_dump)

@@ -62,3 +62,23 @@ class CopyPump:
 
 def pg_decode(buf: Buffer, offsets: Buffer, nrows: int, row_base: int, desc: Buffer) -> tuple[int, int, int]:
     """Decode staged rows into the table memory the int64 descriptors point at; ``(failure, row, column)``."""
+
+# -- PostgreSQL writes (csrc/pg_encode.cpp, csrc/pg_copy_in.cpp; wrapped by io/postgres/encode.py and pump.py) --
+
+def pg_load_libpq_copy_in(path: str) -> None:
+    """Resolve the COPY FROM sender's libpq functions from the already loaded library at ``path``."""
+
+def pg_encode_sizes(desc: Buffer, begin: int, end: int, sizes: Buffer) -> tuple[int, int, int]:
+    """Check rows [begin, end) and write their encoded sizes; ``(failure, row, column)``."""
+
+def pg_encode_rows(desc: Buffer, begin: int, end: int, out: Buffer) -> int:
+    """Encode rows [begin, end) as binary COPY rows into ``out``; the bytes written."""
+
+class CopyInSender:
+    def __init__(self, pgconn: int) -> None: ...
+    def start(self, sql: str) -> None: ...
+    def put(self, data: Buffer, size: int) -> None: ...
+    def finish(self) -> str: ...
+    def abort(self, reason: str) -> None: ...
+    @property
+    def active(self) -> bool: ...

@@ -76,6 +76,13 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 4096,
         "Largest staging buffer (bytes) the PostgreSQL COPY pump fills before starting the next one.",
     ),
+    "pg_write_chunk": _Option(
+        "PYSTROM_PG_WRITE_CHUNK",
+        int,
+        4 << 20,
+        lambda v: isinstance(v, int) and v >= 4096,
+        "Largest chunk (bytes of encoded rows) a write_postgres connection encodes and sends at a time.",
+    ),
     "io_threads": _Option(
         "PYSTROM_IO_THREADS",
         int,

@@ -9,8 +9,17 @@
 6. :mod:`.assemble` - the Table allocated once at its final size (the pump counted rows, NULLs and
    string bytes), then :mod:`.decode` writes every chunk into its rows: the CUDA kernels
    (:mod:`.decode_device`) or the C++ decoder, with :mod:`.chunks` saying where each chunk goes.
+
+Table -> PostgreSQL runs one way too, sharing only the bottom stages (:mod:`.session`'s connections,
+:mod:`.pump`'s libpq access):
+
+1. :mod:`.write` - ``write_postgres``: arguments, the target, the staging table, the final transaction.
+2. :mod:`.ddl` - the Table's columns mapped to PostgreSQL types; CREATE, COPY and INSERT composed.
+3. :mod:`.encode` - the sizes pass, the chunks and the C++ encoder; :mod:`.encode_device` its CUDA twin.
+4. :mod:`.pump` - ``CopyInStream``: ``COPY ... FROM STDIN (FORMAT BINARY)`` sent by the native sender.
 """
 
 from .read import postgres_to_arrow, read_postgres
+from .write import write_postgres
 
-__all__ = ["read_postgres", "postgres_to_arrow"]
+__all__ = ["read_postgres", "postgres_to_arrow", "write_postgres"]

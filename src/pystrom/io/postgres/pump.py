@@ -167,3 +167,59 @@ def decode_cpu(chunk: Staged, row_base: int, desc: np.ndarray) -> tuple[int, int
     """Decode one chunk with the C++ decoder into the table memory ``desc`` points at; returns
     ``(failure, row, column)`` (failure 0: fine)."""
     return _core.pg_decode(chunk.buf, chunk.offsets, chunk.nrows, row_base, desc)
+
+
+# -- the write path: COPY ... FROM STDIN (FORMAT BINARY) through the native sender ------------------
+
+__all__ += ["CopyInStream"]
+
+
+@functools.cache
+def _load_copy_in() -> None:
+    path = _load_libpq()  # the library psycopg loaded; the sender resolves its own few functions there
+    try:
+        _core.pg_load_libpq_copy_in(path)
+    except RuntimeError as exc:
+        raise PostgresError(f"cannot use psycopg's libpq: {exc}") from None
+
+
+class CopyInStream:
+    """One ``COPY ... FROM STDIN (FORMAT BINARY)`` on a psycopg connection, fed encoded rows.
+
+    ``start`` sends the statement and the binary header, ``put`` whole encoded rows (blocking without
+    the GIL while the server catches up), ``finish`` the trailer, returning the rows the server took;
+    ``abort`` ends a COPY in progress with a failure, so the server rolls the statement back and the
+    connection is idle again. The caller holds the connection's lock meanwhile.
+    """
+
+    def __init__(self, conn: Any):
+        _load_copy_in()
+        self._conn = conn
+        self._sender = _core.CopyInSender(conn.pgconn.pgconn_ptr)
+
+    def start(self, sql: str) -> None:
+        try:
+            self._sender.start(sql)
+        except _core.PgServerError as exc:
+            raise PostgresError(f"PostgreSQL: {_server_message(exc)}") from None
+
+    def put(self, buf: np.ndarray, nbytes: int) -> None:
+        try:
+            self._sender.put(buf, nbytes)
+        except _core.PgServerError as exc:
+            raise PostgresError(f"PostgreSQL: {_server_message(exc)}") from None
+
+    def finish(self) -> int:
+        try:
+            tag = self._sender.finish()
+        except _core.PgServerError as exc:
+            raise PostgresError(f"PostgreSQL: {_server_message(exc)}") from None
+        parts = tag.split()
+        return int(parts[-1]) if len(parts) == 2 and parts[0] == "COPY" and parts[1].isdigit() else -1
+
+    def abort(self, reason: str) -> None:
+        self._sender.abort(reason)
+
+    @property
+    def active(self) -> bool:
+        return self._sender.active

@@ -1,0 +1,215 @@
+"""Table columns -> PostgreSQL column types, and the statements that create and fill tables for a write.
+
+:func:`target_columns` maps each column written to the PostgreSQL type a user would declare for it and
+to the encoder's kind (csrc/pg_encode.hpp, kernels/pg_encode.cu), or refuses it naming the column.
+:func:`create_table` composes ``CREATE [UNLOGGED] TABLE`` with :mod:`psycopg.sql` (identifiers are never
+formatted into strings); :func:`copy_in_sql` the ``COPY ... FROM STDIN (FORMAT BINARY)`` that fills it.
+
+=============================  ====================  ==================================================
+pystrom (Arrow) type           PostgreSQL type       why
+=============================  ====================  ==================================================
+bool                           boolean
+int8, uint8, int16             smallint              PostgreSQL has no 1-byte integer
+uint16, int32                  integer
+uint32, int64                  bigint                uint32 holds counts and ids: bigint keeps every
+                                                     value and its arithmetic (oid is a system type)
+uint64                         numeric(20, 0)        bigint would overflow past 2^63 - 1
+float16, float32 / float64     real / double         NaN and +-Infinity kept
+decimal128(p, s)               numeric(p, s)         exact; s < 0 refused (cast first)
+date32, date64                 date                  the largest/smallest value: +-infinity
+timestamp[unit]                timestamp             microseconds (ns floored); +-infinity as read
+timestamp[unit, tz]            timestamptz           the values are UTC instants
+time32, time64                 time                  microseconds (ns floored)
+duration[unit]                 interval              microseconds, no days or months
+string / binary                text / bytea          text must be valid in the server's encoding
+fixed_size_binary(w)           bytea
+uuid                           uuid
+=============================  ====================  ==================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..._types import Layout
+from ...errors import ColumnNotFoundError, InvalidArgumentError, SchemaMismatchError, UnsupportedTypeError
+
+__all__ = [
+    "EncodeKind",
+    "ENCODE_FAILURES",
+    "WriteColumn",
+    "target_columns",
+    "target_name",
+    "create_table",
+    "copy_in_sql",
+    "insert_select",
+]
+
+
+class EncodeKind:
+    """Source kinds of the encoders (csrc/pg_encode.hpp)."""
+
+    BOOL = 0
+    INT8 = 1
+    UINT8 = 2
+    INT16 = 3
+    UINT16 = 4
+    INT32 = 5
+    UINT32 = 6
+    INT64 = 7
+    UINT64 = 8
+    FLOAT16 = 9
+    FLOAT32 = 10
+    FLOAT64 = 11
+    DECIMAL = 12
+    DATE32 = 13
+    DATE64 = 14
+    TIMESTAMP = 15
+    TIME32 = 16
+    TIME64 = 17
+    INTERVAL = 18
+    VARLEN = 19
+    FIXED = 20
+
+
+# Encoder failure codes (csrc/pg_encode.hpp) and what they mean to a user.
+ENCODE_FAILURES = {
+    1: "a date or timestamp outside PostgreSQL's range (4713 BC to 5874897 AD for dates, 294276 AD for timestamps)",
+    2: "a time of day outside 00:00 .. 24:00",
+    3: "a duration whose microseconds overflow int64",
+}
+
+# unit -> (multiplier, divisor) to microseconds
+_MICROS = {"s": (1_000_000, 1), "ms": (1_000, 1), "us": (1, 1), "ns": (1, 1_000)}
+
+
+@dataclass(frozen=True)
+class WriteColumn:
+    name: str
+    pg_type: str  # SQL type text, composed into DDL with sql.SQL (ours, never the user's)
+    kind: int
+    param: int = 0  # decimal scale, fixed width or unit multiplier
+    div: int = 1  # unit divisor (ns)
+
+
+def _map(name: str, ctype: Any) -> WriteColumn:
+    import pyarrow as pa
+    import pyarrow.types as pt
+
+    arrow = ctype.arrow
+    if isinstance(arrow, pa.BaseExtensionType):
+        if arrow.extension_name == "arrow.uuid" and ctype.width == 16:
+            return WriteColumn(name, "uuid", EncodeKind.FIXED, 16)
+        arrow = arrow.storage_type
+    simple = {
+        pa.bool_(): ("boolean", EncodeKind.BOOL),
+        pa.int8(): ("smallint", EncodeKind.INT8),
+        pa.uint8(): ("smallint", EncodeKind.UINT8),
+        pa.int16(): ("smallint", EncodeKind.INT16),
+        pa.uint16(): ("integer", EncodeKind.UINT16),
+        pa.int32(): ("integer", EncodeKind.INT32),
+        pa.uint32(): ("bigint", EncodeKind.UINT32),
+        pa.int64(): ("bigint", EncodeKind.INT64),
+        pa.uint64(): ("numeric(20, 0)", EncodeKind.UINT64),
+        pa.float16(): ("real", EncodeKind.FLOAT16),
+        pa.float32(): ("real", EncodeKind.FLOAT32),
+        pa.float64(): ("double precision", EncodeKind.FLOAT64),
+        pa.date32(): ("date", EncodeKind.DATE32),
+        pa.date64(): ("date", EncodeKind.DATE64),
+        pa.string(): ("text", EncodeKind.VARLEN),
+        pa.binary(): ("bytea", EncodeKind.VARLEN),
+    }
+    if arrow in simple:
+        pg_type, kind = simple[arrow]
+        return WriteColumn(name, pg_type, kind)
+    if pt.is_decimal128(arrow):
+        if arrow.scale < 0:
+            raise UnsupportedTypeError(
+                f"column {name!r} has type {arrow} with a negative scale, which write_postgres does not send: "
+                "cast it to a decimal128 with scale >= 0 first"
+            )
+        return WriteColumn(name, f"numeric({arrow.precision}, {arrow.scale})", EncodeKind.DECIMAL, arrow.scale)
+    if pt.is_timestamp(arrow):
+        mul, div = _MICROS[arrow.unit]
+        return WriteColumn(name, "timestamptz" if arrow.tz else "timestamp", EncodeKind.TIMESTAMP, mul, div)
+    if pt.is_time32(arrow) or pt.is_time64(arrow):
+        mul, div = _MICROS[arrow.unit]
+        return WriteColumn(name, "time", EncodeKind.TIME32 if pt.is_time32(arrow) else EncodeKind.TIME64, mul, div)
+    if pt.is_duration(arrow):
+        mul, div = _MICROS[arrow.unit]
+        return WriteColumn(name, "interval", EncodeKind.INTERVAL, mul, div)
+    if pt.is_fixed_size_binary(arrow) and ctype.layout == Layout.BYTES:
+        return WriteColumn(name, "bytea", EncodeKind.FIXED, ctype.width)
+    raise UnsupportedTypeError(f"column {name!r} has type {ctype.arrow}, which write_postgres cannot send")
+
+
+def target_columns(table: Any, columns: Sequence[str] | None) -> list[WriteColumn]:
+    """The columns to write (all, or ``columns`` in that order) and how each is sent."""
+    if columns is None:
+        names = list(table.column_names)
+    else:
+        if isinstance(columns, str) or not all(isinstance(c, str) and c for c in columns) or not list(columns):
+            raise InvalidArgumentError(f"columns must be a non-empty list of column names; got {columns!r}")
+        names = list(columns)
+        if len(set(names)) != len(names):
+            raise SchemaMismatchError(f"columns names a column twice: {names}")
+        for n in names:
+            if n not in table.column_names:
+                raise ColumnNotFoundError(f"column {n!r} is not in the table; columns: {table.column_names}")
+    if not names:
+        raise InvalidArgumentError("the table has no columns to write")
+    if len(names) > 1600:
+        raise InvalidArgumentError(f"PostgreSQL tables hold at most 1600 columns; got {len(names)}")
+    for n in names:
+        if "\x00" in n:
+            raise InvalidArgumentError(f"column name {n!r} contains a NUL byte, which PostgreSQL refuses")
+    return [_map(n, table.column(n).column_type) for n in names]
+
+
+def target_name(name: Any) -> tuple[str | None, str]:
+    """``name`` as (schema or None, relation): a string is one identifier taken literally, a tuple
+    ``(schema, name)`` qualifies it."""
+    if isinstance(name, str) and name and "\x00" not in name:
+        return None, name
+    if (
+        isinstance(name, (tuple, list))
+        and len(name) == 2
+        and all(isinstance(p, str) and p and "\x00" not in p for p in name)
+    ):
+        return name[0], name[1]
+    raise InvalidArgumentError(
+        f"name must be a table name (taken literally, quotes and dots included) or a tuple "
+        f"('schema', 'name'); got {name!r}"
+    )
+
+
+def _column_list(cols: Sequence[WriteColumn]) -> Any:
+    from psycopg import sql
+
+    return sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
+
+
+def create_table(ident: Any, cols: Sequence[WriteColumn], *, unlogged: bool = False, temp: bool = False) -> Any:
+    """``CREATE [UNLOGGED | TEMP] TABLE ident (col type, ...)``."""
+    from psycopg import sql
+
+    kind = "TEMP " if temp else "UNLOGGED " if unlogged else ""
+    defs = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.pg_type)) for c in cols)
+    return sql.SQL("CREATE " + kind + "TABLE {} ({})").format(ident, defs)
+
+
+def copy_in_sql(conn: Any, ident: Any, cols: Sequence[WriteColumn]) -> str:
+    from psycopg import sql
+
+    return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(ident, _column_list(cols)).as_string(conn)
+
+
+def insert_select(target: Any, source: Any, cols: Sequence[WriteColumn]) -> Any:
+    """``INSERT INTO target (cols) SELECT cols FROM source``: assignment casts let the target's
+    column types differ from the ones written (int4 for int8, varchar for text...)."""
+    from psycopg import sql
+
+    names = _column_list(cols)
+    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, names, names, source)
