@@ -8,7 +8,7 @@ kept there as pystrom Tables (on each worker's GPU under dask-cuda), and fitted 
 ...     parts = parts.persist()
 >>> model = pystrom.ml.LogisticRegression().fit(parts, columns=["x1", "x2"], target="y")
 
-Needs ``dask[distributed]`` (``pip install 'pystrom[dask]'``); ``import pystrom`` never imports it.
+Needs ``dask[distributed]`` (``pip install 'pystrom-gpu[dask]'``); ``import pystrom`` never imports it.
 The guide: docs/dask.md.
 """
 
