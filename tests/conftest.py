@@ -25,6 +25,20 @@ def pytest_configure(config: pytest.Config) -> None:
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])]
 
 
+def device_memory_in_use(device: str) -> int:
+    """Bytes of CuPy's device pool in use (0 on the CPU), after a collection: device arrays of earlier
+    tests that only the collector frees would otherwise count as the current test's."""
+    if device == "cpu":
+        return 0
+    import gc
+
+    import cupy
+
+    gc.collect()
+    cupy.cuda.Device().synchronize()
+    return cupy.get_default_memory_pool().used_bytes()
+
+
 @pytest.fixture(params=DEVICES)
 def device(request: pytest.FixtureRequest) -> str:
     return request.param

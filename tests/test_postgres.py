@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 import pystrom
 from pystrom import InvalidArgumentError, PostgresError, UnsupportedTypeError
 
+from conftest import device_memory_in_use
+
 psycopg = pytest.importorskip("psycopg")
 from psycopg import sql  # noqa: E402
 
@@ -25,18 +27,6 @@ pytestmark = pytest.mark.postgres
 
 def _ident(name: str) -> sql.Identifier:
     return sql.Identifier(name)
-
-
-def _device_memory(device: str) -> int:
-    if device == "cpu":
-        return 0
-    import gc
-
-    import cupy
-
-    gc.collect()  # device arrays of earlier tests that only the collector frees would count as this test's
-    cupy.cuda.Device().synchronize()
-    return cupy.get_default_memory_pool().used_bytes()
 
 
 def _same(a, b) -> bool:
@@ -95,13 +85,13 @@ def _compare_with_psycopg(pg, query: str, device: str) -> int:
 
 
 def test_types_with_nulls_and_edges_equal_psycopg(pg, types_table, device):
-    before = _device_memory(device)
+    before = device_memory_in_use(device)
     # Rows 1 and 2 hold dates Python cannot represent (psycopg refuses them): checked in the next tests.
     everything = sql.SQL("SELECT * FROM {} WHERE id NOT IN (1, 2) ORDER BY id").format(_ident(types_table))
     assert _compare_with_psycopg(pg, everything.as_string(pg.conn), device) == 5
     no_dates = sql.SQL("SELECT id, b, i2, i4, i8, f4, f8, n, s, vc, bp, nm, u, o, by FROM {} ORDER BY id")
     assert _compare_with_psycopg(pg, no_dates.format(_ident(types_table)).as_string(pg.conn), device) == 7
-    assert _device_memory(device) == before
+    assert device_memory_in_use(device) == before
 
 
 def test_schema_of_each_type(pg, types_table):
@@ -236,12 +226,12 @@ def test_decimal_refuses_nan_and_unconstrained(pg, device):
     name = pg.name("decnan")
     pg.execute(sql.SQL("CREATE TABLE {} (x numeric(10, 2), free numeric)").format(_ident(name)))
     pg.execute(sql.SQL("INSERT INTO {} VALUES (1.5, 1), ('NaN', 2)").format(_ident(name)))
-    before = _device_memory(device)
+    before = device_memory_in_use(device)
     with pytest.raises(PostgresError, match=r"column 'x'.*NaN"):
         pystrom.read_postgres(pg.conninfo, table=name, columns=["x"], numeric="decimal", device=device)
     with pytest.raises(UnsupportedTypeError, match=r"'free'.*numeric\(18, 6\)"):
         pystrom.read_postgres(pg.conninfo, table=name, numeric="decimal", device=device)
-    assert _device_memory(device) == before
+    assert device_memory_in_use(device) == before
 
 
 def test_decode_failure_names_its_row_across_chunks_and_partitions(pg, device):
@@ -254,14 +244,14 @@ def test_decode_failure_names_its_row_across_chunks_and_partitions(pg, device):
             "INSERT INTO {} SELECT i, CASE WHEN i = 30001 THEN 'NaN' ELSE i / 4.0 END FROM generate_series(1, 40000) i"
         ).format(_ident(name))
     )
-    before = _device_memory(device)
+    before = device_memory_in_use(device)
     with pystrom.defaults.set(pg_staging_chunk=65536):
         with pytest.raises(PostgresError, match=r"column 'x' \(numeric\(10,2\)\), row 30000: NaN"):
             pystrom.read_postgres(pg.conninfo, table=name, partitions=4, numeric="decimal", device=device)
         ok = pystrom.read_postgres(pg.conninfo, table=name, partitions=4, where="id <> 30001", device=device)
     assert ok.num_rows == 39999
     del ok
-    assert _device_memory(device) == before
+    assert device_memory_in_use(device) == before
 
 
 @pytest.mark.parametrize("rows", [0, 1])
@@ -494,7 +484,7 @@ def test_missing_table_column_and_permission(pg, wide_table):
 def test_partition_connection_refused_mid_read(pg, wide_table, device):
     """A partition connection that cannot be opened (the role's connection limit) while the first one
     already streams: a clear error, no table, no device memory kept, no connection left open."""
-    before = _device_memory(device)
+    before = device_memory_in_use(device)
     role = pg.name("limited")
     pg.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 2").format(_ident(role)))
     pg.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(_ident(wide_table), _ident(role)))
@@ -502,7 +492,7 @@ def test_partition_connection_refused_mid_read(pg, wide_table, device):
         conninfo = pg.conninfo.replace("user=postgres", f"user={role}")
         with pytest.raises(PostgresError, match="too many connections"):
             pystrom.read_postgres(conninfo, table=wide_table, partitions=4, device=device)
-        assert _device_memory(device) == before
+        assert device_memory_in_use(device) == before
         for _ in range(50):  # closed sessions leave pg_stat_activity a moment after the client closes
             left = pg.fetch("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,))
             if left == [(0,)]:
@@ -547,7 +537,7 @@ def _big_query() -> str:
 
 
 def test_backend_terminated_mid_copy(pg, device):
-    before = _device_memory(device)
+    before = device_memory_in_use(device)
     killed = []
 
     def kill(rows: int) -> None:
@@ -568,7 +558,7 @@ def test_backend_terminated_mid_copy(pg, device):
     with pytest.raises(PostgresError, match="terminat|closed|lost"):
         killed.clear()
         pystrom.read_postgres(pg.conninfo, _big_query(), device=device, progress=kill)
-    assert _device_memory(device) == before
+    assert device_memory_in_use(device) == before
 
 
 def test_interrupt_cancels_on_the_server(pg, device):
@@ -587,7 +577,7 @@ def test_interrupt_cancels_on_the_server(pg, device):
 
 
 def test_server_stopped_mid_read(pg, pg_cluster, device):
-    before = _device_memory(device)
+    before = device_memory_in_use(device)
     stopped = []
 
     def stop(rows: int) -> None:
@@ -602,7 +592,7 @@ def test_server_stopped_mid_read(pg, pg_cluster, device):
     finally:
         pg_cluster.start()
         pg.conn = pg_cluster.connect(autocommit=True)
-    assert _device_memory(device) == before
+    assert device_memory_in_use(device) == before
     assert pystrom.read_postgres(pg_cluster.conninfo, "SELECT 1 AS x", device=device).num_rows == 1
 
 

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 import pystrom
 from pystrom import DataError, InvalidArgumentError, PostgresError, UnsupportedTypeError
 
+from conftest import device_memory_in_use
+
 psycopg = pytest.importorskip("psycopg")
 from psycopg import sql  # noqa: E402
 
@@ -72,18 +74,6 @@ def _value_rows(pg, name: str, where: str = "TRUE") -> list[tuple]:
 
 def _staging_tables(pg) -> list[str]:
     return [r[0] for r in pg.fetch("SELECT relname FROM pg_class WHERE relname LIKE '\\_pystrom\\_w\\_%%'")]
-
-
-def _device_memory(device: str) -> int:
-    if device == "cpu":
-        return 0
-    import gc
-
-    import cupy
-
-    gc.collect()  # device arrays of earlier tests that only the collector frees would count as this test's
-    cupy.cuda.Device().synchronize()
-    return cupy.get_default_memory_pool().used_bytes()
 
 
 def _same(a, b) -> bool:
@@ -386,7 +376,7 @@ def test_writer_terminated_late_leaves_target_unchanged(pg, device, mode, victim
     out = _target(pg)
     before = _snapshot(pg, out)
     t = _big(device)
-    memory = _device_memory(device)
+    memory = device_memory_in_use(device)
     killed = []
 
     def kill(rows: int) -> None:
@@ -407,7 +397,7 @@ def test_writer_terminated_late_leaves_target_unchanged(pg, device, mode, victim
     assert _snapshot(pg, out) == before
     assert _staging_tables(pg) == []
     assert _copies(pg) == []
-    assert _device_memory(device) == memory  # the encoder's device memory is back in the pool
+    assert device_memory_in_use(device) == memory  # the encoder's device memory is back in the pool
 
 
 @pytest.mark.parametrize("partitions", [1, 3])

@@ -150,7 +150,7 @@ def read_postgres(
         run_sql,
         table_pages,
     )
-    from ..io.postgres.statement import compose
+    from ..io.postgres.statement import check_read_arguments, compose
     from ..io.postgres.types import check_partition_key, describe
 
     psycopg = psycopg_module()
@@ -161,14 +161,7 @@ def read_postgres(
         )
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(f"conninfo must be a connection string or URI; got {type(conninfo).__name__}")
-    if (query is None) == (table is None):
-        raise InvalidArgumentError("read_postgres needs exactly one of query= or table=")
-    if query is not None and (columns is not None or where is not None):
-        raise InvalidArgumentError("columns= and where= go with table=; put them in the query instead")
-    if numeric not in ("float64", "decimal"):
-        raise InvalidArgumentError(f"numeric must be 'float64' or 'decimal'; got {numeric!r}")
-    if partition_on is not None and (query is None or not isinstance(partition_on, str) or not partition_on):
-        raise InvalidArgumentError(f"partition_on must name an integer column of a query= read; got {partition_on!r}")
+    check_read_arguments(query, table, columns, where, numeric, partition_on)
     _check_npartitions(npartitions)
     check_device(device)
 

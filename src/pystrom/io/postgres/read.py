@@ -19,7 +19,7 @@ from ..arrow.write import write_arrow
 from .assemble import assemble
 from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
-from .statement import compose
+from .statement import check_read_arguments, compose
 from .stream import read_all
 from .types import PgColumn, check_partition_key, describe
 
@@ -101,16 +101,9 @@ def read_postgres(
         table is returned.
     """
     psycopg = psycopg_module()
-    if (query is None) == (table is None):
-        raise InvalidArgumentError("read_postgres needs exactly one of query= or table=")
-    if query is not None and (columns is not None or where is not None):
-        raise InvalidArgumentError("columns= and where= go with table=; put them in the query instead")
-    if numeric not in ("float64", "decimal"):
-        raise InvalidArgumentError(f"numeric must be 'float64' or 'decimal'; got {numeric!r}")
+    check_read_arguments(query, table, columns, where, numeric, partition_on)
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
         raise InvalidArgumentError(f"partitions must be a positive int or None; got {partitions!r}")
-    if partition_on is not None and (query is None or not isinstance(partition_on, str) or not partition_on):
-        raise InvalidArgumentError(f"partition_on must name an integer column of a query= read; got {partition_on!r}")
     check_progress(progress)
     backend = resolve_device(device)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import InvalidArgumentError
 
-__all__ = ["Plan", "compose"]
+__all__ = ["Plan", "check_read_arguments", "compose"]
 
 
 @dataclass
@@ -36,6 +36,18 @@ def _identifier(table: Any) -> Any:
         f"table must be a name (taken literally, quotes and dots included) or a tuple such as "
         f"('schema', 'name'); got {table!r}"
     )
+
+
+def check_read_arguments(query: Any, table: Any, columns: Any, where: Any, numeric: Any, partition_on: Any) -> None:
+    """The checks every PostgreSQL read makes of what it is asked to read (one process or many)."""
+    if (query is None) == (table is None):
+        raise InvalidArgumentError("read_postgres needs exactly one of query= or table=")
+    if query is not None and (columns is not None or where is not None):
+        raise InvalidArgumentError("columns= and where= go with table=; put them in the query instead")
+    if numeric not in ("float64", "decimal"):
+        raise InvalidArgumentError(f"numeric must be 'float64' or 'decimal'; got {numeric!r}")
+    if partition_on is not None and (query is None or not isinstance(partition_on, str) or not partition_on):
+        raise InvalidArgumentError(f"partition_on must name an integer column of a query= read; got {partition_on!r}")
 
 
 def compose(conn: Any, query: Any, table: Any, columns: Any, where: Any, params: Any) -> Plan:
