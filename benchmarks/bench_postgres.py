@@ -68,18 +68,20 @@ def _load(
         conn.execute(f"VACUUM (FREEZE, ANALYZE) {name}")  # hint bits set now, not during the first timed read
 
 
-def _server_copy(conninfo: str, n: int) -> None:
+def _server_copy(conninfo: str, n: int, table: str = "logreg") -> None:
     """The server's own cost: COPY to /dev/null over n ctid ranges, one backend each."""
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        pages = conn.execute("SELECT pg_relation_size('logreg') / current_setting('block_size')::int").fetchone()[0]
+        pages = conn.execute(
+            "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int", (table,)
+        ).fetchone()[0]
     bounds = [pages * i // n for i in range(n + 1)]
 
     def part(i: int) -> None:
         cond = f"ctid >= '({bounds[i]},0)'::tid" + (f" AND ctid < '({bounds[i + 1]},0)'::tid" if i + 1 < n else "")
         with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute(f"COPY (SELECT * FROM logreg WHERE {cond}) TO '/dev/null' (FORMAT BINARY)")
+            conn.execute(f"COPY (SELECT * FROM {table} WHERE {cond}) TO '/dev/null' (FORMAT BINARY)")
 
     threads = [threading.Thread(target=part, args=(i,)) for i in range(n)]
     for th in threads:

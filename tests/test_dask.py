@@ -55,12 +55,26 @@ CLUSTERS = [
         "cuda-1", marks=[*_gpu, pytest.mark.skipif(not _have_dask_cuda(), reason="dask_cuda is not installed")]
     ),
     pytest.param("cuda-2", marks=_gpu),
+    pytest.param(
+        "cuda-per-gpu",
+        marks=[
+            *_gpu,
+            pytest.mark.skipif(not _have_dask_cuda(), reason="dask_cuda is not installed"),
+            pytest.mark.skipif(pystrom._backend.cuda_device_count() < 2, reason="needs two CUDA GPUs"),
+        ],
+    ),
 ]
 
 
 def _start(kind: str):
     """(cluster, the device= the reads use). cuda-1: dask-cuda, one worker on GPU 0; cuda-2: two
-    worker processes that both see GPU 0 (sharing it), each reading onto it."""
+    worker processes that both see GPU 0 (sharing it), each reading onto it; cuda-per-gpu: dask-cuda,
+    one worker per GPU (each sees its own GPU as device 0)."""
+    if kind == "cuda-per-gpu":
+        from dask_cuda import LocalCUDACluster
+
+        n = min(pystrom._backend.cuda_device_count(), 4)
+        return LocalCUDACluster(n_workers=n, threads_per_worker=2, dashboard_address=":0"), "cuda"
     if kind == "cuda-1":
         from dask_cuda import LocalCUDACluster
 
@@ -477,6 +491,39 @@ def test_fit_moves_no_partition_off_its_worker(client, dev, pg, logreg):
     assert moved < 2048 * model.n_passes_ * parts.npartitions + 4096, moved
     assert moved < table_bytes
     assert {k: set(v) for k, v in client.who_has(parts).items()} == where  # no partition was copied elsewhere
+
+
+def test_partitions_live_on_their_workers_gpu(client, dev, pg, logreg):
+    """With one worker per GPU, each worker's partitions sit on the GPU it owns (its device 0 under
+    dask-cuda's CUDA_VISIBLE_DEVICES), and the fit gathers none of them."""
+    if dev == "cpu":
+        pytest.skip("placement on GPUs")
+    name, data = logreg
+    parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=8, device=dev).persist()
+    distributed.wait(parts)
+
+    def placement(dask_worker):
+        import cupy
+
+        tables = [v for v in dask_worker.data.values() if isinstance(v, pystrom.Table)]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        pci = cupy.cuda.Device(0).pci_bus_id
+        return visible, pci, sorted({t.device for t in tables}), {t["x1"].device.id for t in tables}, len(tables)
+
+    seen = client.run(placement)
+    workers = len(client.scheduler_info()["workers"])
+    assert sum(n for *_, n in seen.values()) == 8
+    for _, _, devices, ids, n in seen.values():
+        if n:
+            assert devices == ["cuda:0"] and ids == {0}, seen
+    if workers > 1 and all(v[0] for v in seen.values()):
+        assert len({v[1] for v in seen.values()}) == workers, seen  # one distinct physical GPU per worker
+        assert sum(1 for v in seen.values() if v[4]) > 1, seen  # the partitions are spread, not on one GPU
+    got = LogisticRegression().fit(parts, columns=["x1", "x2", "x3"], target="y")
+    want = LogisticRegression().fit(pystrom.read_postgres(pg.conninfo, table=name, device="cpu"),
+                                    columns=["x1", "x2", "x3"], target="y")  # fmt: skip
+    np.testing.assert_allclose(got.coefficients_, want.coefficients_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.std_err_, want.std_err_, rtol=1e-7)
 
 
 def test_out_of_core_fit_over_a_scan_reads_on_the_workers(client, dev, tmp_path):
