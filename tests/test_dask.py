@@ -472,6 +472,39 @@ def test_separation_is_judged_as_in_memory(client, dev):
     np.testing.assert_allclose(got.coefficients_, want.coefficients_, rtol=1e-9)
 
 
+def test_fit_over_persisted_partitions_skips_the_scheduler_and_survives_a_stale_placement(client, dev, pg, logreg):
+    from pystrom.dask._fit import dask_source
+
+    name, data = logreg
+    parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=6, device=dev).persist()
+    distributed.wait(parts)
+
+    def transitions(dask_scheduler):
+        return dask_scheduler.transition_counter
+
+    before = client.run_on_scheduler(transitions)
+    got = LogisticRegression().fit(parts, columns=["x1", "x2", "x3"], target="y")
+    assert client.run_on_scheduler(transitions) - before < parts.npartitions, "the passes went through the scheduler"
+    want = LogisticRegression().fit(pystrom.read_postgres(pg.conninfo, table=name, device="cpu"),
+                                    columns=["x1", "x2", "x3"], target="y")  # fmt: skip
+    np.testing.assert_allclose(got.coefficients_, want.coefficients_, rtol=1e-9, atol=1e-12)
+
+    source, _, _ = dask_source(parts, None, None, ["x1", "x2", "x3"], "y")
+    w = np.array([0.1, -0.2, 0.3, 0.05])
+    right = source._total(w, (1.0, 1.0))
+    _, plan = source._placement
+    workers = list(client.scheduler_info()["workers"])
+    if len(workers) > 1:  # a stale plan: every partition said to be on one worker that lacks some
+        stale = {workers[0]: [keys for held in plan.values() for keys in held]}
+        source._placement = (client, stale)
+        np.testing.assert_allclose(source._total(w, (1.0, 1.0)), right, rtol=1e-12)
+        assert source._placement[1] == plan  # looked up again for the next pass
+    # a plan that names a partition twice or forgets one is never summed
+    twice = {a: keys + keys for a, keys in plan.items()}
+    source._placement = (client, twice)
+    np.testing.assert_allclose(source._total(w, (1.0, 1.0)), right, rtol=1e-12)
+
+
 def test_fit_moves_no_partition_off_its_worker(client, dev, pg, logreg):
     name, _ = logreg
     parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=4, device=dev).persist()

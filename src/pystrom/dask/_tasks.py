@@ -31,6 +31,8 @@ __all__ = [
     "table_pass",
     "array_pass",
     "sum_passes",
+    "PartitionMoved",
+    "local_passes",
 ]
 
 _EXTRA = 3  # a pass vector's tail: rows used, rows skipped for NULLs, float32 seen (0/1)
@@ -204,6 +206,42 @@ def sum_passes(*vecs: np.ndarray) -> np.ndarray:
     out[margin] = min(v[margin] for v in vecs)
     out[-1] = max(v[-1] for v in vecs)
     return out
+
+
+class PartitionMoved(LookupError):
+    """A partition the client placed on this worker is no longer in its memory (lost, moved, spilled
+    away by another path): the client falls back to a scheduled pass."""
+
+
+def local_passes(
+    plan: dict, task: Any, args: tuple, cw: tuple[float, float], w: np.ndarray, check: bool, dask_worker: Any = None
+) -> tuple[int, np.ndarray] | None:
+    """This worker's share of one IRLS pass, run by ``Client.run``: ``task`` on every partition that
+    ``plan[this worker's address]`` names (tuples of keys of its in-memory inputs), summed here;
+    returns (partitions summed, the sum).
+
+    Why not a task graph: a scheduled pass costs two to three batched-send intervals of the client,
+    the scheduler and the worker (measured: 47 ms a pass with 16 partitions on an H200 machine, 15 ms
+    for one trivial task here), while the sums themselves take about a millisecond. The partitions
+    are already where they will be summed, so the client asks each worker directly."""
+    mine = plan.get(dask_worker.address, [])
+    if not mine:
+        return None
+    try:
+        inputs = [[None if k is None else dask_worker.data[k] for k in keys] for keys in mine]
+    except KeyError as exc:
+        raise PartitionMoved(f"partition {exc.args[0]!r} is not in {dask_worker.address}'s memory") from None
+
+    def one(values: list) -> np.ndarray:
+        return task(*values, *args, cw, w, check)
+
+    executor = getattr(dask_worker, "executors", {}).get("default")
+    on_cpu = all(getattr(v, "device", "cpu") == "cpu" for values in inputs for v in values if v is not None)
+    if executor is not None and on_cpu and len(inputs) > 1:
+        vecs = list(executor.map(one, inputs))  # NumPy releases the GIL: every worker thread sums at once
+    else:
+        vecs = [one(values) for values in inputs]  # on a GPU, launches from one thread; each pass syncs once
+    return len(vecs), sum_passes(*vecs)
 
 
 # -- dask's hooks for Tables -----------------------------------------------------------------------
