@@ -351,6 +351,24 @@ def test_to_array_promotes_like_numpy_without_dtype(device):
         np.testing.assert_array_equal(host(got), np.column_stack([host(t[n]) for n in names]).astype(want))
 
 
+def test_repr_shows_dates_beyond_pythons_datetime_as_stored_values(device):
+    """Valid Arrow data (any int64 of microseconds, any int32 of days) that datetime cannot hold."""
+    big = np.iinfo(np.int64).max
+    arrow = pa.table(
+        {
+            "ts": pa.array([big, -(2**62), 0], pa.timestamp("us")),
+            "d": pa.array([2**31 - 1, None, 0], pa.date32()),
+            "ns": pa.array([big, 0, None], pa.timestamp("ns", tz="UTC")),
+        }
+    )
+    t = Table.from_arrow(arrow, device=device)
+    text = repr(t)
+    assert f"<{big} us from 1970: beyond Python's datetime>" in text
+    assert f"<{-(2**62)} us from 1970" in text and f"<{2**31 - 1} days from 1970" in text
+    assert "1970-01-01 00:00:00" in text and "2262-04-11 23:47:16.854775807" in text  # in range: as before
+    assert f"{big} us from 1970" in t._repr_html_()
+
+
 def test_repr_shows_timestamps_uuids_and_decimals_whole():
     import decimal
     import uuid

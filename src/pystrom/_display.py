@@ -41,15 +41,29 @@ def _is_text(arrow_type: object) -> bool:
     return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
 
 
+def _column_cells(column: object, cut: bool) -> list[str]:
+    """One column's first rows as text. A date or timestamp outside Python's datetime range (years
+    past 9999, or before 1) is shown as its stored integer and unit rather than failing the repr."""
+    try:
+        return [_cell(v, cut) for v in column.to_pylist()]
+    except (OverflowError, ValueError):
+        pass
+    cells = []
+    unit = getattr(column.type, "unit", "days" if str(column.type).startswith("date32") else "ms")
+    for scalar in column:
+        try:
+            cells.append(_cell(scalar.as_py(), cut))
+        except (OverflowError, ValueError):
+            cells.append(f"<{scalar.value} {unit} from 1970: beyond Python's datetime>")
+    return cells
+
+
 def _head(table: Table) -> tuple[list[str], list[list[str]]]:
     rows = min(defaults.repr_rows, table.num_rows)
     if rows == 0 or table.num_columns == 0:
         return table.column_names, []
     head = table.slice(0, rows).to_arrow()
-    columns = [
-        [_cell(v, _is_text(head.schema.field(i).type)) for v in head.column(i).to_pylist()]
-        for i in range(head.num_columns)
-    ]
+    columns = [_column_cells(head.column(i), _is_text(head.schema.field(i).type)) for i in range(head.num_columns)]
     return table.column_names, [list(r) for r in zip(*columns)]
 
 
