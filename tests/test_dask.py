@@ -571,6 +571,26 @@ def test_out_of_core_fit_over_a_scan_reads_on_the_workers(client, dev, tmp_path)
     assert got.num_rows_processed_ == 5000
 
 
+def test_predictions_from_partitions_with_null_features_match_in_memory(client, dev, tmp_path):
+    data = _logreg_data(2000, seed=5)
+    x1 = pa.array(data.column("x1").to_numpy(), mask=np.arange(2000) % 7 == 0)
+    data = data.set_column(1, "x1", x1)
+    path = tmp_path / "nulls.arrow"
+    pystrom.write_arrow(data, path, batch_rows=300)
+    parts = pdask.scan_arrow(str(path), batch_rows=600, device=dev)
+    table = pystrom.read_arrow(path, device="cpu")
+    model = LogisticRegression().fit(table, columns=["x1", "x2", "x3"], target="y")
+    for method in ("predict_proba", "predict", "decision_function"):
+        got = getattr(model, method)(parts).compute()
+        want = getattr(model, method)(table)
+        got = got.get() if hasattr(got, "get") else got
+        assert got.shape == want.shape, method
+        np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12)
+    assert np.isnan(model.predict_proba(parts).compute()[::7]).all() if dev == "cpu" else True
+    with pytest.raises(DataError, match="expecting 3 features"):
+        model.predict(parts, columns=["x1", "x2"])
+
+
 def test_fit_names_a_column_with_nan_from_its_worker(client, dev, pg):
     name = pg.name("nan")
     pg.execute(f'CREATE TABLE "{name}" AS SELECT g AS id, (g % 7)::float8 AS a, '

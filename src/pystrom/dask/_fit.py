@@ -15,6 +15,7 @@ where it lives.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
 from ..ml._pass import layout_size
 from ..ml._sources import Source
 from ..table import Table
-from ._collection import PartitionedTable, Partitions, _Keys
+from ._collection import PartitionedTable, Partitions, _dask_array, _Keys, _on_client_device
 from ._tasks import _EXTRA, PartitionMoved, array_pass, local_passes, sum_passes, table_pass
 
 __all__ = ["is_dask_input", "DaskSource", "dask_source", "dask_predict"]
@@ -251,9 +252,21 @@ def dask_predict(model: Any, method: str, X: Any, columns: Sequence[str] | None,
         names = list(columns) if columns is not None else list(getattr(model, "feature_names_in_", []))
         if not names:
             raise DataError("this model was fitted on an array: pass columns=[...] to predict from a collection")
+        X._check_open()
         empty = Table.from_arrow(X.schema.empty_table(), device="cpu")
-        X = X.to_dask_array(names, dtype=table_dtype(empty, names))
-    elif columns is not None:
+        empty.to_array(names, dtype=table_dtype(empty, names))  # unknown or non-numeric columns: named now
+        k = model.coef_.shape[1]
+        if len(names) != k:
+            raise DataError(f"{len(names)} columns given, but LogisticRegression is expecting {k} features as input")
+        # Each partition goes through the in-memory Table method, so NULL features give NaN rows as there.
+        parts = X._parts.derive(f"pystrom-{method}", _apply_table, model, method, names, token=uuid.uuid4().hex,
+                                keep_rows=True)  # fmt: skip
+        if method in ("predict_proba", "predict_log_proba"):
+            meta = np.empty((0, 2), dtype=np.float64)
+        else:
+            meta = np.empty(0, dtype=model.classes_.dtype if method == "predict" else np.float64)
+        return _dask_array(parts, _on_client_device(meta, X._device))
+    if columns is not None:
         raise DataError("columns= applies to pystrom.dask collections and Tables, not to dask arrays")
     if X.ndim != 2:
         raise SchemaMismatchError(f"X must be a 2-D dask array (rows x features); got {X.ndim}-D")
@@ -268,6 +281,11 @@ def dask_predict(model: Any, method: str, X: Any, columns: Sequence[str] | None,
     dtype = model.classes_.dtype if method == "predict" else np.dtype(np.float64)
     meta = meta_from_array(X, ndim=1, dtype=dtype)
     return X.map_blocks(_apply, model, method, drop_axis=1, dtype=dtype, meta=meta)
+
+
+def _apply_table(table: Table, model: Any, method: str, names: list[str]) -> Any:
+    with table._live().backend.activate():
+        return getattr(model, method)(table, columns=names)
 
 
 def _apply(block: Any, model: Any, method: str) -> Any:
