@@ -180,7 +180,6 @@ PYBIND11_MODULE(_core, m) {
   });
 
   // -- PostgreSQL writes: the CPU encoder and the COPY FROM STDIN sender (io/postgres/pump.py wraps these) --
-  m.def("pg_load_libpq_copy_in", [](const std::string& path) { pystrom::pg::load_libpq_copy_in(path); });
 
   m.def("pg_encode_sizes", [](py::buffer desc, int64_t begin, int64_t end, py::buffer sizes) {
     Bytes d = request(desc, false, "desc");

@@ -2,17 +2,14 @@
 // into `COPY ... FROM STDIN (FORMAT BINARY)` on a libpq connection that psycopg opened. Pure C++, no
 // Python: module.cpp binds it and releases the GIL around every call that touches the network.
 //
-// Like the COPY TO pump (pg_pump.cpp), libpq is never linked: the few functions the sender needs are
-// resolved from the libpq psycopg already loaded (the path pg_pump's load_libpq found).
+// Like the COPY TO pump (pg_pump.cpp), it calls libpq through libpq.hpp (psycopg's own copy, resolved
+// once by load_libpq).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace pystrom::pg {
-
-// Resolve the sender's libpq functions from the already loaded library at `path` (once per process).
-void load_libpq_copy_in(const std::string& path);
 
 class CopyInSender {
  public:

@@ -1,7 +1,5 @@
 #include "pg_pump.hpp"
 
-#include <dlfcn.h>
-#include <link.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -13,54 +11,7 @@ namespace pystrom::pg {
 
 namespace {
 
-// The few libpq entry points the pump needs, with libpq's own signatures (PGconn*/PGresult* opaque).
-struct Libpq {
-  int (*PQsendQuery)(void*, const char*);
-  void* (*PQgetResult)(void*);
-  int (*PQresultStatus)(const void*);
-  char* (*PQresultErrorMessage)(const void*);
-  char* (*PQerrorMessage)(const void*);
-  char* (*PQcmdStatus)(void*);
-  void (*PQclear)(void*);
-  int (*PQgetCopyData)(void*, char**, int);
-  void (*PQfreemem)(void*);
-  void* (*PQgetCancel)(void*);
-  int (*PQcancel)(void*, char*, int);
-  void (*PQfreeCancel)(void*);
-  int (*PQstatus)(const void*);
-  int (*PQtransactionStatus)(const void*);
-  int (*PQconsumeInput)(void*);
-  int (*PQsocket)(const void*);
-  int (*PQsslInUse)(void*);
-  void* (*PQgetgssctx)(void*);  // optional: absent from libpqs built before GSSAPI encryption existed
-};
-
-// ExecStatusType / ConnStatusType / PGTransactionStatusType values (stable parts of libpq's ABI).
-constexpr int PGRES_COMMAND_OK = 1;
-constexpr int PGRES_COPY_OUT = 3;
-constexpr int CONNECTION_OK = 0;
-constexpr int PQTRANS_ACTIVE = 1;
-
-Libpq g_pq{};
-std::string g_path;
-std::mutex g_mutex;
-
-int find_loaded(dl_phdr_info* info, size_t, void* out) {
-  const char* name = info->dlpi_name;
-  if (name == nullptr || *name == '\0') return 0;
-  const char* base = std::strrchr(name, '/');
-  base = base ? base + 1 : name;
-  if (std::strncmp(base, "libpq", 5) == 0 && (base[5] == '.' || base[5] == '-')) {
-    static_cast<std::vector<std::string>*>(out)->push_back(name);
-  }
-  return 0;
-}
-
-template <typename F>
-void resolve(void* handle, const char* symbol, F& fn, const std::string& path) {
-  fn = reinterpret_cast<F>(dlsym(handle, symbol));
-  if (fn == nullptr) throw std::runtime_error("libpq at " + path + " has no symbol " + symbol);
-}
+const Libpq& pq() { return libpq(); }
 
 uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>((p[0] << 8) | p[1]); }
 int32_t be32(const uint8_t* p) {
@@ -126,50 +77,8 @@ Parsed parse_rows(const uint8_t* __restrict__ m, std::size_t n, int ncols, int64
 
 }  // namespace
 
-std::string load_libpq(const std::string& path) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (!g_path.empty()) return g_path;
-  std::vector<std::string> candidates;
-  if (!path.empty()) {
-    candidates.push_back(path);
-  } else {
-    dl_iterate_phdr(find_loaded, &candidates);
-  }
-  if (candidates.empty()) {
-    throw std::runtime_error("no libpq is loaded in this process (psycopg must be imported and connected first)");
-  }
-  for (const std::string& candidate : candidates) {
-    // RTLD_NOLOAD: only take a library that is already mapped, never load a second libpq.
-    void* handle = dlopen(candidate.c_str(), RTLD_LAZY | RTLD_NOLOAD);
-    if (handle == nullptr || dlsym(handle, "PQgetCopyData") == nullptr) continue;
-    Libpq pq{};
-    resolve(handle, "PQsendQuery", pq.PQsendQuery, candidate);
-    resolve(handle, "PQgetResult", pq.PQgetResult, candidate);
-    resolve(handle, "PQresultStatus", pq.PQresultStatus, candidate);
-    resolve(handle, "PQresultErrorMessage", pq.PQresultErrorMessage, candidate);
-    resolve(handle, "PQerrorMessage", pq.PQerrorMessage, candidate);
-    resolve(handle, "PQcmdStatus", pq.PQcmdStatus, candidate);
-    resolve(handle, "PQclear", pq.PQclear, candidate);
-    resolve(handle, "PQgetCopyData", pq.PQgetCopyData, candidate);
-    resolve(handle, "PQfreemem", pq.PQfreemem, candidate);
-    resolve(handle, "PQgetCancel", pq.PQgetCancel, candidate);
-    resolve(handle, "PQcancel", pq.PQcancel, candidate);
-    resolve(handle, "PQfreeCancel", pq.PQfreeCancel, candidate);
-    resolve(handle, "PQstatus", pq.PQstatus, candidate);
-    resolve(handle, "PQtransactionStatus", pq.PQtransactionStatus, candidate);
-    resolve(handle, "PQconsumeInput", pq.PQconsumeInput, candidate);
-    resolve(handle, "PQsocket", pq.PQsocket, candidate);
-    resolve(handle, "PQsslInUse", pq.PQsslInUse, candidate);
-    pq.PQgetgssctx = reinterpret_cast<void* (*)(void*)>(dlsym(handle, "PQgetgssctx"));
-    g_pq = pq;
-    g_path = candidate;
-    return g_path;  // the handle stays open for the life of the process, like psycopg's own
-  }
-  throw std::runtime_error("none of the loaded libraries named libpq* exports PQgetCopyData");
-}
-
 CopyPump::CopyPump(uintptr_t pgconn, int ncols) : conn_(reinterpret_cast<void*>(pgconn)), ncols_(ncols) {
-  if (g_path.empty()) throw std::runtime_error("libpq is not resolved: call load_libpq first");
+  libpq();  // throws when not resolved yet
   if (conn_ == nullptr) throw std::invalid_argument("null PGconn pointer");
   if (ncols < 0 || ncols > 1664) throw std::invalid_argument("column count out of range");
 }
@@ -179,34 +88,17 @@ CopyPump::~CopyPump() {
 }
 
 void CopyPump::start(const std::string& sql) {
-  if (g_pq.PQstatus(conn_) != CONNECTION_OK) throw ServerError(g_pq.PQerrorMessage(conn_));
-  if (g_pq.PQtransactionStatus(conn_) == PQTRANS_ACTIVE) {
-    throw std::runtime_error("the connection is busy with another command");
-  }
-  if (!g_pq.PQsendQuery(conn_, sql.c_str())) throw ServerError(g_pq.PQerrorMessage(conn_));
-  void* res = g_pq.PQgetResult(conn_);
-  if (res == nullptr) throw ServerError(g_pq.PQerrorMessage(conn_));
-  const int status = g_pq.PQresultStatus(res);
-  if (status == PGRES_COPY_OUT) {
-    g_pq.PQclear(res);
-    active_ = true;
-    begin_batched_reads();
-    return;
-  }
-  std::string message = g_pq.PQresultErrorMessage(res);
-  g_pq.PQclear(res);
-  // Drain the remaining results so the connection is idle again before reporting.
-  while ((res = g_pq.PQgetResult(conn_)) != nullptr) g_pq.PQclear(res);
-  if (message.empty()) message = "the server did not start COPY OUT (status " + std::to_string(status) + ")";
-  throw ServerError(message);
+  start_copy(conn_, sql, PGRES_COPY_OUT);
+  active_ = true;
+  begin_batched_reads();
 }
 
 void CopyPump::begin_batched_reads() {
   // Only a plain TCP socket: with TLS or GSSAPI encryption libpq may hold decrypted bytes that a
   // poll() on the socket does not see, and a Unix socket's poll() ignores SO_RCVLOWAT (and its small
   // buffers would stall the server while we wait). Those keep libpq's blocking reads.
-  if (g_pq.PQsslInUse(conn_) || (g_pq.PQgetgssctx != nullptr && g_pq.PQgetgssctx(conn_) != nullptr)) return;
-  const int sock = g_pq.PQsocket(conn_);
+  if (pq().PQsslInUse(conn_) || (pq().PQgetgssctx != nullptr && pq().PQgetgssctx(conn_) != nullptr)) return;
+  const int sock = pq().PQsocket(conn_);
   if (sock < 0) return;
   sockaddr_storage addr{};
   socklen_t alen = sizeof addr;
@@ -227,19 +119,19 @@ void CopyPump::end_batched_reads() noexcept {
   // psycopg waits on this socket for its next results: give it back as it was. Only while libpq
   // still owns it: after a lost connection libpq closed it, and the number may already name another
   // thread's file.
-  if (g_pq.PQsocket(conn_) == sock_) setsockopt(sock_, SOL_SOCKET, SO_RCVLOWAT, &old_lowat_, sizeof old_lowat_);
+  if (pq().PQsocket(conn_) == sock_) setsockopt(sock_, SOL_SOCKET, SO_RCVLOWAT, &old_lowat_, sizeof old_lowat_);
   sock_ = -1;
 }
 
 int CopyPump::next_message(char** data) {
-  if (!batched_) return g_pq.PQgetCopyData(conn_, data, 0);
+  if (!batched_) return pq().PQgetCopyData(conn_, data, 0);
   // libpq's blocking PQgetCopyData polls and wakes up for every packet the server flushes (8 KiB);
   // with the server's backends on the same cores those wake-ups cost both sides. Here the socket
   // only reports readable once kBatchBytes are queued (SO_RCVLOWAT) or after kBatchWaitMs, and
   // PQconsumeInput is called first, since data is often already waiting.
   bool wait = false;
   for (;;) {
-    const int len = g_pq.PQgetCopyData(conn_, data, 1);
+    const int len = pq().PQgetCopyData(conn_, data, 1);
     if (len != 0) return len;
     if (wait) {
       pollfd p{sock_, POLLIN, 0};
@@ -248,12 +140,12 @@ int CopyPump::next_message(char** data) {
       poll(&p, 1, kBatchWaitMs);
     }
     wait = true;
-    if (!g_pq.PQconsumeInput(conn_)) return -2;
+    if (!pq().PQconsumeInput(conn_)) return -2;
   }
 }
 
 void CopyPump::release_pending() noexcept {
-  if (pending_ != nullptr) g_pq.PQfreemem(pending_);
+  if (pending_ != nullptr) pq().PQfreemem(pending_);
   pending_ = nullptr;
   pending_len_ = 0;
 }
@@ -279,7 +171,7 @@ FillResult CopyPump::fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, 
         return out;
       }
       if (len < 0) {  // -2: the connection failed
-        std::string message = g_pq.PQerrorMessage(conn_);
+        std::string message = pq().PQerrorMessage(conn_);
         abort();
         throw ServerError(message.empty() ? "COPY failed" : message);
       }
@@ -321,20 +213,7 @@ void CopyPump::finish() {
   active_ = false;
   end_batched_reads();
   release_pending();
-  std::string message;
-  void* res;
-  while ((res = g_pq.PQgetResult(conn_)) != nullptr) {
-    const int status = g_pq.PQresultStatus(res);
-    if (status == PGRES_COMMAND_OK) {
-      status_ = g_pq.PQcmdStatus(res);
-    } else if (message.empty()) {
-      message = g_pq.PQresultErrorMessage(res);
-      if (message.empty()) message = "COPY ended with status " + std::to_string(status);
-    }
-    g_pq.PQclear(res);
-  }
-  if (!message.empty()) throw ServerError(message);
-  if (g_pq.PQstatus(conn_) != CONNECTION_OK) throw ServerError(g_pq.PQerrorMessage(conn_));
+  status_ = finish_command(conn_);
   if (!trailer_seen_) throw ProtocolError("the COPY ended without its trailer");
 }
 
@@ -343,19 +222,18 @@ void CopyPump::abort() noexcept {
   if (!active_) return;
   active_ = false;
   end_batched_reads();
-  if (g_pq.PQstatus(conn_) == CONNECTION_OK) {
-    if (void* cancel = g_pq.PQgetCancel(conn_)) {
+  if (pq().PQstatus(conn_) == CONNECTION_OK) {
+    if (void* cancel = pq().PQgetCancel(conn_)) {
       char err[256];
-      g_pq.PQcancel(cancel, err, sizeof err);
-      g_pq.PQfreeCancel(cancel);
+      pq().PQcancel(cancel, err, sizeof err);
+      pq().PQfreeCancel(cancel);
     }
   }
   // Read what the server still sends until it acknowledges the end (or the connection fails).
   char* data = nullptr;
   int len;
-  while ((len = g_pq.PQgetCopyData(conn_, &data, 0)) > 0) g_pq.PQfreemem(data);
-  void* res;
-  while ((res = g_pq.PQgetResult(conn_)) != nullptr) g_pq.PQclear(res);
+  while ((len = pq().PQgetCopyData(conn_, &data, 0)) > 0) pq().PQfreemem(data);
+  drain_results(conn_);
 }
 
 }  // namespace pystrom::pg

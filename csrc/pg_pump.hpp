@@ -2,8 +2,7 @@
 // into caller-provided staging buffers, recording where each row starts and what the decoder will need
 // to size the table (NULLs and bytes per column). Pure C++, no Python: module.cpp binds it.
 //
-// libpq is never linked: its functions are resolved from the copy psycopg already loaded into the
-// process (psycopg-binary bundles its own libpq; a second one would have different PGconn internals).
+// libpq is reached through libpq.hpp: the copy psycopg already loaded into the process.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,22 +10,14 @@
 #include <string>
 #include <vector>
 
-namespace pystrom::pg {
+#include "libpq.hpp"
 
-// A failure the server or libpq reported (SQL errors, lost connections); carries libpq's message.
-struct ServerError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+namespace pystrom::pg {
 
 // Bytes that do not follow the binary COPY format (or a row with the wrong number of fields).
 struct ProtocolError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-// Resolve libpq's functions once per process. `path` names an already loaded libpq (ctypes
-// implementation of psycopg); empty means "find the one loaded by psycopg's C extension".
-// Returns the path of the library used.
-std::string load_libpq(const std::string& path);
 
 // Where one fill() stopped.
 struct FillResult {

@@ -174,15 +174,6 @@ def decode_cpu(chunk: Staged, row_base: int, desc: np.ndarray) -> tuple[int, int
 __all__ += ["CopyInStream"]
 
 
-@functools.cache
-def _load_copy_in() -> None:
-    path = _load_libpq()  # the library psycopg loaded; the sender resolves its own few functions there
-    try:
-        _core.pg_load_libpq_copy_in(path)
-    except RuntimeError as exc:
-        raise PostgresError(f"cannot use psycopg's libpq: {exc}") from None
-
-
 class CopyInStream:
     """One ``COPY ... FROM STDIN (FORMAT BINARY)`` on a psycopg connection, fed encoded rows.
 
@@ -193,7 +184,7 @@ class CopyInStream:
     """
 
     def __init__(self, conn: Any):
-        _load_copy_in()
+        _load_libpq()
         self._conn = conn
         self._sender = _core.CopyInSender(conn.pgconn.pgconn_ptr)
 
