@@ -55,6 +55,8 @@ class PassTotals:
     nonfinite_rows: int
     saturated_rows: int
     min_margin: float
+    exact_hessian: bool = True  # False: the features' block of the Hessian was formed in float32
+    at: np.ndarray | None = None  # the coefficients of the pass (set by the solver)
 
     @classmethod
     def unpack(cls, vec: np.ndarray, k: int) -> PassTotals:
@@ -80,11 +82,26 @@ def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray) -> Any:
+def xp_pass(
+    xp: Any,
+    X: Any,
+    y: Any,
+    sw: Any | None,
+    cw: tuple[float, float],
+    w: np.ndarray,
+    hessian: str = "float64",
+    chunk_rows: int = 0,
+) -> Any:
     """The CPU twin of the kernel (and the CuPy path for many features): returns the flat vector.
 
     Rows are processed in chunks upcast to float64, so float32 input is never upcast whole.
+    ``hessian="float32"``: the features' block of X^T A X is formed in float32 (:func:`_gram32`); the
+    gradient, the intercept's row and column of the Hessian, the log-likelihood and every total stay
+    float64, so the pass's gradient (and with it the fixed point of Newton's iteration) is the float64
+    one. ``chunk_rows``: rows a chunk (0: by the device, :data:`_CHUNK_ELEMENTS`).
     """
+    if hessian not in ("float64", "float32"):
+        raise ValueError(f"hessian must be 'float64' or 'float32'; got {hessian!r}")
     n, k = X.shape
     p = k + 1
     nt = p * (p + 1) // 2
@@ -94,13 +111,12 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
     min_margin = np.inf
     wk = xp.asarray(w[:k], dtype=np.float64)
     b = float(w[k])
-    # ...but at least 8192 rows on the CPU: with many features, small chunks pay NumPy's per-call
-    # overhead many times (20k x 256 float32, 20 iterations on the CI machine: 11.0 s with 1024-row
-    # chunks, 2.9 s with 8192)
-    chunk = max(1 if xp.__name__ == "cupy" else 8192, _CHUNK_ELEMENTS.get(xp.__name__, 1 << 24) // max(k, 1))
+    single = hessian == "float32"
+    chunk = int(chunk_rows) if chunk_rows else _chunk_rows(xp, k, single)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        Xc = X[start:stop].astype(np.float64)
+        Xr = X[start:stop]
+        Xc = Xr.astype(np.float64)
         yc = y[start:stop].astype(np.float64)
         s = xp.where(yc > 0, cw[1], cw[0])
         if sw is not None:
@@ -111,10 +127,10 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
         bad = int((~finite).sum())
         if bad:
             scal[3] += bad
-            Xc, yc, s, eta = Xc[finite], yc[finite], s[finite], eta[finite]
+            Xr, Xc, yc, s, eta = Xr[finite], Xc[finite], yc[finite], s[finite], eta[finite]
         live = s != 0
         if not bool(live.all()):
-            Xc, yc, s, eta = Xc[live], yc[live], s[live], eta[live]
+            Xr, Xc, yc, s, eta = Xr[live], Xc[live], yc[live], s[live], eta[live]
         if eta.shape[0] == 0:
             continue
         e, inv, l1p = _row_math(xp, eta, X.dtype == np.float32)
@@ -122,7 +138,7 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
         r = s * e * inv * inv
         resid = s * (yc - mu)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked on the totals (_sources.py)
-            H[:k, :k] += _weighted_gram(xp, Xc, r)
+            H[:k, :k] += _gram32(xp, Xr, Xc, r) if single else _weighted_gram(xp, Xc, r)
         # Both matrix-vector products in one read of the chunk (CuPy's axis-0 sum of X r was 20x slower)
         both = Xc.T @ xp.stack([r, resid], axis=1)
         H[:k, k] += both[:, 0]
@@ -144,6 +160,17 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
     return out
 
 
+def _chunk_rows(xp: Any, k: int, single: bool = False) -> int:
+    if single and xp.__name__ == "cupy":
+        # cuBLAS sums a chunk's float32 products over its rows in float32: fewer rows, smaller error
+        # (the chunks' results add in float64); 2^17 rows keep a 256-column syrk at ~8 GFLOP a launch
+        return max(1, min(1 << 17, _CHUNK_ELEMENTS["cupy"] // max(k, 1)))
+    # ...but at least 8192 rows on the CPU: with many features, small chunks pay NumPy's per-call
+    # overhead many times (20k x 256 float32, 20 iterations on the CI machine: 11.0 s with 1024-row
+    # chunks, 2.9 s with 8192)
+    return max(1 if xp.__name__ == "cupy" else 8192, _CHUNK_ELEMENTS.get(xp.__name__, 1 << 24) // max(k, 1))
+
+
 def _weighted_gram(xp: Any, Xc: Any, r: Any) -> Any:
     """X^T diag(r) X (r >= 0). On the CPU, from 16 features, as Z^T Z with Z = sqrt(r) X: NumPy hands a
     product of an array with its own transpose to BLAS's symmetric rank-k update (syrk, half the
@@ -155,6 +182,37 @@ def _weighted_gram(xp: Any, Xc: Any, r: Any) -> Any:
         Z = Xc * np.sqrt(r)[:, None]
         return Z.T @ Z
     return Xc.T @ (Xc * r[:, None])
+
+
+def _gram32(xp: Any, Xr: Any, Xc: Any, r: Any) -> Any:
+    """X^T diag(r) X in float32 (returned as float64): Z^T Z with Z = sqrt(r) X rounded to float32 once.
+
+    Float32 input is scaled in float32 straight from the chunk as it is stored (the upcast copy
+    ``Xc`` serves the float64 products); float64 input is scaled in float64 and rounded. Each entry of
+    the result errs by about sqrt(rows) float32 ulps of sum |z_a z_b| (BLAS sums a chunk in float32),
+    which moves a Newton step by at most that times the Hessian's condition: the solver
+    (``_irls.py``) watches that, and the statistics never use such a Hessian. NumPy hands Z^T Z to
+    BLAS's ssyrk; on a GPU cuBLAS's ssyrk fills the upper triangle, mirrored here.
+    """
+    root = xp.sqrt(r)
+    if Xr.dtype == np.float32:
+        Z = Xr * root.astype(np.float32)[:, None]
+    else:
+        Z = (Xc * root[:, None]).astype(np.float32)
+    if xp is np:
+        return (Z.T @ Z).astype(np.float64)
+    return _cupy_syrk(xp, Z)
+
+
+def _cupy_syrk(cupy: Any, Z: Any) -> Any:
+    """Z^T Z (float32 Z, rows x k) by cuBLAS's ssyrk, as a full symmetric float64 matrix."""
+    try:
+        from cupy import cublas
+    except ImportError:  # a CuPy without the wrapper: the general product (twice the multiplications)
+        return (Z.T @ Z).astype(np.float64)
+    Z = cupy.ascontiguousarray(Z)
+    upper = cupy.triu(cublas.syrk("T", Z, lower=False)).astype(np.float64)  # only the upper triangle is written
+    return upper + cupy.triu(upper, 1).T
 
 
 def _row_math(xp: Any, eta: Any, single: bool) -> tuple[Any, Any, Any]:
@@ -262,8 +320,18 @@ def _resident_blocks(fn: Any, k: int) -> int:
     return _resident(int(ptr), 4 if k <= 4 else 3 if k <= 6 else 2)
 
 
-def batch_pass(backend: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray) -> Any:
-    """The pass over one batch on its backend: the fused kernel on a GPU when it applies, else the xp twin."""
+def batch_pass(
+    backend: Any,
+    X: Any,
+    y: Any,
+    sw: Any | None,
+    cw: tuple[float, float],
+    w: np.ndarray,
+    hessian: str = "float64",
+    chunk_rows: int = 0,
+) -> Any:
+    """The pass over one batch on its backend: the fused kernel on a GPU when it applies (always a
+    float64 Hessian), else the xp twin with ``hessian`` and ``chunk_rows`` (:func:`xp_pass`)."""
     k = X.shape[1]
     if X.shape[0] == 0:
         out = backend.xp.zeros(layout_size(k), dtype=np.float64)
@@ -271,4 +339,4 @@ def batch_pass(backend: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, fl
         return out
     if uses_kernel(backend, X):
         return kernel_pass(X, y, sw, cw, w, backend.ordinal)
-    return xp_pass(backend.xp, X, y, sw, cw, w)
+    return xp_pass(backend.xp, X, y, sw, cw, w, hessian, chunk_rows)
