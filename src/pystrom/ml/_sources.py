@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from .._backend import Backend
+from .._settings import defaults
 from ..errors import DataError
 from ._data import Batch, locate_nonfinite, prefetch
-from .._settings import defaults
 from ._pass import (
     F32_LL_ATOL,
     F32_LL_RTOL,
