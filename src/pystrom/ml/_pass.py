@@ -257,8 +257,10 @@ class KernelPass:
             self.out = cupy.empty(m, dtype=np.float64)
             out_ptr = self.out.data.ptr
         has_sw = sw is not None
-        self.data_args = (X, np.int64(n), np.int64(X.strides[0] // item), np.int64(X.strides[1] // item), y,
-                          sw if has_sw else self.partials, np.int32(has_sw))  # fmt: skip
+        rs, cs = X.strides[0] // item, X.strides[1] // item
+        vec = vector_loads(X.dtype.itemsize, k, rs, cs, X.data.ptr)
+        self.data_args = (X, np.int64(n), np.int64(rs), np.int64(cs), y, sw if has_sw else self.partials,
+                          np.int32(has_sw), np.int32(vec))  # fmt: skip
         self.tail_args = (self.partials, self.done, np.uint64(out_ptr))
 
     def launch(self, cw: tuple[float, float], w: np.ndarray) -> Any:
@@ -278,6 +280,20 @@ class KernelPass:
 
         cupy.cuda.get_current_stream().synchronize()
         return self.host.copy()
+
+
+def vector_loads(itemsize: int, k: int, row_stride: int, col_stride: int, address: int) -> bool:
+    """Whether the kernel may read each row with vector loads (``vec``; ``VecWidth`` in logistic.cu):
+    rows of k contiguous values (C order, no padding) whose width is a multiple of 8 or 16 bytes, and
+    a base address aligned to that width (a slice of an array may start anywhere)."""
+    width = (
+        16
+        if (itemsize == 4 and k % 4 == 0) or (itemsize == 8 and k % 2 == 0)
+        else 8
+        if itemsize == 4 and k % 2 == 0
+        else 0
+    )
+    return bool(width) and row_stride == k and (col_stride == 1 or k == 1) and address % width == 0
 
 
 def _mapped_result(m: int) -> tuple[np.ndarray | None, int]:
