@@ -228,3 +228,26 @@ def test_settings_are_validated():
 
     with pytest.raises(ValueError, match="hessian"):
         xp_pass(np, np.zeros((2, 9)), np.zeros(2), None, (1.0, 1.0), np.zeros(10), hessian="half")
+
+
+def test_reduced_precision_guard_scales_with_the_rounding(monkeypatch):
+    """TF32 (CUPY_TF32=1 on a GPU) reports a coarser rounding, and the first pass's guard then admits
+    only better-conditioned problems; float32 on the CPU whatever the variable says."""
+    from pystrom._backend import resolve_device
+    from pystrom.ml._irls import IRLSSolver
+    from pystrom.ml._pass import gram32_rounding
+
+    class FakeCuda:
+        kind = "cuda"
+
+    monkeypatch.setenv("CUPY_TF32", "1")
+    assert gram32_rounding(FakeCuda()) == 2.0**-17
+    assert gram32_rounding(resolve_device("cpu")) == 2.0**-24
+    monkeypatch.setenv("CUPY_TF32", "0")
+    assert gram32_rounding(FakeCuda()) == 2.0**-24
+    H = np.diag([1.0, 1.0, 1.0])
+    H[0, 1] = H[1, 0] = 0.999  # scaled condition ~2000 (pivots' estimate ~500)
+    for unit, allowed in ((2.0**-24, True), (2.0**-17, False)):
+        solver = IRLSSolver(lambda w, exact=True: None, 2, True, 0.0, 10, 1e-8, approximate=unit)
+        solver.active = np.arange(3)
+        assert solver.allow_approximate(H) is allowed

@@ -61,7 +61,7 @@ STEADY_STEPS = 3
 # below 1, so a Newton step keeps nearly all of its quadratic gain); turned off when a full step near
 # the optimum (decrement below APPROX_NEAR of the log-likelihood) shrinks the decrement less than
 # APPROX_MIN_GAIN times, where a float64 Newton step shrinks it quadratically.
-APPROX_MAX_COND = 1e4
+APPROX_MAX_COND = 1e4  # for float32's rounding (2^-24); scaled by the rounding the pass reports (TF32: 2^-11)
 APPROX_NEAR = 1e-4
 APPROX_MIN_GAIN = 0.25
 
@@ -117,9 +117,10 @@ class IRLSSolver:
         ``() -> (rtol, atol)``: how exact a pass's log-likelihood is, relative to its size and per unit
         of row weight (0 for float64 per-row arithmetic); asked for after the first pass.
     approximate
-        Whether ``evaluate(w, exact=False)`` may return a pass whose Hessian was formed in float32
-        (``PassTotals.exact_hessian`` says which it was); the solver then asks for that in the
-        iterations where :meth:`allow_approximate` and its checks allow it.
+        0, or the unit rounding of a Hessian that ``evaluate(w, exact=False)`` may form in reduced
+        precision (2^-24 for float32, 2^-11 for TF32; ``PassTotals.exact_hessian`` says which a
+        pass was); the solver then asks for those in the iterations where :meth:`allow_approximate`
+        and its checks allow it.
     """
 
     def __init__(
@@ -132,7 +133,7 @@ class IRLSSolver:
         tol: float,
         ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
         rule: str = "pystrom",
-        approximate: bool = False,
+        approximate: float = 0.0,
     ):
         if rule not in ("pystrom", "madlib"):
             raise ValueError(f"rule must be 'pystrom' or 'madlib'; got {rule!r}")
@@ -148,7 +149,7 @@ class IRLSSolver:
         self.reach: float | None = None
         self._warned_fallback = False
         self._last_scale = 1.0
-        self.approximate = bool(approximate)
+        self.approximate = float(approximate)
         self.approx = False  # float32 Hessians in use now (decided by setup, revoked by the checks)
         self.approx_passes = 0
 
@@ -172,7 +173,7 @@ class IRLSSolver:
             base = H[self.k, self.k]
             scale = np.sqrt(np.clip(np.diag(H), 0.0, None) / base) if base > 0 else np.ones(self.k + 1)
         self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
-        self.approx = self.approximate and self.allow_approximate(H)
+        self.approx = bool(self.approximate) and self.allow_approximate(H)
         return w, totals
 
     def allow_approximate(self, H: np.ndarray) -> bool:
@@ -190,7 +191,8 @@ class IRLSSolver:
             piv = np.diag(np.linalg.cholesky(Hf * root[:, None] * root[None, :]))
         except np.linalg.LinAlgError:
             return False
-        return bool(piv.min() > 0 and (piv.max() / piv.min()) ** 2 < APPROX_MAX_COND)
+        limit = APPROX_MAX_COND * 2.0**-24 / self.approximate
+        return bool(piv.min() > 0 and (piv.max() / piv.min()) ** 2 < limit)
 
     def objective(self, w: np.ndarray, t: PassTotals) -> float:
         if not self.l2:

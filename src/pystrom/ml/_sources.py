@@ -24,6 +24,7 @@ from ._pass import (
     PassTotals,
     batch_pass,
     combine,
+    gram32_rounding,
     layout_size,
     uses_kernel,
 )
@@ -49,12 +50,14 @@ class Source:
     def batches(self) -> Iterable[Batch]:
         raise NotImplementedError
 
-    def approximate_hessian(self) -> bool:
-        """Whether a pass may form the features' block of its Hessian in float32 (``evaluate(w,
-        exact=False)``): more than :data:`MAX_KERNEL_FEATURES` features (the xp pass; the fused kernel's
-        float64 sums cost nothing extra), ``pystrom.defaults.logit_hessian == "auto"``, and a source that
-        makes its own passes (a dask source's workers always sum in float64)."""
-        return self._batched and self.n_features > MAX_KERNEL_FEATURES and defaults.logit_hessian == "auto"
+    def approximate_hessian(self) -> float:
+        """0, or the unit rounding of the Hessians a pass may form in reduced precision (``evaluate(w,
+        exact=False)``): more than :data:`MAX_KERNEL_FEATURES` features (the xp pass; the fused
+        kernel's float64 sums cost nothing extra), ``pystrom.defaults.logit_hessian == "auto"``, and a
+        source that makes its own passes (a dask source's workers always sum in float64)."""
+        if not (self._batched and self.n_features > MAX_KERNEL_FEATURES and defaults.logit_hessian == "auto"):
+            return 0.0
+        return gram32_rounding(self.backend)
 
     _batched = False  # the pass goes through batch_pass here (ArraySource, ScanSource)
 
