@@ -235,8 +235,11 @@ def _cupy_syrk(cupy: Any, Z: Any) -> Any:
     if cublas is None or _tf32():
         return (Z.T @ Z).astype(np.float64)
     Z = cupy.ascontiguousarray(Z)
-    upper = cupy.triu(cublas.syrk("T", Z, lower=False)).astype(np.float64)  # only the upper triangle is written
-    return upper + cupy.triu(upper, 1).T
+    k = Z.shape[1]
+    # a C-order result: CuPy then hands the C-order Z to cuBLAS as is (for an F-order one it copies Z)
+    half = cublas.syrk("T", Z, out=cupy.zeros((k, k), dtype=np.float32), lower=False).astype(np.float64)
+    # syrk writes one triangle and leaves the other as it was (zeros): mirrored whichever it wrote
+    return half + half.T - cupy.diag(cupy.diag(half))
 
 
 def _row_math(xp: Any, eta: Any, single: bool) -> tuple[Any, Any, Any]:
