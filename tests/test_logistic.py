@@ -366,15 +366,20 @@ def test_kernel_equals_numpy_twin(device):
     backend = resolve_device(device)
     for k in range(1, MAX_KERNEL_FEATURES + 2):
         for dtype in (np.float32, np.float64):
-            for order in ("C", "F"):
+            for order in ("C", "F", "C shifted"):
                 n = int(rng.integers(1, 5000))
-                X = np.asarray(rng.normal(size=(n, k)), dtype=dtype, order=order)
+                X = np.asarray(rng.normal(size=(n, k)), dtype=dtype, order=order[0])
                 y = (rng.random(n) < 0.4).astype(np.uint8)
                 sw = rng.random(n) * 2 if k % 2 else None
                 w = rng.normal(size=k + 1) * 0.5
                 ref = xp_pass(np, X, y, sw, (0.7, 1.3), w)
                 with backend.activate():
-                    got = batch_pass(backend, on(device, X), on(device, y), None if sw is None else on(device, sw),
+                    Xd = on(device, X)
+                    if order == "C shifted":  # rows one element past an aligned address: no vector loads
+                        buf = on(device, np.zeros(n * k + 1, dtype=dtype))
+                        buf[1:] = Xd.ravel()
+                        Xd = buf[1:].reshape(n, k)
+                    got = batch_pass(backend, Xd, on(device, y), None if sw is None else on(device, sw),
                                      (0.7, 1.3), w)  # fmt: skip
                 assert_pass_close(_host(got), ref, dtype, n, f"k={k} {dtype} {order}")
 

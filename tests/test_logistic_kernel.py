@@ -16,7 +16,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from pystrom.ml._pass import MAX_KERNEL_FEATURES, layout_size, xp_pass
+from pystrom.ml._pass import MAX_KERNEL_FEATURES, layout_size, vector_loads, xp_pass
 
 SHIM = r"""
 #include <cmath>
@@ -39,12 +39,16 @@ static inline void __threadfence() {}
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p += v; return old; }
 #define __fdividef(a, b) ((a) / (b))
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+struct double2 { double x, y; };
 """
 
 DRIVER = r"""
 #define DRIVE(TNAME, T, K)                                                                                   \
   extern "C" void drive_##TNAME##_k##K(const T* X, long long n, long long rs, long long cs,                 \
-                                       const unsigned char* y, const double* sw, int has_sw, double cw0,   \
+                                       const unsigned char* y, const double* sw, int has_sw, int vec,      \
+                                       double cw0,                                                         \
                                        double cw1, const double* w, double* partials, int blocks,          \
                                        double* out, unsigned* done_after) {                                 \
     double v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};                                                             \
@@ -53,8 +57,8 @@ DRIVER = r"""
     unsigned done = 0;                                                                                      \
     for (unsigned b = 0; b < (unsigned)blocks; ++b) {                                                       \
       blockIdx.x = b;                                                                                       \
-      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, cw0, cw1, v[0], v[1], v[2], v[3], v[4], v[5],  \
-                                v[6], v[7], v[8], partials, &done, out);                                    \
+      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4],   \
+                                v[5], v[6], v[7], v[8], partials, &done, out);                              \
     }                                                                                                       \
     *done_after = done;                                                                                     \
   }
@@ -100,10 +104,14 @@ def test_kernel_source_matches_numpy_twin(emulated):
     P, i64, f64 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
     for k in range(1, MAX_KERNEL_FEATURES + 1):
         for dtype, tname in ((np.float32, "f32"), (np.float64, "f64")):
-            for order in "CF":
+            for order in ("C", "F", "C shifted"):
                 for weighted in (False, True):
                     n = int(rng.integers(1, 3000))
-                    X = np.asarray(rng.normal(size=(n, k)) * 2, dtype=dtype, order=order)
+                    X = np.asarray(rng.normal(size=(n, k)) * 2, dtype=dtype, order=order[0])
+                    if order == "C shifted":  # rows start one element past an aligned address: scalar loads
+                        buf = np.empty(n * k + 1, dtype=dtype)
+                        buf[1:] = X.ravel()
+                        X = buf[1:].reshape(n, k)
                     if n > 10 and k > 1:
                         X[5, k - 1] = np.nan  # counted as a non-finite row, left out of the sums
                     y = (rng.random(n) < 0.4).astype(np.uint8)
@@ -117,13 +125,19 @@ def test_kernel_source_matches_numpy_twin(emulated):
                     out = np.full(m, np.nan)
                     done = ctypes.c_uint(12345)
                     item = X.dtype.itemsize
+                    rs, cs = X.strides[0] // item, X.strides[1] // item
+                    vec = vector_loads(item, k, rs, cs, X.ctypes.data)
+                    if order == "C" and k % 2 == 0:
+                        assert vec, "C-order rows of an even number of values are read with vector loads"
+                    if order != "C":
+                        assert not vec
                     swa = sw if sw is not None else w
                     getattr(emulated, f"drive_{tname}_k{k}")(
-                        P(X.ctypes.data), i64(n), i64(X.strides[0] // item), i64(X.strides[1] // item),
-                        P(y.ctypes.data), P(swa.ctypes.data), ctypes.c_int(int(weighted)), f64(cw[0]), f64(cw[1]),
+                        P(X.ctypes.data), i64(n), i64(rs), i64(cs), P(y.ctypes.data), P(swa.ctypes.data),
+                        ctypes.c_int(int(weighted)), ctypes.c_int(int(vec)), f64(cw[0]), f64(cw[1]),
                         P(w.ctypes.data), P(partials.ctypes.data), ctypes.c_int(blocks), P(out.ctypes.data),
                         ctypes.byref(done),
                     )  # fmt: skip
                     assert done.value == 0, "the last block must reset the counter for the next launch"
-                    what = f"k={k} {tname} {order} weighted={weighted} n={n} blocks={blocks}"
+                    what = f"k={k} {tname} {order} vec={vec} weighted={weighted} n={n} blocks={blocks}"
                     assert_pass_close(out, ref, dtype, n, what)

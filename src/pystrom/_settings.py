@@ -97,6 +97,21 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 4096,
         "Bytes per file read task (KvikIO's task and bounce buffer size unless KVIKIO_TASK_SIZE is set).",
     ),
+    "logit_hessian": _Option(
+        "PYSTROM_LOGIT_HESSIAN",
+        str,
+        "auto",
+        lambda v: v in ("auto", "float64"),
+        "Logistic regression with more than 8 features: 'auto' forms the Hessian of each Newton step in float32 "
+        "(the gradient, log-likelihood and statistics stay float64); 'float64' forms every one in float64.",
+    ),
+    "logit_chunk_rows": _Option(
+        "PYSTROM_LOGIT_CHUNK_ROWS",
+        int,
+        0,
+        lambda v: isinstance(v, int) and v >= 0,
+        "Rows per chunk of the logistic regression pass with more than 8 features; 0 sizes chunks by the device.",
+    ),
     "repr_rows": _Option(
         "PYSTROM_REPR_ROWS",
         int,

@@ -26,6 +26,11 @@
 // with element strides (row_stride, col_stride), so C-order, Fortran-order and a pystrom Table's
 // equally spaced columns are all read in place, float32 staying float32 in memory.
 //
+// Loads: where X is in C order with rows of K contiguous values and its base aligned to the vector
+// width (the host checks, ml/_pass.py vector_width, and passes `vec`), each row is read with 16-byte
+// (float4 / double2) or 8-byte (float2) loads instead of K scalar ones: a quarter of the load
+// instructions for 40M x 4 float32, the same bytes. Other layouts read element by element.
+//
 // One launch (logit_pass_<t>_k<K>): each thread keeps its sums in registers over a grid-stride loop
 // (R rows loaded before any is used, so enough bytes are in flight), then each block reduces its
 // threads into one row of `partials` (nblocks x M); the last block to finish (a counter) reduces
@@ -60,6 +65,45 @@ __device__ __forceinline__ double warp_min(double v) {
   for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_down_sync(0xffffffffu, v, o));
 #endif
   return v;
+}
+
+// One row of K values at p (C order, aligned to VecWidth<T, K>::bytes) with vector loads.
+template <typename T, int K>
+struct VecWidth {
+  static constexpr int bytes = (sizeof(T) == 4 && K % 4 == 0) || (sizeof(T) == 8 && K % 2 == 0) ? 16
+                               : (sizeof(T) == 4 && K % 2 == 0)                                  ? 8
+                                                                                                  : 0;
+};
+
+template <typename T, int K>
+__device__ __forceinline__ void load_row_vec(const T* __restrict__ p, T (&x)[K]) {
+  if constexpr (sizeof(T) == 4 && K % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < K / 4; ++q) {
+      const float4 v = reinterpret_cast<const float4*>(p)[q];
+      x[4 * q] = v.x;
+      x[4 * q + 1] = v.y;
+      x[4 * q + 2] = v.z;
+      x[4 * q + 3] = v.w;
+    }
+  } else if constexpr (sizeof(T) == 4 && K % 2 == 0) {
+#pragma unroll
+    for (int q = 0; q < K / 2; ++q) {
+      const float2 v = reinterpret_cast<const float2*>(p)[q];
+      x[2 * q] = v.x;
+      x[2 * q + 1] = v.y;
+    }
+  } else if constexpr (sizeof(T) == 8 && K % 2 == 0) {
+#pragma unroll
+    for (int q = 0; q < K / 2; ++q) {
+      const double2 v = reinterpret_cast<const double2*>(p)[q];
+      x[2 * q] = v.x;
+      x[2 * q + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < K; ++j) x[j] = p[j];
+  }
 }
 
 // e = exp(-|eta|), inv = 1 / (1 + e) and l1p = log(1 + e) of one row, in T's precision.
@@ -110,7 +154,7 @@ __device__ void block_reduce(const double (&acc)[NS], double min_margin, double 
 template <typename T, int K>
 __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
                            const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
-                           double cw0, double cw1, const double (&w)[9], double* __restrict__ partials,
+                           int vec, double cw0, double cw1, const double (&w)[9], double* __restrict__ partials,
                            unsigned int* __restrict__ done, double* __restrict__ out) {
   using L = Layout<K>;
   constexpr int P = L::P, NT = L::NT, NS = L::NS, M = L::M;
@@ -131,8 +175,12 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     for (int r = 0; r < R_ROWS; ++r) {
       const long long i = base + r * stride;
       if (i < n) {
+        if (VecWidth<T, K>::bytes && vec) {
+          load_row_vec<T, K>(X + i * K, xv[r]);
+        } else {
 #pragma unroll
-        for (int j = 0; j < K; ++j) xv[r][j] = X[i * rs + j * cs];
+          for (int j = 0; j < K; ++j) xv[r][j] = X[i * rs + j * cs];
+        }
         yv[r] = y[i];
         sv[r] = has_sw ? sw[i] : 1.0;
       }
@@ -205,6 +253,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
 // 128 threads a block; the bound caps registers so that 4 (K <= 4), 3 or 2 blocks stay resident per SM
 // (ptxas for sm_90: K = 4 float32 fits in 128 registers without spilling; unbounded it took 136 and only
 // one 256-thread block fitted). The host sizes the grid to the resident blocks (no tail wave).
+// `vec`: 1 where rows may be read with vector loads (see the top of this file), else 0.
 // The weights come as nine scalar arguments (P <= 9; the unused ones are 0), not as a device
 // array: a pass then needs no host-to-device copy before its launch.
 #define LOGIT_THREADS 128
@@ -212,11 +261,12 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, (K <= 4 ? 4 : (K <= 6 ? 3 : 2)))             \
       logit_pass_##TNAME##_k##K(                                                                            \
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
-      const double* __restrict__ sw, int has_sw, double cw0, double cw1, double w0, double w1, double w2,  \
-      double w3, double w4, double w5, double w6, double w7, double w8, double* __restrict__ partials,      \
+      const double* __restrict__ sw, int has_sw, int vec, double cw0, double cw1, double w0, double w1,    \
+      double w2, double w3, double w4, double w5, double w6, double w7, double w8,                         \
+      double* __restrict__ partials,                                                                        \
       unsigned int* __restrict__ done, double* __restrict__ out) {                                          \
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
-    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, cw0, cw1, w, partials, done, out);                       \
+    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, w, partials, done, out);                  \
   }
 
 #define LOGIT_PASS_BOTH(K)        \

@@ -7,7 +7,8 @@ a scan of many batches differ only in how that pass is made. Steps, in order (as
 
 1. :meth:`IRLSSolver.setup`: the first pass (at w = 0), and from its X^T A X the aliased parameters
    (collinear or constant columns, found in R's order: intercept first), which stay fixed at 0
-   (unpenalised fits only);
+   (unpenalised fits only), and whether the passes of the iterations may form the Hessian in float32
+   (wide fits: :meth:`~IRLSSolver.allow_approximate`);
 2. per iteration :meth:`~IRLSSolver.newton_direction` (Cholesky in float64, a warned fallback),
    :meth:`~IRLSSolver.line_search` (step halving) and :meth:`~IRLSSolver.check_convergence` (the
    ``"pystrom"`` rule, or MADlib's: an absolute change of the log-likelihood below tol), after a check
@@ -16,7 +17,19 @@ a scan of many batches differ only in how that pass is made. Steps, in order (as
    iteration does (its coefficients are one step past the pass its statistics come from);
 4. :meth:`~IRLSSolver.diagnose_separation`: more Newton steps from there, which never change the
    result, to tell an existing maximum (the steps shrink quadratically) from a separation (they do
-   not, and a certificate is checked), whatever tol the fit used.
+   not, and a certificate is checked), whatever tol the fit used;
+5. where the last pass formed its Hessian in float32, it is made again with a float64 one before
+   steps 3 and 4 (which then use float64 Hessians only), so the final step and the statistics are
+   the float64 fit's (:meth:`~IRLSSolver.exact_totals` guards the statistics' pass).
+
+Approximate Hessians (more than 8 features, ``evaluate(w, exact=False)``): the gradient and the
+log-likelihood of every pass stay float64, so the fixed point of the iteration, the line search and
+the stopping rules are those of the float64 fit; only the Newton step is computed with a Hessian that
+errs by about its condition number times float32's rounding, which turns Newton's quadratic
+convergence into a linear one with that ratio. The first pass is exact and is not used that way when
+its (diagonally scaled) condition is above :data:`APPROX_MAX_COND`; an iteration whose full step
+shrank the Newton decrement by less than :data:`APPROX_MIN_GAIN` near the optimum, or a float32
+Hessian that is not positive definite, turns them off for the rest of the fit.
 """
 
 from __future__ import annotations
@@ -43,6 +56,14 @@ ALIAS_TOL = 1e-14
 DIAG_STEPS = 30
 SETTLED = 1e-7
 STEADY_STEPS = 3
+# Float32 Hessians: used only where the first pass's X^T A X, scaled to a unit diagonal, has a
+# condition (estimated from its Cholesky factor) below this (float32's rounding times it is then far
+# below 1, so a Newton step keeps nearly all of its quadratic gain); turned off when a full step near
+# the optimum (decrement below APPROX_NEAR of the log-likelihood) shrinks the decrement less than
+# APPROX_MIN_GAIN times, where a float64 Newton step shrinks it quadratically.
+APPROX_MAX_COND = 1e4  # for float32's rounding (2^-24); scaled by the rounding the pass reports (TF32: 2^-11)
+APPROX_NEAR = 1e-4
+APPROX_MIN_GAIN = 0.25
 
 
 class ConvergenceWarning(UserWarning):
@@ -68,6 +89,7 @@ class IRLSResult:
     free: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))  # parameters fitted
     aliased: list[int] = field(default_factory=list)  # parameters fixed at 0 (collinear or constant)
     reach: float | None = None  # float32 input: the relative precision converged to, when tol asked for less
+    approx_passes: int = 0  # passes whose Hessian was formed in float32
 
 
 class IRLSSolver:
@@ -94,6 +116,11 @@ class IRLSSolver:
     ll_rounding
         ``() -> (rtol, atol)``: how exact a pass's log-likelihood is, relative to its size and per unit
         of row weight (0 for float64 per-row arithmetic); asked for after the first pass.
+    approximate
+        0, or the unit rounding of a Hessian that ``evaluate(w, exact=False)`` may form in reduced
+        precision (2^-24 for float32, 2^-11 for TF32; ``PassTotals.exact_hessian`` says which a
+        pass was); the solver then asks for those in the iterations where :meth:`allow_approximate`
+        and its checks allow it.
     """
 
     def __init__(
@@ -106,6 +133,7 @@ class IRLSSolver:
         tol: float,
         ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
         rule: str = "pystrom",
+        approximate: float = 0.0,
     ):
         if rule not in ("pystrom", "madlib"):
             raise ValueError(f"rule must be 'pystrom' or 'madlib'; got {rule!r}")
@@ -121,6 +149,9 @@ class IRLSSolver:
         self.reach: float | None = None
         self._warned_fallback = False
         self._last_scale = 1.0
+        self.approximate = float(approximate)
+        self.approx = False  # float32 Hessians in use now (decided by setup, revoked by the checks)
+        self.approx_passes = 0
 
     # -- named steps ------------------------------------------------------------------------------
 
@@ -142,7 +173,26 @@ class IRLSSolver:
             base = H[self.k, self.k]
             scale = np.sqrt(np.clip(np.diag(H), 0.0, None) / base) if base > 0 else np.ones(self.k + 1)
         self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+        self.approx = bool(self.approximate) and self.allow_approximate(H)
         return w, totals
+
+    def allow_approximate(self, H: np.ndarray) -> bool:
+        """Whether float32 Hessians may drive the steps: the free parameters' X^T A X of the first pass,
+        scaled to a unit diagonal (float32 rounds each column relative to its own size), has an
+        estimated condition below :data:`APPROX_MAX_COND` (the squared ratio of the largest to the
+        smallest pivot of its Cholesky factor: cheap, and a lower bound of the true condition)."""
+        a = self.active
+        Hf = H[np.ix_(a, a)]
+        d = np.diag(Hf)
+        if len(a) == 0 or not (np.isfinite(Hf).all() and (d > 0).all()):
+            return False
+        root = 1.0 / np.sqrt(d)
+        try:
+            piv = np.diag(np.linalg.cholesky(Hf * root[:, None] * root[None, :]))
+        except np.linalg.LinAlgError:
+            return False
+        limit = APPROX_MAX_COND * 2.0**-24 / self.approximate
+        return bool(piv.min() > 0 and (piv.max() / piv.min()) ** 2 < limit)
 
     def objective(self, w: np.ndarray, t: PassTotals) -> float:
         if not self.l2:
@@ -171,6 +221,9 @@ class IRLSSolver:
         try:
             step_a = _newton_solve(H, g)
         except np.linalg.LinAlgError:
+            if not t.exact_hessian:  # float32 rounding may take away definiteness: float64 from here on
+                self.approx = False
+                return self.newton_direction(w, self._pass(w))
             if not self._warned_fallback:
                 warnings.warn(
                     "X^T A X is not positive definite (fitted probabilities at 0/1, or columns nearly "
@@ -197,7 +250,7 @@ class IRLSSolver:
         scale = 1.0
         for _ in range(_MAX_HALVINGS + 1):
             w_new = w + scale * step
-            t_new = self._pass(w_new)
+            t_new = self._pass(w_new, exact=not self.approx)
             f_new = self.objective(w_new, t_new)
             if np.isfinite(f_new) and f_new >= f0 - slack:
                 self._last_scale = scale
@@ -303,12 +356,21 @@ class IRLSSolver:
                 step = np.zeros_like(step)
                 break
             w, t = w_new, t_new
+            dec_old = dec
             step, dec = self.newton_direction(w, t)
+            self._watch_approximate(dec_old, dec, self.objective(w, t))
             if self.check_convergence(f_old, self.objective(w, t), dec, t):
                 converged = True
                 break
         if separation is None and self.certifies_separation(t):
             separation = "complete"
+        if not t.exact_hessian and separation is None:
+            # the final step, the diagnosis and the statistics from float64 Hessians: the last pass
+            # again with one (a float32 one's step would leave its rounding in the coefficients)
+            self.approx = False
+            t = self._pass(w)
+            if step.any():
+                step, dec = self.newton_direction(w, t)
         stats_totals = t
         if separation is None:
             separation, at_next = self.diagnose_separation(w, t, step)
@@ -318,6 +380,7 @@ class IRLSSolver:
         if separation is None and (converged or self.rule == "madlib") and step.any():
             w_out = self.finish(w, step)
             n_iter += 1
+        stats_totals = self.exact_totals(stats_totals)
         if separation is not None:
             converged = False
             self._warn_separation(separation, stats_totals, n_iter)
@@ -329,14 +392,43 @@ class IRLSSolver:
                 stacklevel=3,
             )
         return IRLSResult(
-            w_out, stats_totals, n_iter, converged, separation, self.passes, self.active, list(self.aliased), self.reach
+            w_out,
+            stats_totals,
+            n_iter,
+            converged,
+            separation,
+            self.passes,
+            self.active,
+            list(self.aliased),
+            self.reach,
+            self.approx_passes,
         )
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _pass(self, w: np.ndarray) -> PassTotals:
+    def exact_totals(self, t: PassTotals) -> PassTotals:
+        """``t``, or where its Hessian was formed in float32, the pass at the same coefficients with a
+        float64 one (the statistics, the aliasing and the condition number use only such)."""
+        if t.exact_hessian:
+            return t
+        return self._pass(t.at)
+
+    def _watch_approximate(self, dec_old: float, dec: float, f: float) -> None:
+        """Turn float32 Hessians off where a full step near the optimum did not shrink the decrement
+        the way a Newton step does (quadratically): the Hessian's rounding then costs iterations."""
+        if self.approx and self._last_scale == 1.0 and 0.0 < dec_old <= APPROX_NEAR * max(1.0, abs(f)):
+            if dec > APPROX_MIN_GAIN * dec_old:
+                self.approx = False
+
+    def _pass(self, w: np.ndarray, exact: bool = True) -> PassTotals:
         self.passes += 1
-        return self.evaluate(w)
+        if exact or not self.approx:
+            t = self.evaluate(w)
+        else:
+            t = self.evaluate(w, exact=False)
+            self.approx_passes += not t.exact_hessian
+        t.at = w.copy()
+        return t
 
     def _size(self, v: np.ndarray) -> float:
         """The largest change a parameter vector makes to the linear predictor, column by column."""

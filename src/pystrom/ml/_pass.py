@@ -13,6 +13,7 @@ P = k + 1 (the intercept is the constant 1 at position k, never a materialised c
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,8 @@ class PassTotals:
     nonfinite_rows: int
     saturated_rows: int
     min_margin: float
+    exact_hessian: bool = True  # False: the features' block of the Hessian was formed in float32
+    at: np.ndarray | None = None  # the coefficients of the pass (set by the solver)
 
     @classmethod
     def unpack(cls, vec: np.ndarray, k: int) -> PassTotals:
@@ -80,61 +83,79 @@ def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray) -> Any:
+def xp_pass(
+    xp: Any,
+    X: Any,
+    y: Any,
+    sw: Any | None,
+    cw: tuple[float, float],
+    w: np.ndarray,
+    hessian: str = "float64",
+    chunk_rows: int = 0,
+) -> Any:
     """The CPU twin of the kernel (and the CuPy path for many features): returns the flat vector.
 
     Rows are processed in chunks upcast to float64, so float32 input is never upcast whole.
+    ``hessian="float32"``: the features' block of X^T A X is formed in float32 (:func:`_gram32`); the
+    gradient, the intercept's row and column of the Hessian, the log-likelihood and every total stay
+    float64, so the pass's gradient (and with it the fixed point of Newton's iteration) is the float64
+    one. ``chunk_rows``: rows a chunk (0: by the device, :data:`_CHUNK_ELEMENTS`).
     """
+    if hessian not in ("float64", "float32"):
+        raise ValueError(f"hessian must be 'float64' or 'float32'; got {hessian!r}")
     n, k = X.shape
     p = k + 1
     nt = p * (p + 1) // 2
     H = xp.zeros((p, p), dtype=np.float64)
     g = xp.zeros(p, dtype=np.float64)
     scal = xp.zeros(5, dtype=np.float64)
-    min_margin = np.inf
+    min_margin = xp.full((), np.inf)
     wk = xp.asarray(w[:k], dtype=np.float64)
     b = float(w[k])
-    # ...but at least 8192 rows on the CPU: with many features, small chunks pay NumPy's per-call
-    # overhead many times (20k x 256 float32, 20 iterations on the CI machine: 11.0 s with 1024-row
-    # chunks, 2.9 s with 8192)
-    chunk = max(1 if xp.__name__ == "cupy" else 8192, _CHUNK_ELEMENTS.get(xp.__name__, 1 << 24) // max(k, 1))
+    single = hessian == "float32"
+    chunk = int(chunk_rows) if chunk_rows else _chunk_rows(xp, k, single)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        Xc = X[start:stop].astype(np.float64)
+        Xr = X[start:stop]
+        Xc = Xr.astype(np.float64)
         yc = y[start:stop].astype(np.float64)
         s = xp.where(yc > 0, cw[1], cw[0])
         if sw is not None:
             s = s * sw[start:stop]
         with np.errstate(invalid="ignore", over="ignore"):
             eta = Xc @ wk + b
+        # Rows are masked, never dropped: no value goes to the host inside the loop (on a GPU each
+        # would wait for the chunk's kernels). A row with a non-finite eta is counted and gets weight
+        # 0. On the CPU its features are zeroed too, so the sums are exactly the other rows' (as the
+        # kernel's, which the tests compare); on a GPU that test would wait for the chunk, and the sums
+        # may hold NaN from such a row's features: any such row makes the pass an error (_sources.py).
         finite = xp.isfinite(eta)
-        bad = int((~finite).sum())
-        if bad:
-            scal[3] += bad
-            Xc, yc, s, eta = Xc[finite], yc[finite], s[finite], eta[finite]
+        scal[3] += (~finite).sum()
+        eta = xp.where(finite, eta, 0.0)
+        s = xp.where(finite, s, 0.0)
+        if xp is np and not finite.all():
+            Xc = np.where(finite[:, None], Xc, 0.0)
+            Xr = np.where(finite[:, None], Xr, 0).astype(Xr.dtype, copy=False)
         live = s != 0
-        if not bool(live.all()):
-            Xc, yc, s, eta = Xc[live], yc[live], s[live], eta[live]
-        if eta.shape[0] == 0:
-            continue
         e, inv, l1p = _row_math(xp, eta, X.dtype == np.float32)
         mu = xp.where(eta >= 0, inv, e * inv)
         r = s * e * inv * inv
         resid = s * (yc - mu)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked on the totals (_sources.py)
-            H[:k, :k] += _weighted_gram(xp, Xc, r)
+            H[:k, :k] += _gram32(xp, Xr, Xc, r) if single else _weighted_gram(xp, Xc, r)
         # Both matrix-vector products in one read of the chunk (CuPy's axis-0 sum of X r was 20x slower)
         both = Xc.T @ xp.stack([r, resid], axis=1)
         H[:k, k] += both[:, 0]
         H[k, k] += r.sum()
         g[:k] += both[:, 1]
         g[k] += resid.sum()
-        margin = xp.where(yc > 0, eta, -eta)
+        margin = xp.where(live, xp.where(yc > 0, eta, -eta), np.inf)  # rows of weight 0 have none
         scal[0] += (s * (yc * eta - (xp.maximum(eta, 0.0) + l1p))).sum()
         scal[1] += s.sum()
         scal[2] += (s * yc).sum()
-        scal[4] += (margin > SATURATED_MARGIN).sum()
-        min_margin = min(min_margin, float(margin.min()))
+        scal[4] += ((margin > SATURATED_MARGIN) & live).sum()
+        if margin.shape[0]:
+            min_margin = xp.minimum(min_margin, margin.min())
     iu = _triangle(p)
     out = xp.empty(nt + p + 6, dtype=np.float64)
     out[:nt] = H[xp.asarray(iu[0]), xp.asarray(iu[1])]
@@ -142,6 +163,17 @@ def xp_pass(xp: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w:
     out[nt + p : nt + p + 5] = scal
     out[-1] = min_margin
     return out
+
+
+def _chunk_rows(xp: Any, k: int, single: bool = False) -> int:
+    if single and xp.__name__ == "cupy":
+        # cuBLAS sums a chunk's float32 products over its rows in float32: fewer rows, smaller error
+        # (the chunks' results add in float64); 2^17 rows keep a 256-column syrk at ~8 GFLOP a launch
+        return max(1, min(1 << 17, _CHUNK_ELEMENTS["cupy"] // max(k, 1)))
+    # ...but at least 8192 rows on the CPU: with many features, small chunks pay NumPy's per-call
+    # overhead many times (20k x 256 float32, 20 iterations on the CI machine: 11.0 s with 1024-row
+    # chunks, 2.9 s with 8192)
+    return max(1 if xp.__name__ == "cupy" else 8192, _CHUNK_ELEMENTS.get(xp.__name__, 1 << 24) // max(k, 1))
 
 
 def _weighted_gram(xp: Any, Xc: Any, r: Any) -> Any:
@@ -155,6 +187,59 @@ def _weighted_gram(xp: Any, Xc: Any, r: Any) -> Any:
         Z = Xc * np.sqrt(r)[:, None]
         return Z.T @ Z
     return Xc.T @ (Xc * r[:, None])
+
+
+def _gram32(xp: Any, Xr: Any, Xc: Any, r: Any) -> Any:
+    """X^T diag(r) X in float32 (returned as float64): Z^T Z with Z = sqrt(r) X rounded to float32 once.
+
+    Float32 input is scaled in float32 straight from the chunk as it is stored (the upcast copy
+    ``Xc`` serves the float64 products); float64 input is scaled in float64 and rounded. Each entry of
+    the result errs by about sqrt(rows) float32 ulps of sum |z_a z_b| (BLAS sums a chunk in float32),
+    which moves a Newton step by at most that times the Hessian's condition: the solver
+    (``_irls.py``) watches that, and the statistics never use such a Hessian. NumPy hands Z^T Z to
+    BLAS's ssyrk; on a GPU cuBLAS's ssyrk fills the upper triangle, mirrored here.
+    """
+    root = xp.sqrt(r)
+    if Xr.dtype == np.float32:
+        Z = Xr * root.astype(np.float32)[:, None]
+    else:
+        Z = (Xc * root[:, None]).astype(np.float32)
+    if xp is np:
+        return (Z.T @ Z).astype(np.float64)
+    return _cupy_syrk(xp, Z)
+
+
+def gram32_rounding(backend: Any) -> float:
+    """The relative error of :func:`_gram32`'s entries on ``backend``, as the solver's guard reads it:
+    float32's unit rounding, or where ``CUPY_TF32=1`` lets cuBLAS use TF32 (:func:`_cupy_syrk`), 2^-17:
+    TF32 rounds each input to 11 bits (2^-11), but an entry sums thousands of products in float32
+    whose independent roundings mostly cancel (an assumption the benchmark's iteration counts test)."""
+    return 2.0**-17 if backend.kind == "cuda" and _tf32() else 2.0**-24
+
+
+def _tf32() -> bool:
+    return os.environ.get("CUPY_TF32", "0") == "1"
+
+
+def _cupy_syrk(cupy: Any, Z: Any) -> Any:
+    """Z^T Z (float32 Z, rows x k) by cuBLAS's ssyrk, as a full symmetric float64 matrix.
+
+    With ``CUPY_TF32=1`` (CuPy's opt-in to TF32 tensor cores for float32 products) the general product
+    instead, which CuPy then runs in TF32: twice the multiplications at several times the rate. Its
+    10-bit mantissa is coarser than float32's, which the solver's checks allow for as for float32.
+    """
+    try:
+        from cupy import cublas
+    except ImportError:  # a CuPy without the wrapper: the general product (twice the multiplications)
+        cublas = None
+    if cublas is None or _tf32():
+        return (Z.T @ Z).astype(np.float64)
+    Z = cupy.ascontiguousarray(Z)
+    k = Z.shape[1]
+    # a C-order result: CuPy then hands the C-order Z to cuBLAS as is (for an F-order one it copies Z)
+    half = cublas.syrk("T", Z, out=cupy.zeros((k, k), dtype=np.float32), lower=False).astype(np.float64)
+    # syrk writes one triangle and leaves the other as it was (zeros): mirrored whichever it wrote
+    return half + half.T - cupy.diag(cupy.diag(half))
 
 
 def _row_math(xp: Any, eta: Any, single: bool) -> tuple[Any, Any, Any]:
@@ -199,8 +284,10 @@ class KernelPass:
             self.out = cupy.empty(m, dtype=np.float64)
             out_ptr = self.out.data.ptr
         has_sw = sw is not None
-        self.data_args = (X, np.int64(n), np.int64(X.strides[0] // item), np.int64(X.strides[1] // item), y,
-                          sw if has_sw else self.partials, np.int32(has_sw))  # fmt: skip
+        rs, cs = X.strides[0] // item, X.strides[1] // item
+        vec = vector_loads(X.dtype.itemsize, k, rs, cs, X.data.ptr)
+        self.data_args = (X, np.int64(n), np.int64(rs), np.int64(cs), y, sw if has_sw else self.partials,
+                          np.int32(has_sw), np.int32(vec))  # fmt: skip
         self.tail_args = (self.partials, self.done, np.uint64(out_ptr))
 
     def launch(self, cw: tuple[float, float], w: np.ndarray) -> Any:
@@ -220,6 +307,20 @@ class KernelPass:
 
         cupy.cuda.get_current_stream().synchronize()
         return self.host.copy()
+
+
+def vector_loads(itemsize: int, k: int, row_stride: int, col_stride: int, address: int) -> bool:
+    """Whether the kernel may read each row with vector loads (``vec``; ``VecWidth`` in logistic.cu):
+    rows of k contiguous values (C order, no padding) whose width is a multiple of 8 or 16 bytes, and
+    a base address aligned to that width (a slice of an array may start anywhere)."""
+    width = (
+        16
+        if (itemsize == 4 and k % 4 == 0) or (itemsize == 8 and k % 2 == 0)
+        else 8
+        if itemsize == 4 and k % 2 == 0
+        else 0
+    )
+    return bool(width) and row_stride == k and (col_stride == 1 or k == 1) and address % width == 0
 
 
 def _mapped_result(m: int) -> tuple[np.ndarray | None, int]:
@@ -262,8 +363,18 @@ def _resident_blocks(fn: Any, k: int) -> int:
     return _resident(int(ptr), 4 if k <= 4 else 3 if k <= 6 else 2)
 
 
-def batch_pass(backend: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray) -> Any:
-    """The pass over one batch on its backend: the fused kernel on a GPU when it applies, else the xp twin."""
+def batch_pass(
+    backend: Any,
+    X: Any,
+    y: Any,
+    sw: Any | None,
+    cw: tuple[float, float],
+    w: np.ndarray,
+    hessian: str = "float64",
+    chunk_rows: int = 0,
+) -> Any:
+    """The pass over one batch on its backend: the fused kernel on a GPU when it applies (always a
+    float64 Hessian), else the xp twin with ``hessian`` and ``chunk_rows`` (:func:`xp_pass`)."""
     k = X.shape[1]
     if X.shape[0] == 0:
         out = backend.xp.zeros(layout_size(k), dtype=np.float64)
@@ -271,4 +382,4 @@ def batch_pass(backend: Any, X: Any, y: Any, sw: Any | None, cw: tuple[float, fl
         return out
     if uses_kernel(backend, X):
         return kernel_pass(X, y, sw, cw, w, backend.ordinal)
-    return xp_pass(backend.xp, X, y, sw, cw, w)
+    return xp_pass(backend.xp, X, y, sw, cw, w, hessian, chunk_rows)

@@ -13,9 +13,21 @@ from typing import Any
 import numpy as np
 
 from .._backend import Backend
+from .._settings import defaults
 from ..errors import DataError
 from ._data import Batch, locate_nonfinite, prefetch
-from ._pass import F32_LL_ATOL, F32_LL_RTOL, KernelPass, PassTotals, batch_pass, combine, layout_size, uses_kernel
+from ._pass import (
+    F32_LL_ATOL,
+    F32_LL_RTOL,
+    MAX_KERNEL_FEATURES,
+    KernelPass,
+    PassTotals,
+    batch_pass,
+    combine,
+    gram32_rounding,
+    layout_size,
+    uses_kernel,
+)
 
 __all__ = ["Source", "ArraySource", "ScanSource"]
 
@@ -29,6 +41,7 @@ class Source:
     skipped: int = 0  # rows left out for NULLs, known after the first pass
     passes: int = 0
     single_precision: bool = False  # some batch was float32: the pass used float32 sigmoids and logs
+    _hessian = "float64"  # of the pass being made: "float32" for the features' block of a wide fit
 
     def ll_rounding(self) -> tuple[float, float]:
         """How exact a pass's log-likelihood is: (relative, per unit of row weight)."""
@@ -37,11 +50,25 @@ class Source:
     def batches(self) -> Iterable[Batch]:
         raise NotImplementedError
 
-    def evaluate(self, w: np.ndarray) -> PassTotals:
+    def approximate_hessian(self) -> float:
+        """0, or the unit rounding of the Hessians a pass may form in reduced precision (``evaluate(w,
+        exact=False)``): more than :data:`MAX_KERNEL_FEATURES` features (the xp pass; the fused
+        kernel's float64 sums cost nothing extra), ``pystrom.defaults.logit_hessian == "auto"``, and a
+        source that makes its own passes (a dask source's workers always sum in float64)."""
+        if not (self._batched and self.n_features > MAX_KERNEL_FEATURES and defaults.logit_hessian == "auto"):
+            return 0.0
+        return gram32_rounding(self.backend)
+
+    _batched = False  # the pass goes through batch_pass here (ArraySource, ScanSource)
+
+    def evaluate(self, w: np.ndarray, exact: bool = True) -> PassTotals:
+        """One pass at ``w``. ``exact=False`` allows a float32 Hessian where :meth:`approximate_hessian`."""
         first = self.passes == 0
         self.passes += 1
+        self._hessian = "float64" if exact or first or not self.approximate_hessian() else "float32"
         vec = self._run(w, first)
         totals = PassTotals.unpack(vec, self.n_features)
+        totals.exact_hessian = self._hessian == "float64"
         if totals.nonfinite_rows:  # X had NaN/Inf (any such row makes eta non-finite at w = 0)
             for batch in self.batches():
                 with batch.backend.activate():
@@ -97,6 +124,8 @@ class Source:
 class ArraySource(Source):
     """One batch in memory (a NumPy/CuPy array, or one Table)."""
 
+    _batched = True
+
     def __init__(self, batch: Batch):
         self.batch = batch
         self.backend = batch.backend
@@ -117,7 +146,9 @@ class ArraySource(Source):
                 if self._kernel is None:
                     self._kernel = KernelPass(b.X, b.y, b.sw, self.backend.ordinal, to_host=True)
                 return self._kernel(self.class_weight, w)
-            out = batch_pass(self.backend, b.X, b.y, b.sw, self.class_weight, w)
+            out = batch_pass(
+                self.backend, b.X, b.y, b.sw, self.class_weight, w, self._hessian, defaults.logit_chunk_rows
+            )
             return np.asarray(self.backend.to_host(out), dtype=np.float64)
 
     def counts(self) -> tuple[float, float]:
@@ -133,6 +164,8 @@ class ArraySource(Source):
 class ScanSource(Source):
     """A re-iterable of Tables: every pass iterates it again and streams the batches through
     :func:`~pystrom.ml._data.prefetch` (fetch and transfer of batch k+1 overlap compute on batch k)."""
+
+    _batched = True
 
     def __init__(self, scan: Iterable[Any], prepare: Callable[[Any], Batch], backend: Backend, first: Batch):
         self.scan = scan
@@ -160,7 +193,9 @@ class ScanSource(Source):
                 rows += batch.X.shape[0]
                 self.single_precision = self.single_precision or batch.X.dtype == np.float32
                 skipped += batch.skipped
-                out = batch_pass(backend, batch.X, batch.y, batch.sw, self.class_weight, w)
+                out = batch_pass(
+                    backend, batch.X, batch.y, batch.sw, self.class_weight, w, self._hessian, defaults.logit_chunk_rows
+                )
                 total = out if total is None else _combine_device(backend, total, out)
                 if stream is not None:
                     stream.synchronize()  # the batch's memory may go back to the pool only after its kernels ran

@@ -193,6 +193,7 @@ class LogisticRegression:
             float(self.tol),
             source.ll_rounding,
             rule=rule,
+            approximate=source.approximate_hessian(),
         )
         res = solver.solve()
         order = list(range(k))
@@ -294,6 +295,7 @@ class LogisticRegression:
         self.num_rows_processed_ = int(source.rows)
         self.num_missing_rows_skipped_ = int(source.skipped)
         self.n_passes_ = int(res.passes)
+        self.n_approx_passes_ = int(res.approx_passes)  # passes whose Hessian was formed in float32
         self.device_ = source.backend.device
         H = res.totals.hessian[np.ix_(order, order)].copy()
         if l2:

@@ -1,0 +1,253 @@
+"""Wide fits (more than 8 features): Newton steps with float32 Hessians, statistics from a float64 one.
+
+The iterations may form the features' block of X^T A X in float32 (``pystrom.defaults.logit_hessian
+= "auto"``); the gradient and log-likelihood stay float64, so the fit converges to the float64 fit's
+optimum, and the statistics come from a float64 Hessian at the returned coefficients. Checked against
+statsmodels (which we did not write) at the accuracy tests' tolerances, on both backends, for 64 and
+256 features, well and ill conditioned and close to separation, and against the float64 path's
+iteration count.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from test_logistic import RTOL, _host, assert_matches_statsmodels, on
+
+import pystrom
+from pystrom import Table
+from pystrom.ml import LogisticRegression, PerfectSeparationWarning
+
+sm = pytest.importorskip("statsmodels.api")
+
+
+def wide(n: int, k: int, kind: str, seed: int = 0, dtype: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """Rows with a logistic target. ``kind``: "plain" (independent columns); "collinear" (the second
+    half of the columns is 0.3 times the first plus 1e-2 of noise, and one column is 1000 times the
+    others: ill conditioned); "near_separable" (large coefficients: most rows fitted with probability
+    near 0 or 1, the maximum still finite)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, k))
+    beta = rng.normal(size=k) / np.sqrt(k)
+    if kind == "collinear":
+        h = k // 2
+        X[:, h:] = 0.3 * X[:, :h] + 1e-2 * X[:, h:]
+        X[:, 1] *= 1000.0
+        beta[1] /= 1000.0
+        beta[h:] = 0.0
+    elif kind == "near_separable":
+        beta *= 6.0
+    eta = X @ beta + 0.3
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-eta))).astype(np.float64)
+    return X.astype(dtype), y
+
+
+def reference(X: np.ndarray, y: np.ndarray):
+    # Newton in float64 to a tight tolerance: statsmodels' own default stops earlier than 1e-6 of the
+    # coefficients on the ill-conditioned data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # statsmodels warns that its tol=1e-14 was not reached
+        return sm.Logit(y, sm.add_constant(X.astype(np.float64))).fit(disp=0, method="newton", tol=1e-14, maxiter=100)
+
+
+def fit(device: str, X: np.ndarray, y: np.ndarray, hessian: str = "auto", **kw) -> LogisticRegression:
+    with pystrom.defaults.set(logit_hessian=hessian):
+        return LogisticRegression(**kw).fit(on(device, X), on(device, y))
+
+
+@pytest.mark.parametrize(
+    ("k", "kind"),
+    [
+        (64, "plain"),
+        (64, "collinear"),
+        (64, "near_separable"),
+        (256, "plain"),
+        (256, "collinear"),
+        (256, "near_separable"),
+    ],  # fmt: skip
+)
+def test_wide_fit_matches_statsmodels_with_float32_hessians(device, k, kind):
+    # near separation: fewer rows, so that no z statistic is so large that its p-value is denormal
+    n = (20_000 if k == 64 else 24_000) // (3 if kind == "near_separable" and k == 64 else 1)
+    X, y = wide(n // (2 if kind == "near_separable" and k == 256 else 1), k, kind)
+    ref = reference(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback, no convergence or separation warning
+        model = fit(device, X, y)
+        exact = fit(device, X, y, hessian="float64")
+    assert model.n_approx_passes_ > 0  # the float32 Hessians really drove the steps
+    assert exact.n_approx_passes_ == 0
+    assert_matches_statsmodels(model, ref, X)
+    assert_matches_statsmodels(exact, ref, X)
+    # the same optimum, and as many Newton steps: only the last pass is made again in float64
+    assert model.n_iter_ == exact.n_iter_
+    assert model.n_passes_ == exact.n_passes_ + 1
+    np.testing.assert_allclose(model.coefficients_, exact.coefficients_, rtol=1e-9)
+    np.testing.assert_allclose(model.std_err_, exact.std_err_, rtol=1e-9)
+
+
+def test_wide_float32_input(device):
+    X, y = wide(30_000, 64, "plain", seed=3, dtype=np.float32)
+    ref = reference(X, y)
+    model = fit(device, X, y)
+    exact = fit(device, X, y, hessian="float64")
+    assert model.n_approx_passes_ > 0 and model.n_iter_ == exact.n_iter_
+    # float32 input takes float32 sigmoids (docs/ml.md), which move the optimum by a few 1e-7 at most
+    np.testing.assert_allclose(model.coefficients_, ref.params, rtol=RTOL)
+    np.testing.assert_allclose(model.std_err_, ref.bse, rtol=RTOL)
+    # both stop where the float32 log-likelihood stops resolving changes: within float32 rounding
+    np.testing.assert_allclose(model.coefficients_, exact.coefficients_, rtol=1e-6)
+
+
+def test_badly_conditioned_fit_uses_float64_hessians(device):
+    """Scaled condition far above what float32 Hessians serve: the first pass says so, and every pass
+    is float64."""
+    X, y = wide(20_000, 64, "plain", seed=4)
+    X[:, 32:] = 0.3 * X[:, :32] + 1e-3 * X[:, 32:]  # scaled condition ~1e6
+    ref = reference(X, y)
+    model = fit(device, X, y)
+    assert model.n_approx_passes_ == 0
+    exact = fit(device, X, y, hessian="float64")
+    assert np.array_equal(model.coefficients_, exact.coefficients_) and model.n_passes_ == exact.n_passes_
+    # (the covariance's small off-diagonal entries of this conditioning differ from statsmodels' by
+    # 1e-5 relative, in the float64 path too: the other statistics are checked)
+    np.testing.assert_allclose(model.coefficients_, ref.params, rtol=RTOL)
+    np.testing.assert_allclose(model.std_err_, ref.bse, rtol=RTOL)
+    np.testing.assert_allclose(model.log_likelihood_, ref.llf, rtol=RTOL)
+
+
+def test_forced_float32_hessians_still_reach_the_float64_answer(device, monkeypatch):
+    """With the first pass's guard off, a condition where float32 Hessians slow Newton down: the
+    solver's watch turns them off (or a non-definite one does), and the answer is the float64 one."""
+    import pystrom.ml._irls as irls
+
+    X, y = wide(20_000, 64, "plain", seed=4)
+    X[:, 32:] = 0.3 * X[:, :32] + 1e-3 * X[:, 32:]
+    ref = reference(X, y)
+    exact = fit(device, X, y, hessian="float64")
+    monkeypatch.setattr(irls, "APPROX_MAX_COND", np.inf)
+    model = fit(device, X, y)
+    assert model.n_approx_passes_ > 0
+    assert model.n_iter_ <= exact.n_iter_ + 2
+    np.testing.assert_allclose(model.coefficients_, ref.params, rtol=RTOL)
+    np.testing.assert_allclose(model.std_err_, ref.bse, rtol=RTOL)
+    np.testing.assert_allclose(model.coefficients_, exact.coefficients_, rtol=1e-9)
+    # (H^-1 at a condition of 1e6 moves by 1e-5 relative between coefficients 1e-10 apart: not compared)
+
+
+def test_wide_separation_still_warns(device):
+    """Separated classes with 64 features: the float32 Hessians do not hide it."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(5_000, 64))
+    y = (X[:, 0] + 0.5 * X[:, 1] > 0).astype(np.float64)
+    with pytest.warns(PerfectSeparationWarning):
+        model = fit(device, X, y)
+    assert model.separation_ == "complete" and not model.converged_
+
+
+def test_wide_l2_and_weights(device):
+    """Penalty, class and sample weights take the same path: float32 and float64 Hessians agree."""
+    X, y = wide(10_000, 48, "plain", seed=6)
+    sw = np.random.default_rng(6).random(len(y)) * 2
+    for kw in ({"penalty": "l2", "C": 0.05}, {"class_weight": "balanced"}):
+        with pystrom.defaults.set(logit_hessian="auto"):
+            a = LogisticRegression(**kw).fit(on(device, X), on(device, y), sample_weight=on(device, sw))
+        with pystrom.defaults.set(logit_hessian="float64"):
+            b = LogisticRegression(**kw).fit(on(device, X), on(device, y), sample_weight=on(device, sw))
+        assert a.n_approx_passes_ > 0 and a.n_iter_ == b.n_iter_
+        np.testing.assert_allclose(a.coefficients_, b.coefficients_, rtol=1e-9, err_msg=str(kw))
+        np.testing.assert_allclose(a.std_err_, b.std_err_, rtol=1e-9, err_msg=str(kw))
+
+
+def test_wide_out_of_core_equals_in_memory(device):
+    X, y = wide(12_000, 40, "plain", seed=7)
+    names = [f"x{j}" for j in range(X.shape[1])]
+    table = Table.from_arrays({n: X[:, j] for j, n in enumerate(names)} | {"y": y}, device="cpu")
+    batches = [table.slice(s, 2_500) for s in range(0, table.num_rows, 2_500)]
+    streamed = LogisticRegression(device=device).fit(batches, target="y")
+    in_memory = fit(device, X, y)
+    assert streamed.n_approx_passes_ > 0
+    np.testing.assert_allclose(streamed.coefficients_, in_memory.coefficients_, rtol=1e-9)
+    np.testing.assert_allclose(streamed.std_err_, in_memory.std_err_, rtol=1e-9)
+
+
+def test_chunk_rows_do_not_change_the_fit(device):
+    X, y = wide(9_000, 24, "plain", seed=8)
+    ref = fit(device, X, y)
+    for rows in (97, 777, 100_000):
+        with pystrom.defaults.set(logit_chunk_rows=rows):
+            model = fit(device, X, y)
+        np.testing.assert_allclose(model.coefficients_, ref.coefficients_, rtol=1e-9, err_msg=f"rows={rows}")
+        np.testing.assert_allclose(model.std_err_, ref.std_err_, rtol=1e-9, err_msg=f"rows={rows}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float32_hessian_pass_against_float64_twin(device, dtype):
+    """One pass with the float32 Hessian (cuBLAS's ssyrk on a GPU, BLAS on the CPU) against the NumPy
+    float64 pass: everything but the features' block of H equal to float64 rounding, that block to
+    float32's."""
+    from pystrom._backend import resolve_device
+    from pystrom.ml._pass import PassTotals, batch_pass, xp_pass
+
+    rng = np.random.default_rng(9)
+    backend = resolve_device(device)
+    n, k = 50_001, 33
+    X = np.asarray(rng.normal(size=(n, k)), dtype=dtype)
+    X[:, 3] *= 50.0
+    y = (rng.random(n) < 0.4).astype(np.uint8)
+    sw = rng.random(n) * 2
+    w = rng.normal(size=k + 1) * 0.1
+    ref = PassTotals.unpack(xp_pass(np, X, y, sw, (0.7, 1.3), w), k)
+    with backend.activate():
+        got = batch_pass(backend, on(device, X), on(device, y), on(device, sw), (0.7, 1.3), w, "float32", 4096)
+        vec = np.asarray(_host(got))
+    t = PassTotals.unpack(vec, k)
+    tight = {"rtol": 1e-6, "atol": 1e-9} if dtype == np.float32 else {"rtol": 1e-11, "atol": 1e-10}
+    np.testing.assert_allclose(t.gradient, ref.gradient, **tight)
+    np.testing.assert_allclose(t.hessian[:, k], ref.hessian[:, k], **tight)
+    np.testing.assert_allclose(t.log_likelihood, ref.log_likelihood, rtol=tight["rtol"])
+    np.testing.assert_allclose(t.weight_sum, ref.weight_sum, rtol=1e-12)
+    assert (t.nonfinite_rows, t.saturated_rows, t.min_margin) == (0, ref.saturated_rows, ref.min_margin)
+    # the float32 block: each entry within a few float32 ulps of sum |z_a z_b| times sqrt(rows a chunk)
+    Z = np.abs(X.astype(np.float64)) * np.sqrt(np.abs(ref.hessian[k, k] / n))
+    scale = Z.T @ Z
+    err = np.abs(t.hessian[:k, :k] - ref.hessian[:k, :k])
+    assert (err <= 2.0**-23 * 64 * np.sqrt(4096) * scale).all(), float((err / scale).max())
+    assert np.array_equal(t.hessian[:k, :k], t.hessian[:k, :k].T)
+    assert not np.array_equal(t.hessian[:k, :k], ref.hessian[:k, :k])  # float32 arithmetic really ran
+
+
+def test_settings_are_validated():
+    with pytest.raises(ValueError, match="logit_hessian"):
+        pystrom.defaults.set(logit_hessian="float16")
+    with pytest.raises(ValueError, match="logit_chunk_rows"):
+        pystrom.defaults.set(logit_chunk_rows=-1)
+    from pystrom.ml._pass import xp_pass
+
+    with pytest.raises(ValueError, match="hessian"):
+        xp_pass(np, np.zeros((2, 9)), np.zeros(2), None, (1.0, 1.0), np.zeros(10), hessian="half")
+
+
+def test_reduced_precision_guard_scales_with_the_rounding(monkeypatch):
+    """TF32 (CUPY_TF32=1 on a GPU) reports a coarser rounding, and the first pass's guard then admits
+    only better-conditioned problems; float32 on the CPU whatever the variable says."""
+    from pystrom._backend import resolve_device
+    from pystrom.ml._irls import IRLSSolver
+    from pystrom.ml._pass import gram32_rounding
+
+    class FakeCuda:
+        kind = "cuda"
+
+    monkeypatch.setenv("CUPY_TF32", "1")
+    assert gram32_rounding(FakeCuda()) == 2.0**-17
+    assert gram32_rounding(resolve_device("cpu")) == 2.0**-24
+    monkeypatch.setenv("CUPY_TF32", "0")
+    assert gram32_rounding(FakeCuda()) == 2.0**-24
+    H = np.diag([1.0, 1.0, 1.0])
+    H[0, 1] = H[1, 0] = 0.999  # scaled condition ~2000 (pivots' estimate ~500)
+    for unit, allowed in ((2.0**-24, True), (2.0**-17, False)):
+        solver = IRLSSolver(lambda w, exact=True: None, 2, True, 0.0, 10, 1e-8, approximate=unit)
+        solver.active = np.arange(3)
+        assert solver.allow_approximate(H) is allowed
