@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExpressionError, UnsupportedTypeError
+from ..errors import Error, ExpressionError, UnsupportedTypeError
 from ..table import Table
 from ._common import COMPILATIONS, SUPPORTED_DTYPES, column_arrays, first_line, numba_modules
 
@@ -135,7 +135,7 @@ class Kernel:
                 else:
                     _, cuda = numba_modules(cuda=True)
                     fn = cuda.jit(numba.types.void(*arrays))(self.func)
-            except ExpressionError:
+            except Error:  # pystrom's own (no CPU twin, no source): already names the kernel
                 raise
             except Exception as exc:
                 first = first_line(exc)
