@@ -115,7 +115,7 @@ class Kernel:
             else:
                 from ._cuda import launch
 
-                launch(fn, n, args, xp)
+                launch(fn, n, args, xp, backend.ordinal)
         from .._compute import with_arrays  # up: the table is built where with_columns builds tables
 
         return with_arrays(table, {name: (arr, None) for name, arr in outs.items()})
@@ -133,8 +133,11 @@ class Kernel:
                 if device == "cpu":
                     fn = self._cpu_loop(numba, arrays)
                 else:
+                    from ._cuda import on_device
+
                     _, cuda = numba_modules(cuda=True)
-                    fn = cuda.jit(numba.types.void(*arrays))(self.func)
+                    with on_device(cuda, int(device.split(":")[1])):
+                        fn = cuda.jit(numba.types.void(*arrays))(self.func)
             except Error:  # pystrom's own (no CPU twin, no source): already names the kernel
                 raise
             except Exception as exc:

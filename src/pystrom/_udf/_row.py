@@ -71,6 +71,7 @@ class UDF:
         self.name = name.lower()
         self.nulls = nulls
         self._njit = None
+        self._dtypes: dict[tuple, np.dtype] = {}  # argument dtypes -> result dtype, typed once
 
     def __call__(self, *columns: str) -> UDFCall:
         if not columns or not all(isinstance(c, str) for c in columns):
@@ -88,6 +89,9 @@ class UDF:
 
     def result_dtype(self, dtypes: tuple[np.dtype, ...], columns: tuple[str, ...]) -> np.dtype:
         """The function's return dtype for arguments of ``dtypes`` (typed by numba on the CPU)."""
+        hit = self._dtypes.get(dtypes)
+        if hit is not None:
+            return hit
         numba = numba_modules()
         if self._njit is None:
             self._njit = numba.njit(self.func)
@@ -107,6 +111,7 @@ class UDF:
             raise UnsupportedTypeError(
                 f"udf {self.name} on columns ({described}) returns {rt}; a UDF returns a bool, integer or float"
             )
+        self._dtypes[dtypes] = dtype
         return dtype
 
 
@@ -183,7 +188,7 @@ def compiled_loop(u: UDF, dtypes: tuple, nullable: tuple[bool, ...], out_dtype: 
         described = ", ".join(str(d) for d in dtypes)
         try:
             if gpu:
-                fn = compile_kernel(u.func, source, sig)
+                fn = compile_kernel(u.func, source, sig, int(device.split(":")[1]))
             else:
                 scope = {"f": u._njit, "prange": numba.prange}
                 exec(compile(source, f"<pystrom udf {u.name}>", "exec"), scope)  # generated above, no user text
@@ -232,5 +237,5 @@ def run_cuda(u: Any, values: list, valid: list, out_dtype: np.dtype, ordinal: in
     if u.nulls == "propagate" and any(nullable):
         ok = xp.empty(n, dtype=bool)
         args.append(ok)
-    launch(kernel, n, [*args, np.int64(n)], xp)
+    launch(kernel, n, [*args, np.int64(n)], xp, ordinal)
     return out, ok
