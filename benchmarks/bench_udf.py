@@ -157,7 +157,6 @@ def run(device: str, quick: bool) -> list[Result]:
     mine, theirs = measure_pair(udf, hand, sync, repeat)
     results.append(Result(f"udf distance predicate ({rows:,} rows)", name, mine, theirs, xyz.nbytes))
 
-
     small = xyz.slice(0, pandas_rows)
     ts = Table.from_arrow(small, device=device)
     df = small.to_pandas()
