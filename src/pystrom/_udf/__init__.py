@@ -12,6 +12,9 @@ The PL/CUDA idea as Python: the user's scalar function runs over the rows of a T
   function of the row index (``cuda.grid(1)`` rewritten to it).
 - :mod:`._reduce` — ``pystrom.reduce``: a user reduction per batch, combined across batches of a
   stream and across Dask partitions.
+- :mod:`._where` — UDF calls inside ``where`` strings (``Table.filter``, ``scan_arrow``): computed
+  into temporary columns, then the ordinary predicate.
+- :mod:`._cuda` — compiling and launching the generated kernels with numba-cuda on CuPy's stream.
 
 numba is an optional dependency (``pip install pystrom-gpu[udf]``); :func:`numba_modules` raises a
 pystrom error naming the extra when it is missing.
