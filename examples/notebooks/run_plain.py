@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import linecache
 import os
 import subprocess
 import sys
@@ -35,6 +36,8 @@ def run_cells(path: Path) -> None:
             for i, cell in enumerate(cells, 1):
                 source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
                 name = f"<{path.name} code cell {i}>"
+                # As in IPython, a cell's source is findable by inspect.getsource (pystrom.kernel's CPU twin reads it).
+                linecache.cache[name] = (len(source), None, source.splitlines(True), name)
                 tree = ast.parse(source, name)
                 last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
                 exec(compile(tree, name, "exec"), namespace)

@@ -80,6 +80,9 @@ __all__ = [
     "TableNotFoundError",
     "__version__",
     "ml",
+    "udf",
+    "kernel",
+    "reduce",
 ]
 
 # Loaders pull in pyarrow (and KvikIO/CuPy when used); they are imported on first use.
@@ -96,6 +99,9 @@ _LAZY = {
     "Store": ".ipc.client",
     "ipc_import": ".ipc.export",
     "serve": ".ipc.server",
+    "udf": "._udf",
+    "kernel": "._udf",
+    "reduce": "._udf",
 }
 
 

@@ -26,21 +26,23 @@ from . import _bitmap, _ops
 from ._layout import ColumnSpec
 from ._types import column_type
 from .errors import ExpressionError, SchemaMismatchError
-from .expr import compile_expression, compile_where, evaluate_columns
+from .expr import compile_expression, evaluate_columns
 from .table import Table
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 
-__all__ = ["filter_expression", "with_columns"]
+__all__ = ["filter_expression", "with_columns", "with_arrays"]
 
 
 def filter_expression(table: Table, text: str) -> Table:
     """The rows of ``table`` where the where-expression ``text`` is TRUE (NULL and false drop the row)."""
+    from ._udf._where import compile_where_udf  # up: where strings may call registered UDFs
+
     backend = table._live().backend
     try:
-        predicate = compile_where(text, table.schema)
+        predicate = compile_where_udf(text, table.schema)
     except ExpressionError as exc:
         raise ExpressionError(f"filter({text!r}): {exc}", exc.position) from None
     with backend.activate():
@@ -54,6 +56,17 @@ def with_columns(table: Table, named: Mapping[str, Any]) -> Table:
     backend = table._live().backend
     if not named:
         raise ValueError("with_columns needs at least one name=expression")
+    calls = {n: v for n, v in named.items() if hasattr(v, "evaluate") and hasattr(v, "udf")}  # UDFCall
+    if calls:
+        # UDF columns are computed from the table as it is before the call, like the expressions.
+        computed = {}
+        for name, call in calls.items():
+            if not isinstance(name, str) or not name:
+                raise SchemaMismatchError(f"with_columns: column names are non-empty strings; got {name!r}")
+            computed[name] = call.evaluate(table)
+        rest = {n: v for n, v in named.items() if n not in calls}
+        out = with_columns(table, rest) if rest else table
+        return with_arrays(out, computed)
     new = {}
     for name, text in named.items():
         if not isinstance(name, str) or not name:
@@ -95,6 +108,50 @@ def with_columns(table: Table, named: Mapping[str, Any]) -> Table:
                 bits = block.array(cp.validity.offset, np.uint8, (cp.validity.size,))
                 nulls = n - _bitmap.count_set(backend, bits, 0, n)
             columns[i] = dataclasses.replace(cp, null_count=nulls, validity=cp.validity if nulls else None)
+        backend.synchronize()
+    schema = pa.schema(fields, metadata=table.schema.metadata)
+    return Table._wrap(block, dataclasses.replace(plan, columns=tuple(columns)), schema, n)
+
+
+def with_arrays(table: Table, arrays: Mapping[str, tuple[Any, Any]]) -> Table:
+    """A new table: ``table`` with columns added or replaced from (values, validity bools or None)
+    arrays on its device (user functions' results), NULL where the validity is False."""
+    import pyarrow as pa
+
+    backend = table._live().backend
+    n = table.num_rows
+    specs, nulls = {}, {}
+    with backend.activate():
+        for name, (values, valid) in arrays.items():
+            count = 0 if valid is None else n - int(backend.xp.count_nonzero(valid))
+            nulls[name] = count
+            specs[name] = (pa.from_numpy_dtype(np.dtype(values.dtype)), count)
+    slots, fields = [], []
+    for col in table.columns:
+        if col.name in specs:
+            t, count = specs[col.name]
+            slots.append(ColumnSpec(col.name, column_type(t, col.name), n, count))
+            fields.append(pa.field(col.name, t))
+        else:
+            slots.append(col)
+            fields.append(table.schema.field(col.name))
+    for name, (t, count) in specs.items():
+        if name not in table.schema.names:
+            slots.append(ColumnSpec(name, column_type(t, name), n, count))
+            fields.append(pa.field(name, t))
+    with backend.activate():
+        block, plan = _ops.gather_into(backend, backend.xp.arange(n, dtype=np.int64), slots)
+        columns = list(plan.columns)
+        for i, cp in enumerate(columns):
+            if cp.name not in arrays:
+                continue
+            values, valid = arrays[cp.name]
+            if n:
+                block.array(cp.values.offset, values.dtype, (n,))[...] = values
+            if cp.validity is not None and nulls[cp.name]:
+                block.write_device(cp.validity.offset, _bitmap.pack(backend, valid))
+            else:
+                columns[i] = dataclasses.replace(cp, null_count=0, validity=None)
         backend.synchronize()
     schema = pa.schema(fields, metadata=table.schema.metadata)
     return Table._wrap(block, dataclasses.replace(plan, columns=tuple(columns)), schema, n)

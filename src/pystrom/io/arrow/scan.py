@@ -23,8 +23,8 @@ import pyarrow as pa
 from ..._backend import resolve_device
 from ..._concat import concat
 from ..._progress import check_progress, reporter
+from ..._udf._where import compile_where_udf
 from ...errors import FileFormatError, PerformanceWarning, SchemaMismatchError
-from ...expr import compile_where
 from ...table import Table
 from .direct import read_batches
 from .file import ArrowFile, BatchLayout, check_types, direct_types, open_arrow_file, resolve_columns
@@ -106,7 +106,7 @@ class ArrowScan:
         self.predicate = None
         needed = list(self.columns)
         if where is not None:
-            self.predicate = compile_where(where, self.file_schema)
+            self.predicate = compile_where_udf(where, self.file_schema)
             needed += [c for c in self.predicate.columns if c not in needed]
         self._read_columns = [c for c in self.file_schema.names if c in needed]
         check_types(self.file_schema, self._read_columns, self.paths[0])

@@ -1,0 +1,241 @@
+"""``@pystrom.udf``: a scalar Python function applied to every row of some columns.
+
+In order, when a UDF is applied to a table (``table.with_columns(d=f("x", "y"))``, a ``where`` string
+naming it, or ``f.apply(table, "x", "y")``):
+
+1. the columns' values and validity are taken (bool, integer and float columns; :mod:`._common`);
+2. the function is typed for the columns' numba types with ``njit`` (an error naming the UDF, the
+   columns and their types when it does not compile); its return type is the new column's type;
+3. one loop is generated for (function, argument types, which arguments have NULLs, NULL mode,
+   device) and compiled once (:data:`COMPILATIONS` counts it): an ``njit`` loop on the CPU, a CUDA
+   kernel calling the function as a device function on a GPU (:mod:`._cuda`);
+4. the loop writes values and, where some argument may be NULL, the result's validity.
+
+NULLs: by default (``nulls="propagate"``) a row where any argument is NULL is NULL and the function is
+not called for it. With ``nulls="pass"`` the function is called for every row with each argument
+followed by a bool (True: not NULL), and the result is never NULL.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExpressionError, UnsupportedTypeError
+from ..table import Table
+from ._common import COMPILATIONS, SUPPORTED_DTYPES, column_arrays, first_line, numba_modules
+from ._cuda import compile_kernel, launch
+
+__all__ = ["udf", "UDF", "UDFCall", "registered", "generate_loop", "run_cpu", "run_cuda"]
+
+_REGISTRY: dict[str, UDF] = {}
+_LOOPS: dict[tuple, tuple[Any, np.dtype]] = {}
+_LOCK = threading.Lock()
+_MODES = ("propagate", "pass")
+
+
+def udf(fn: Any = None, *, name: str | None = None, nulls: str = "propagate") -> Any:
+    """Make ``fn`` (a scalar function numba can compile) a pystrom UDF, registered by name.
+
+    ``@pystrom.udf`` or ``@pystrom.udf(name="dist", nulls="pass")``. The registered name (default:
+    the function's name, case-insensitive) may be called in ``where`` strings of ``Table.filter``;
+    a later UDF of the same name replaces the earlier one.
+    """
+    if nulls not in _MODES:
+        raise ExpressionError(f"udf: nulls must be one of {_MODES}, got {nulls!r}")
+
+    def wrap(f: Any) -> UDF:
+        if not callable(f) or not hasattr(f, "__code__"):
+            raise UnsupportedTypeError(f"udf decorates a Python function, got {type(f).__name__}")
+        u = UDF(f, name or f.__name__, nulls)
+        _REGISTRY[u.name] = u
+        return u
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def registered(name: str) -> UDF | None:
+    """The UDF registered under ``name`` (case-insensitive), or None."""
+    return _REGISTRY.get(name.lower())
+
+
+class UDF:
+    """A user row function; call it with column names to get a :class:`UDFCall` for ``with_columns``."""
+
+    def __init__(self, fn: Any, name: str, nulls: str):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ExpressionError(f"udf: the name must be an identifier, got {name!r}")
+        self.func = fn
+        self.name = name.lower()
+        self.nulls = nulls
+        self._njit = None
+        self._dtypes: dict[tuple, np.dtype] = {}  # argument dtypes -> result dtype, typed once
+
+    def __call__(self, *columns: str) -> UDFCall:
+        if not columns or not all(isinstance(c, str) for c in columns):
+            raise ExpressionError(
+                f"udf {self.name}: call it with column names, e.g. {self.name}('x', 'y'); got {columns!r}"
+            )
+        return UDFCall(self, tuple(columns))
+
+    def apply(self, table: Table, *columns: str) -> tuple[Any, Any]:
+        """(values, validity or None) of the UDF over ``columns`` of ``table``, on the table's device."""
+        return UDFCall(self, tuple(columns)).evaluate(table)
+
+    def __repr__(self) -> str:
+        return f"<pystrom.udf {self.name} nulls={self.nulls!r}>"
+
+    def result_dtype(self, dtypes: tuple[np.dtype, ...], columns: tuple[str, ...]) -> np.dtype:
+        """The function's return dtype for arguments of ``dtypes`` (typed by numba on the CPU)."""
+        hit = self._dtypes.get(dtypes)
+        if hit is not None:
+            return hit
+        numba = numba_modules()
+        if self._njit is None:
+            self._njit = numba.njit(self.func)
+        sig = _scalar_signature(numba, dtypes, self.nulls)
+        described = ", ".join(f"{c} {d}" for c, d in zip(columns, dtypes))
+        try:
+            self._njit.compile(sig)
+            rt = self._njit.overloads[sig].signature.return_type
+        except Exception as exc:  # numba's TypingError/LoweringError/NumbaNotImplementedError
+            first = first_line(exc)
+            raise UnsupportedTypeError(f"udf {self.name} does not compile for columns ({described}): {first}") from None
+        try:
+            dtype = numba.np.numpy_support.as_dtype(rt)
+        except Exception:  # a tuple, a record, an array: no column dtype
+            dtype = None
+        if dtype is None or dtype not in SUPPORTED_DTYPES:
+            raise UnsupportedTypeError(
+                f"udf {self.name} on columns ({described}) returns {rt}; a UDF returns a bool, integer or float"
+            )
+        self._dtypes[dtypes] = dtype
+        return dtype
+
+
+class UDFCall:
+    """A UDF applied to named columns: a value of ``Table.with_columns``."""
+
+    def __init__(self, udf: UDF, columns: tuple[str, ...]):
+        self.udf = udf
+        self.columns = columns
+
+    def __repr__(self) -> str:
+        return f"{self.udf.name}({', '.join(self.columns)})"
+
+    def evaluate(self, table: Table) -> tuple[Any, Any]:
+        u = self.udf
+        what = f"udf {u.name}({', '.join(self.columns)})"
+        values, valid = column_arrays(table, self.columns, what)
+        backend = table._live().backend
+        dtypes = tuple(np.dtype(v.dtype) for v in values)
+        out_dtype = u.result_dtype(dtypes, self.columns)
+        with backend.activate():
+            if backend.kind == "cpu":
+                return run_cpu(u, values, valid, out_dtype)
+            return run_cuda(u, values, valid, out_dtype, backend.ordinal, backend.xp)
+
+
+def _scalar_signature(numba: Any, dtypes: tuple[np.dtype, ...], nulls: str) -> tuple:
+    out = []
+    for d in dtypes:
+        out.append(numba.from_dtype(d))
+        if nulls == "pass":
+            out.append(numba.types.boolean)
+    return tuple(out)
+
+
+def generate_loop(k: int, nullable: tuple[bool, ...], nulls: str, gpu: bool) -> tuple[str, bool]:
+    """Python source of the loop over rows (``loop``), and whether it writes a validity array ``ok``."""
+    params = [f"a{i}" for i in range(k)] + [f"v{i}" for i in range(k) if nullable[i]]
+    writes_ok = nulls == "propagate" and any(nullable)
+    params += ["out", "ok", "n"] if writes_ok else ["out", "n"]
+    if nulls == "pass":
+        args = ", ".join(f"a{i}[i], {f'v{i}[i]' if nullable[i] else 'True'}" for i in range(k))
+    else:
+        args = ", ".join(f"a{i}[i]" for i in range(k))
+    if writes_ok:
+        cond = " and ".join(f"v{i}[i]" for i in range(k) if nullable[i])
+        body = [f"if {cond}:", f"    out[i] = f({args})", "    ok[i] = True", "else:", "    ok[i] = False"]
+    else:
+        body = [f"out[i] = f({args})"]
+    if gpu:
+        head = ["i = cuda.grid(1)", "if i < n:"]
+    else:
+        head = ["for i in prange(n):"]
+    lines = [f"def loop({', '.join(params)}):"] + ["    " + h for h in head] + ["        " + b for b in body]
+    return "\n".join(lines) + "\n", writes_ok
+
+
+def compiled_loop(u: UDF, dtypes: tuple, nullable: tuple[bool, ...], out_dtype: np.dtype, device: str) -> Any:
+    """The loop for these types on ``device`` ("cpu" or "cuda:N"), compiled on the first call only."""
+    key = (u.func, dtypes, nullable, u.nulls, device)
+    with _LOCK:
+        hit = _LOOPS.get(key)
+        if hit is not None:
+            return hit[0]
+        gpu = device != "cpu"
+        numba = numba_modules()
+        source, writes_ok = generate_loop(len(dtypes), nullable, u.nulls, gpu)
+        arr = [numba.types.Array(numba.from_dtype(d), 1, "C", readonly=not gpu) for d in dtypes]
+        flags = [numba.types.Array(numba.types.boolean, 1, "C", readonly=not gpu) for m in nullable if m]
+        tail = [numba.types.Array(numba.from_dtype(out_dtype), 1, "C")]
+        if writes_ok:
+            tail.append(numba.types.Array(numba.types.boolean, 1, "C"))
+        sig = numba.types.void(*arr, *flags, *tail, numba.types.int64)
+        described = ", ".join(str(d) for d in dtypes)
+        try:
+            if gpu:
+                fn = compile_kernel(u.func, source, sig, int(device.split(":")[1]))
+            else:
+                scope = {"f": u._njit, "prange": numba.prange}
+                exec(compile(source, f"<pystrom udf {u.name}>", "exec"), scope)  # generated above, no user text
+                fn = numba.njit(sig, parallel=_PARALLEL)(scope["loop"])
+        except Exception as exc:
+            first = first_line(exc)
+            raise UnsupportedTypeError(
+                f"udf {u.name} does not compile on {device} for ({described}): {first}"
+            ) from None
+        COMPILATIONS["cuda" if gpu else "cpu"] += 1
+        _LOOPS[key] = (fn, out_dtype)
+        return fn
+
+
+# Measured (benchmarks/bench_udf.py, cpu section): see docs/udf.md for the numbers behind the choice.
+_PARALLEL = False
+
+
+def run_cpu(u: UDF, values: list, valid: list, out_dtype: np.dtype) -> tuple[Any, Any]:
+    n = int(values[0].shape[0]) if values else 0
+    nullable = tuple(v is not None for v in valid)
+    dtypes = tuple(np.dtype(v.dtype) for v in values)
+    loop = compiled_loop(u, dtypes, nullable, out_dtype, "cpu")
+    out = np.empty(n, dtype=out_dtype)
+    flags = [np.ascontiguousarray(v) for v in valid if v is not None]
+    args = [np.ascontiguousarray(v) for v in values] + flags + [out]
+    ok = None
+    if u.nulls == "propagate" and any(nullable):
+        ok = np.empty(n, dtype=bool)
+        args.append(ok)
+    loop(*args, np.int64(n))
+    return out, ok
+
+
+def run_cuda(u: Any, values: list, valid: list, out_dtype: np.dtype, ordinal: int, xp: Any) -> tuple[Any, Any]:
+    """The UDF's loop over the rows on GPU ``ordinal`` (CuPy arrays in, CuPy arrays out)."""
+
+    n = int(values[0].shape[0])
+    nullable = tuple(v is not None for v in valid)
+    dtypes = tuple(np.dtype(v.dtype) for v in values)
+    kernel = compiled_loop(u, dtypes, nullable, out_dtype, f"cuda:{ordinal}")
+    out = xp.empty(n, dtype=out_dtype)
+    args = [xp.ascontiguousarray(v) for v in values] + [xp.ascontiguousarray(v) for v in valid if v is not None]
+    args.append(out)
+    ok = None
+    if u.nulls == "propagate" and any(nullable):
+        ok = xp.empty(n, dtype=bool)
+        args.append(ok)
+    launch(kernel, n, [*args, np.int64(n)], xp, ordinal)
+    return out, ok
