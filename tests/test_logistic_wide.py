@@ -79,11 +79,16 @@ def test_wide_fit_matches_statsmodels_with_float32_hessians(device, k, kind):
         exact = fit(device, X, y, hessian="float64")
     assert model.n_approx_passes_ > 0  # the float32 Hessians really drove the steps
     assert exact.n_approx_passes_ == 0
-    assert_matches_statsmodels(model, ref, X)
-    assert_matches_statsmodels(exact, ref, X)
-    # the same optimum, and as many Newton steps: only the last pass is made again in float64
-    assert model.n_iter_ == exact.n_iter_
-    assert model.n_passes_ == exact.n_passes_ + 1
+    # With collinear columns (condition ~1e5) the covariance's entries near zero move with the order of
+    # the float64 sums (seen on an H100: 3.5e-11 on entries of 5e-7 in a matrix whose largest is 0.2), in
+    # the float64 path as well: they are compared at that scale.
+    cov_atol = 1e-9 * float(np.abs(ref.cov_params()).max()) if kind == "collinear" else 1e-12
+    assert_matches_statsmodels(model, ref, X, cov_atol)
+    assert_matches_statsmodels(exact, ref, X, cov_atol)
+    # the same optimum in (nearly) as many Newton steps: the last pass is made again in float64, and
+    # cuBLAS's float32 sums took one more step than the float64 path at k=256 collinear on an H100
+    assert exact.n_iter_ <= model.n_iter_ <= exact.n_iter_ + 1
+    assert exact.n_passes_ + 1 <= model.n_passes_ <= exact.n_passes_ + 2
     np.testing.assert_allclose(model.coefficients_, exact.coefficients_, rtol=1e-9)
     np.testing.assert_allclose(model.std_err_, exact.std_err_, rtol=1e-9)
 
@@ -209,7 +214,8 @@ def test_float32_hessian_pass_against_float64_twin(device, dtype):
     np.testing.assert_allclose(t.hessian[:, k], ref.hessian[:, k], **tight)
     np.testing.assert_allclose(t.log_likelihood, ref.log_likelihood, rtol=tight["rtol"])
     np.testing.assert_allclose(t.weight_sum, ref.weight_sum, rtol=1e-12)
-    assert (t.nonfinite_rows, t.saturated_rows, t.min_margin) == (0, ref.saturated_rows, ref.min_margin)
+    assert (t.nonfinite_rows, t.saturated_rows) == (0, ref.saturated_rows)
+    assert t.min_margin == pytest.approx(ref.min_margin, rel=1e-12)  # the GPU's and NumPy's roundings
     # the float32 block: each entry within a few float32 ulps of sum |z_a z_b| times sqrt(rows a chunk)
     Z = np.abs(X.astype(np.float64)) * np.sqrt(np.abs(ref.hessian[k, k] / n))
     scale = Z.T @ Z

@@ -35,10 +35,31 @@ def numba_modules(cuda: bool = False) -> Any:
         if cuda:
             from numba import cuda as numba_cuda
 
+            _load_cuda_array_overloads()
             return numba, numba_cuda
     except ImportError as exc:
         raise MissingNumbaError(f"pystrom's user functions need numba: pip install 'pystrom-gpu[udf]' ({exc})") from exc
     return numba
+
+
+def _load_cuda_array_overloads() -> None:
+    """numba-cuda (0.30) registers ``np.row_stack`` among its array overloads when a kernel first
+    compiles, and NumPy 2.5 removed that alias of ``np.vstack``: every CUDA compile then failed with
+    "module 'numpy' has no attribute 'row_stack'" (seen on the GPU machine: numba-cuda 0.30.4, NumPy
+    2.5.2). Its module is imported here with the alias present for that moment only."""
+    import importlib
+
+    import numpy as np
+
+    if hasattr(np, "row_stack"):
+        return
+    np.row_stack = np.vstack
+    try:
+        importlib.import_module("numba.cuda.np.arrayobj")
+    except ImportError:
+        pass
+    finally:
+        del np.row_stack
 
 
 def column_arrays(table: Table, names: tuple[str, ...], what: str) -> tuple[list[Any], list[Any]]:
