@@ -79,3 +79,16 @@ def test_pread_all_resumes_inside_a_view(tmp_path, monkeypatch):
     finally:
         os.close(fd)
     assert b"".join(bytes(v) for v in views) == bytes(range(20, 83))
+
+
+def test_reads_queued_when_the_caller_fails_are_dropped_not_run(blob):
+    path, data = blob
+    dst = np.zeros(1000, np.uint8)
+    with pytest.raises(KeyError):
+        with RangeReader(path, resolve_device("cpu")) as reader:
+            reader.read(0, 1000, dst)
+            raise KeyError("the caller failed before wait()")
+    assert not dst.any() and reader._fd == -1
+    with RangeReader(path, resolve_device("cpu")) as reader:  # closing without wait() still reads
+        reader.read(0, 1000, dst)
+    assert dst.tobytes() == data[:1000]

@@ -107,7 +107,8 @@ class RangeReader:
         self.backend = backend
         self.bytes_read = 0
         self._progress = progress  # called with bytes_read as reads complete
-        self._futures: list[tuple[Any, int, int]] = []
+        self._futures: list[tuple[Any, ...]] = []
+        self._pending: list[tuple[int, int, memoryview]] = []  # reads not yet handed to the pool (CPU)
         if backend.kind == "cuda":
             kvikio = _configure_kvikio()
             with backend.activate():
@@ -117,7 +118,6 @@ class RangeReader:
             self._file = None
             self._fd = os.open(path, os.O_RDONLY)
             self._queue: collections.deque = collections.deque()  # reads not started yet (CPU)
-            self._pending: list[tuple[int, int, memoryview]] = []  # reads not yet handed to the pool (CPU)
 
     def read(self, offset: int, size: int, dst: Any) -> None:
         """Read ``size`` bytes at file ``offset`` into the contiguous uint8 array ``dst``."""
@@ -192,7 +192,7 @@ class RangeReader:
 
     def close(self) -> None:
         try:
-            if self._futures or (self._file is None and self._pending):
+            if self._futures or self._pending:
                 self.wait()
         finally:
             if self._file is not None:
@@ -207,6 +207,7 @@ class RangeReader:
 
     def __exit__(self, *exc: object) -> None:
         if exc[0] is not None:
+            self._pending = []  # never started: nothing to wait for
             try:
                 self.close()
             except Exception:

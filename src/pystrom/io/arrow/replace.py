@@ -34,7 +34,7 @@ _UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno
 def _renameat2():
     try:
         fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # not glibc >= 2.28 (musl, macOS)
+    except (OSError, AttributeError, TypeError):  # not glibc >= 2.28 (musl, macOS, Windows)
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     fn.restype = ctypes.c_int
