@@ -6,10 +6,10 @@ The goal (issue 17): read >= 0.9x and write >= 0.8x pyarrow (the speedup column)
 float64 + 2 int64 columns (64 bytes a row). Reads: the same file for both readers, written by
 write_arrow (1M-row record batches; a second line reads a file written by pyarrow, 64K-row batches),
 page cache warm. Writes: the same table (a pystrom Table for write_arrow, its pyarrow twin for
-write_feather), each time to a new file (the previous one is removed first, for both: write_arrow
-writes a temporary file and renames it over the target, and ext4 flushes a file renamed over an
-existing one; a third line shows that case), write_arrow with its default min/max statistics. Each
-pair runs alternately (``measure_pair``); medians.
+write_feather), each time to a new file (the previous one is removed first, for both), and each time
+over the previous file (write_arrow swaps its finished temporary file with it, write_feather
+truncates and rewrites it in place), write_arrow with its default min/max statistics. Each pair runs
+alternately (``measure_pair``); medians.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ import pyarrow.types as pt
 from ... import _core
 from ...errors import FileError, SchemaMismatchError, UnsupportedTypeError
 from . import format as fmt
+from .replace import replace_file
 from .stats import (
     FINGERPRINT_KEY,
     FOOTER_MAX_KEY,
@@ -314,8 +315,10 @@ def write_ipc_file(
     Parameters
     ----------
     path : str or os.PathLike
-        Destination. Written under a temporary name in the same directory and renamed at the end, so
-        a failed write never leaves a file at ``path`` (an existing one is replaced only on success).
+        Destination. Written under a temporary name in the same directory and put in place at the end
+        (:mod:`.replace`: an atomic exchange with an existing file, without ext4's flush), so a
+        failed write never leaves a file at ``path`` (an existing one is replaced only on success),
+        and a reader opening ``path`` sees the old file or the new one, whole.
     schema : pyarrow.Schema
         The batches' schema; schema-level and field-level metadata are written (field-level
         ``min_values``/``max_values`` keys are dropped: they described someone else's batches).
@@ -424,7 +427,7 @@ def write_ipc_file(
         closed = True
         os.close(fd)
         try:
-            os.replace(tmp, dest)
+            replace_file(tmp, dest)
         except OSError as e:
             raise FileError(e.errno, f"cannot create Arrow file {dest!r}: {e.strerror or e}", dest) from e
     except BaseException:

@@ -262,6 +262,9 @@ class FooterError(ValueError):
     """The footer bytes are not a well-formed Footer table (the caller names the file)."""
 
 
+_STRUCTS: dict[str, struct.Struct] = {}
+
+
 class _Reader:
     """Bounds-checked access to a flatbuffer: every read is inside ``buf`` or raises FooterError."""
 
@@ -270,10 +273,10 @@ class _Reader:
         self.n = len(self.buf)
 
     def _get(self, fmt_: str, pos: int) -> int:
-        size = struct.calcsize(fmt_)
-        if pos < 0 or pos + size > self.n:
+        st = _STRUCTS.get(fmt_) or _STRUCTS.setdefault(fmt_, struct.Struct(fmt_))
+        if pos < 0 or pos + st.size > self.n:
             raise FooterError(f"a field at byte {pos} lies outside the {self.n}-byte footer")
-        return struct.unpack_from(fmt_, self.buf, pos)[0]
+        return st.unpack_from(self.buf, pos)[0]
 
     def table(self, pos: int) -> tuple[int, int, int]:
         """(table position, vtable position, vtable size) of the table at ``pos``."""
@@ -322,10 +325,8 @@ def read_footer(footer: bytes | memoryview) -> tuple[list[Block], dict[bytes, by
     blocks: list[Block] = []
     at = r.field(root, 3)
     if at is not None:
-        first, count = r.vector(at, 24)
-        for i in range(count):
-            pos = first + 24 * i
-            blocks.append(Block(r._get("<q", pos), r._get("<i", pos + 8), r._get("<q", pos + 16)))
+        first, count = r.vector(at, 24)  # the whole vector lies inside the footer
+        blocks = [Block(*b) for b in struct.iter_unpack("<qi4xq", r.buf[first : first + 24 * count])]
     meta: dict[bytes, bytes] = {}
     at = r.field(root, 4)
     if at is not None:

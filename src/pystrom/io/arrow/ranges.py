@@ -8,7 +8,13 @@ themselves, pystrom sets them from ``pystrom.defaults.io_threads`` / ``io_task_s
 the first read. ``KVIKIO_COMPAT_MODE`` is KvikIO's own and always honoured.
 
 CPU: ``os.preadv`` (the GIL is released during the call) on a thread pool, into the table's memory;
-the caller reads too while it waits, taking the reads no pool thread has started.
+the caller reads too while it waits, taking the reads no pool thread has started. The reads are
+queued until :meth:`RangeReader.wait` and then coalesced: sorted by file offset, ranges that follow
+each other in the file (a record batch's buffers of different columns, with at most ``_MAX_GAP``
+bytes of padding between them, read into a scratch buffer) become one scatter ``preadv`` of up to
+``io_task_size`` bytes. A file written by pyarrow (64K-row batches) otherwise costs one read, one
+future and one pool hand-off per column per batch (1,224 at 10M rows of 8 columns: about a third of
+the read's time on the 2-core test machine).
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from ..._settings import defaults
 from ...errors import FileFormatError
 
 __all__ = ["RangeReader", "io_threads", "kvikio_settings"]
+
+_MAX_GAP = 64 << 10  # padding (or unselected buffers) read and dropped rather than a separate read
+_MAX_IOV = 512  # iovecs per preadv (the kernel allows IOV_MAX = 1024)
 
 
 def io_threads() -> int:
@@ -98,7 +107,8 @@ class RangeReader:
         self.backend = backend
         self.bytes_read = 0
         self._progress = progress  # called with bytes_read as reads complete
-        self._futures: list[tuple[Any, int, int]] = []
+        self._futures: list[tuple[Any, ...]] = []
+        self._pending: list[tuple[int, int, memoryview]] = []  # reads not yet handed to the pool (CPU)
         if backend.kind == "cuda":
             kvikio = _configure_kvikio()
             with backend.activate():
@@ -117,17 +127,44 @@ class RangeReader:
             with self.backend.activate():
                 self._futures.append((self._file.pread(dst, size, offset), offset, size))
             return
+        self._pending.append((offset, size, memoryview(dst).cast("B")[:size]))
+
+    def _submit_pending(self) -> None:
+        """Hand the queued CPU reads to the pool, coalesced into tasks (module docstring)."""
+        pending, self._pending = self._pending, []
         task = defaults.io_task_size
-        view = memoryview(dst).cast("B")
-        for start in range(0, size, task):
-            n = min(task, size - start)
-            fut: cf.Future = cf.Future()
-            self._queue.append((fut, self._fd, view[start : start + n], offset + start))
-            _host_pool().submit(_run_one, self._queue)
-            self._futures.append((fut, offset + start, n))
+        pool = _host_pool()
+        current: list[memoryview] = []
+        start = end = wanted = 0
+
+        def flush() -> None:
+            if current:
+                fut: cf.Future = cf.Future()
+                self._queue.append((fut, self._fd, list(current), start))
+                pool.submit(_run_one, self._queue)
+                self._futures.append((fut, start, end - start, wanted))
+                current.clear()
+
+        for offset, size, view in sorted(pending, key=lambda p: p[0]):
+            for piece in range(0, size, task):
+                n = min(task, size - piece)
+                at = offset + piece
+                gap = at - end
+                if not (current and 0 <= gap <= _MAX_GAP and end - start + gap + n <= task
+                        and len(current) + 2 <= _MAX_IOV):  # fmt: skip
+                    flush()
+                    start = end = at
+                    wanted = 0
+                elif gap:
+                    current.append(memoryview(bytearray(gap)))
+                current.append(view[piece : piece + n])
+                end = at + n
+                wanted += n
+        flush()
 
     def wait(self) -> None:
         if self._file is None:
+            self._submit_pending()
             # The caller reads what no pool thread has started yet: on a busy machine a thread's
             # wake-up can take longer than the read itself (measured: read_arrow of 64 MB twice as
             # slow under load with the caller only waiting).
@@ -135,7 +172,7 @@ class RangeReader:
                 pass
         futures, self._futures = self._futures, []
         error = None
-        for fut, offset, size in futures:
+        for fut, offset, size, *useful in futures:
             try:
                 got = fut.get() if self._file is not None else fut.result()
             except Exception as exc:  # keep waiting: no read may outlive the buffers it writes into
@@ -145,7 +182,7 @@ class RangeReader:
                 error = FileFormatError(
                     f"{self.path!r}: expected {size} bytes at offset {offset}, the file gave {got} (truncated?)"
                 )
-            self.bytes_read += got
+            self.bytes_read += useful[0] if useful and got == size else got
             if self._progress is not None and error is None:
                 self._progress(self.bytes_read)
         if error is not None:
@@ -155,7 +192,7 @@ class RangeReader:
 
     def close(self) -> None:
         try:
-            if self._futures:
+            if self._futures or self._pending:
                 self.wait()
         finally:
             if self._file is not None:
@@ -170,6 +207,7 @@ class RangeReader:
 
     def __exit__(self, *exc: object) -> None:
         if exc[0] is not None:
+            self._pending = []  # never started: nothing to wait for
             try:
                 self.close()
             except Exception:
@@ -182,23 +220,29 @@ def _run_one(queue: collections.deque) -> bool:
     """Run the oldest read of ``queue`` not started yet (by a pool thread or the waiting caller:
     each entry is taken exactly once); False when there was none."""
     try:
-        fut, fd, view, offset = queue.popleft()
+        fut, fd, views, offset = queue.popleft()
     except IndexError:
         return False
     try:
-        fut.set_result(_pread_all(fd, view, offset))
+        fut.set_result(_pread_all(fd, views, offset))
     except BaseException as exc:
         fut.set_exception(exc)
     return True
 
 
-def _pread_all(fd: int, view: memoryview, offset: int) -> int:
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
+def _pread_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """Fill ``views`` (consecutive in the file from ``offset``); the bytes read, fewer at end of file."""
+    done = first = 0
+    while first < len(views):
+        n = os.preadv(fd, views[first:] if first else views, offset + done)
         if n == 0:
             break  # end of file: reported as a short read
         done += n
+        while first < len(views) and n >= len(views[first]):  # skip what is filled
+            n -= len(views[first])
+            first += 1
+        if n:  # the read stopped inside this view: the next one starts where it stopped
+            views[first] = views[first][n:]
     return done
 
 

@@ -26,6 +26,7 @@ from ..._progress import check_progress, reporter
 from ..._udf._where import compile_where_udf
 from ...errors import FileFormatError, PerformanceWarning, SchemaMismatchError
 from ...table import Table
+from .batches import batch_layouts
 from .direct import read_batches
 from .file import ArrowFile, BatchLayout, check_types, direct_types, open_arrow_file, resolve_columns
 from .stats import batch_stats
@@ -129,8 +130,8 @@ class ArrowScan:
         types = direct_types(file.schema, self._read_columns)
         group: list[BatchLayout] = []
         rows = 0
-        for index in range(file.num_batches):
-            layout = file.layout(index, self._read_columns, types)
+        for layout in batch_layouts(file, self._read_columns, types):
+            index = layout.index
             nbytes = layout.nbytes
             stats.batches += 1
             stats.bytes += nbytes
@@ -349,7 +350,7 @@ def read_arrow(
         names = resolve_columns(file.schema, columns, file.path)
         check_types(file.schema, names, file.path)
         types = direct_types(file.schema, names)
-        layouts = [file.layout(i, names, types) for i in range(file.num_batches)]
+        layouts = batch_layouts(file, names, types)
         _warn_if_slow(file, names, parsed=bool(names))  # the layouts found compressed bodies already
         total = sum(layout.nbytes for layout in layouts)
         with reporter(progress, unit="B", desc="read_arrow", total=total) as report, backend.activate():

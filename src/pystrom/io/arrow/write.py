@@ -67,7 +67,11 @@ def write_arrow(data: Any, path: Any, batch_rows: int = 1 << 20, stats: bool = T
     data : Table, pyarrow Table/RecordBatch/RecordBatchReader, ArrowScan, or an iterable of those
         Streamed batch by batch (an iterable is never held in memory at once).
     path : str or path
-        The file to write (replaced atomically when complete).
+        The file to write, under a temporary name first and put in place when complete: a reader
+        opening ``path`` meanwhile sees the old file or the new one, whole, never a part. An existing
+        file is swapped atomically with the new one (``renameat2(RENAME_EXCHANGE)`` on Linux) and
+        then removed, which spares ext4's flush of a file renamed over another. Not durable: like
+        ``write_feather``, nothing is fsynced, so after a power loss the new file may be incomplete.
     batch_rows : int
         Rows per record batch for inputs that are not already batches (the statistics' granularity).
     stats : bool

@@ -1,0 +1,94 @@
+"""The CPU range reader: queued reads coalesced into scatter preadv calls must land every byte where
+it was asked for, whatever the order, gaps, overlaps and task size, and a read past the end of the
+file must fail naming the file."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pystrom
+from pystrom._backend import resolve_device
+from pystrom.io.arrow import ranges
+from pystrom.io.arrow.ranges import RangeReader
+
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory):
+    data = np.random.default_rng(1).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    path = tmp_path_factory.mktemp("ranges") / "blob.bin"
+    path.write_bytes(data)
+    return str(path), data
+
+
+_reads = st.lists(st.tuples(st.integers(0, 299_000), st.integers(0, 70_000)), min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reads=_reads, task=st.sampled_from([4096, 10_000, 1 << 20]))
+def test_coalesced_reads_land_in_place(blob, reads, task):
+    path, data = blob
+    reads = [(off, min(size, len(data) - off)) for off, size in reads]
+    dsts = [np.full(size, 7, dtype=np.uint8) for _, size in reads]
+    with pystrom.defaults.set(io_task_size=task):
+        with RangeReader(path, resolve_device("cpu")) as reader:
+            for (off, size), dst in zip(reads, dsts):
+                reader.read(off, size, dst)
+            reader.wait()
+            assert reader.bytes_read == sum(size for _, size in reads)
+    for (off, size), dst in zip(reads, dsts):
+        assert dst.tobytes() == data[off : off + size]
+
+
+def test_a_read_past_the_end_names_the_file(blob):
+    path, data = blob
+    ok, past = np.zeros(100, np.uint8), np.zeros(100, np.uint8)
+    with pytest.raises(pystrom.FileFormatError, match="blob.bin.*truncated"):
+        with RangeReader(path, resolve_device("cpu")) as reader:
+            reader.read(0, 100, ok)
+            reader.read(len(data) - 50, 100, past)  # coalesced or not, the file ends 50 bytes in
+            reader.wait()
+
+
+def test_pread_all_resumes_inside_a_view(tmp_path, monkeypatch):
+    """preadv may return fewer bytes than asked (signals, some file systems): the rest is read on."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(200)))
+    real = os.preadv
+
+    def short(fd, views, offset):  # at most 7 bytes a call
+        total = sum(len(v) for v in views)
+        first = [memoryview(bytearray(min(7, total)))]
+        n = real(fd, first, offset)
+        done = 0
+        for v in views:
+            take = min(len(v), n - done)
+            v[:take] = first[0][done : done + take]
+            done += take
+        return n
+
+    monkeypatch.setattr(ranges.os, "preadv", short)
+    views = [memoryview(bytearray(n)) for n in (3, 10, 0, 50)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert ranges._pread_all(fd, list(views), 20) == 63
+    finally:
+        os.close(fd)
+    assert b"".join(bytes(v) for v in views) == bytes(range(20, 83))
+
+
+def test_reads_queued_when_the_caller_fails_are_dropped_not_run(blob):
+    path, data = blob
+    dst = np.zeros(1000, np.uint8)
+    with pytest.raises(KeyError):
+        with RangeReader(path, resolve_device("cpu")) as reader:
+            reader.read(0, 1000, dst)
+            raise KeyError("the caller failed before wait()")
+    assert not dst.any() and reader._fd == -1
+    with RangeReader(path, resolve_device("cpu")) as reader:  # closing without wait() still reads
+        reader.read(0, 1000, dst)
+    assert dst.tobytes() == data[:1000]
