@@ -99,6 +99,8 @@ def _direct_type(arrow_type: pa.DataType, name: str) -> ColumnType | None:
     storage = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type
     if ctype.layout == Layout.VARBINARY and not (pa.types.is_string(storage) or pa.types.is_binary(storage)):
         return None
+    if ctype.layout in Layout.NESTED:
+        return None  # read on the host (validated there) for now
     return ctype
 
 
