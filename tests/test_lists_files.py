@@ -32,6 +32,25 @@ def test_read_files_pyarrow_wrote(tmp_path, device, rows):
     )
 
 
+def test_numeric_lists_take_the_direct_path(tmp_path, device, monkeypatch):
+    from pystrom.io.arrow import direct
+
+    arrow = _table(29).drop_columns(["b", "fb"])  # lists of booleans (bit-packed) go through the host
+    path = tmp_path / "d.arrow"
+    _pyarrow_file(path, arrow)
+    real = direct.host_columns
+
+    def no_host(file, batches, names):
+        assert not names, f"{names} went through the host path"
+        return real(file, batches, names)
+
+    monkeypatch.setattr(direct, "host_columns", no_host)
+    assert to_host(pystrom.read_arrow(path, device=device)).equals(arrow.combine_chunks())
+    pieces = [to_host(t) for t in pystrom.scan_arrow(path, batch_rows=7, device=device)]
+    assert pa.concat_tables(pieces).equals(arrow)
+    assert to_host(pystrom.read_arrow(path, device=device, where="x > 6")).equals(arrow.slice(7).combine_chunks())
+
+
 def test_many_batches_and_a_where(tmp_path, device):
     arrow = pa.concat_tables([_table(n) for n in (7, 0, 1, 30, 5)])
     path = tmp_path / "m.arrow"
