@@ -96,6 +96,8 @@ class BatchLayout:
 
 def _direct_type(arrow_type: pa.DataType, name: str) -> ColumnType | None:
     """The column type when the file's buffers are already in pystrom's layout, else None."""
+    if arrow_type.id in LEGACY_INTERVALS:
+        return None  # widened on the host
     try:
         ctype = column_type(arrow_type, name)
     except UnsupportedTypeError:
@@ -367,8 +369,16 @@ _NARROWED = {"large_string": pa.string(), "string_view": pa.string(), "large_bin
              "binary_view": pa.binary()}  # fmt: skip
 
 
+# Arrow's older interval types, which pyarrow can describe but not wrap as arrays: read as
+# month_day_nano_interval by :mod:`.intervals`.
+LEGACY_INTERVALS = (pa.lib.Type_INTERVAL_MONTHS, pa.lib.Type_INTERVAL_DAY_TIME)
+
+
 def _held_type(t: pa.DataType) -> pa.DataType:
-    """The type a column of Arrow type ``t`` has in a Table (dictionaries decoded, strings narrowed)."""
+    """The type a column of Arrow type ``t`` has in a Table (dictionaries decoded, strings narrowed,
+    month_interval and day_time_interval widened to month_day_nano_interval)."""
+    if t.id in LEGACY_INTERVALS:
+        return pa.month_day_nano_interval()
     if pa.types.is_dictionary(t):
         return _held_type(t.value_type)
     if isinstance(t, pa.BaseExtensionType):
@@ -377,8 +387,8 @@ def _held_type(t: pa.DataType) -> pa.DataType:
 
 
 def check_types(schema: pa.Schema, columns: Sequence[str], path: str) -> None:
-    """Refuse, before any batch is read, a requested column whose type pystrom cannot hold (intervals,
-    nested, decimal256...), naming it; pyarrow cannot even wrap some of them (month_interval)."""
+    """Refuse, before any batch is read, a requested column whose type pystrom cannot hold (structs,
+    maps, decimal256...), naming it."""
     for name in columns:
         t = schema.field(name).type
         try:
