@@ -14,6 +14,8 @@ import pystrom
 from pystrom.interop.build import build_table
 from pystrom.interop.lists import list_column
 
+from conftest import needs_gpu
+
 CHILD_TYPES = [pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint64()]
 CHILD_TYPES += [pa.float16(), pa.float32(), pa.float64()]
 
@@ -280,3 +282,70 @@ def test_property_round_trip_and_slices_equal_pyarrow(case):
 
 def _host(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+# -- Arrow C (device) interface ---------------------------------------------------------------------
+
+
+def test_arrow_c_exports_of_lists_equal_pyarrow():
+    arrow = _table(23)
+    table = pystrom.Table.from_arrow(arrow, device="cpu")
+    for view, expected in (
+        (table, arrow),
+        (table.slice(3, 11), arrow.slice(3, 11)),
+        (table.slice(23), arrow.slice(23)),
+    ):
+        via_stream = pa.table(view)
+        via_stream.validate(full=True)
+        assert via_stream.equals(expected)
+        batch = pa.RecordBatch._import_from_c_device_capsule(*view.__arrow_c_device_array__())
+        batch.validate(full=True)
+        assert pa.Table.from_batches([batch]).equals(expected)
+        block = table._block
+        emb = batch.column("emb").values.buffers()[1].address
+        assert block.ptr <= emb < block.ptr + block.nbytes  # the elements are not copied
+
+
+def _device_bytes(address: int, size: int) -> bytes:
+    import cupy
+
+    mem = cupy.cuda.UnownedMemory(address, size, None)
+    return cupy.ndarray((size,), cupy.uint8, cupy.cuda.MemoryPointer(mem, 0)).get().tobytes()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_device_export_of_lists_matches_the_cpu_export():
+    """Every buffer the GPU export points to holds the bytes the CPU export's (read by pyarrow above) does."""
+    import ctypes
+
+    from pystrom.interop import arrow_c
+
+    arrow = _table(45)
+    exports = []
+    for device in ("cpu", "cuda"):
+        t = pystrom.Table.from_arrow(arrow, device=device).slice(5, 33)
+        _schema, capsule = t.__arrow_c_device_array__()
+        address = arrow_c.capsule_pointer(capsule, b"arrow_device_array")
+        exports.append((t, capsule, ctypes.cast(address, ctypes.POINTER(arrow_c.ArrowDeviceArray)).contents))
+    (cpu_t, _c1, cpu), (gpu_t, _c2, gpu) = exports
+    assert gpu.device_type == arrow_c.ARROW_DEVICE_CUDA
+    for i, name in enumerate(arrow.column_names):
+        c, g = cpu.array.children[i].contents, gpu.array.children[i].contents
+        plan = cpu_t.column(name)._plan
+        assert (c.length, c.offset, c.null_count, c.n_children) == (g.length, g.offset, g.null_count, g.n_children)
+        sizes = [(plan.length + 7) // 8, plan.values.size]
+        pairs = [(c, g, sizes)]
+        if c.n_children:
+            cc, gc = c.children[0].contents, g.children[0].contents
+            count = cc.length
+            width = 0 if plan.type.storage == np.bool_ else plan.type.storage.itemsize
+            pairs.append((cc, gc, [(count + 7) // 8, (count + 7) // 8 if width == 0 else count * width]))
+            assert cc.length == gc.length
+        for cs, gs, byte_sizes in pairs:
+            for k in range(cs.n_buffers):
+                if not cs.buffers[k]:
+                    assert not gs.buffers[k], (name, k)
+                    continue
+                size = byte_sizes[min(k, len(byte_sizes) - 1)]
+                assert ctypes.string_at(cs.buffers[k], size) == _device_bytes(gs.buffers[k], size), (name, k)
