@@ -349,3 +349,18 @@ def test_cuda_device_export_of_lists_matches_the_cpu_export():
                     continue
                 size = byte_sizes[min(k, len(byte_sizes) - 1)]
                 assert ctypes.string_at(cs.buffers[k], size) == _device_bytes(gs.buffers[k], size), (name, k)
+
+
+def test_concat_of_list_tables(device):
+    parts = [_table(n) for n in (9, 0, 1, 14)]
+    tables = [pystrom.Table.from_arrow(p, device=device) for p in parts]
+    tables[3] = tables[3].slice(3, 9)
+    expected = pa.concat_tables(parts[:3] + [parts[3].slice(3, 9)]).combine_chunks()
+    got = pystrom.concat(tables)
+    got_arrow = got.to_arrow()
+    got_arrow.validate(full=True)
+    assert got_arrow.equals(expected)
+    # without any NULL element the concatenation has no element bitmap
+    dense = [pystrom.Table.from_arrow(pa.table({"e": pa.array([[1, 2]] * n, pa.list_(pa.int8(), 2))}), device=device)
+             for n in (3, 5)]  # fmt: skip
+    assert pystrom.concat(dense).column("e").child_validity is None
