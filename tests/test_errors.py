@@ -67,7 +67,7 @@ def test_mismatched_lengths(device):
 
 def test_bad_from_arrays_inputs(device):
     with pytest.raises(pystrom.SchemaMismatchError, match="'m' must be one-dimensional"):
-        Table.from_arrays({"m": np.zeros((3, 2))}, device=device)
+        Table.from_arrays({"m": np.zeros((3, 2, 2))}, device=device)
     with pytest.raises(pystrom.SchemaMismatchError, match="'s' must be an array or a list"):
         Table.from_arrays({"s": 3.0}, device=device)
     with pytest.raises(pystrom.UnsupportedTypeError, match="'o'"):

@@ -364,3 +364,19 @@ def test_concat_of_list_tables(device):
     dense = [pystrom.Table.from_arrow(pa.table({"e": pa.array([[1, 2]] * n, pa.list_(pa.int8(), 2))}), device=device)
              for n in (3, 5)]  # fmt: skip
     assert pystrom.concat(dense).column("e").child_validity is None
+
+
+def test_from_arrays_takes_2d_arrays_as_fixed_size_lists(device, xp):
+    emb = np.arange(24, dtype=np.float32).reshape(6, 4)
+    table = pystrom.Table.from_arrays({"emb": xp.asarray(emb), "x": np.arange(6)}, device=device)
+    assert table.schema.field("emb").type == pa.list_(pa.float32(), 4)
+    np.testing.assert_array_equal(_host(table["emb"]), emb)
+    np.testing.assert_array_equal(_host(table.to_array(["emb", "x"])), np.column_stack([emb, np.arange(6)]))
+    f_order = np.asfortranarray(emb.astype(np.int16))
+    assert pystrom.Table.from_arrays({"m": f_order}, device=device).to_arrow()["m"].to_pylist() == emb.tolist()
+    with pytest.raises(pystrom.SchemaMismatchError, match="different lengths"):
+        pystrom.Table.from_arrays({"emb": emb, "x": [1]}, device=device)
+    with pytest.raises(pystrom.SchemaMismatchError, match="shape"):
+        pystrom.Table.from_arrays({"emb": np.zeros((2, 2, 2))}, device=device)
+    with pytest.raises(pystrom.UnsupportedTypeError, match="'c'.*complex"):
+        pystrom.Table.from_arrays({"c": np.zeros((2, 2), np.complex64)}, device=device)
