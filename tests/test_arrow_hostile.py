@@ -150,7 +150,7 @@ def test_inconsistent_nodes_are_refused(tmp_path, device, monkeypatch, nodes_fn,
 # -- finding 2: intervals and legacy streams -------------------------------------------------------------
 
 
-def _interval_file(monkeypatch, path, unit: int) -> None:
+def _interval_file(monkeypatch, path, unit: int, values: pa.Array | None = None) -> None:
     """A file whose first column is an Interval (unit 0 = YEAR_MONTH, 1 = DAY_TIME) over int32/int64
     values; pyarrow has no factory for these types, so our encoder writes the type table."""
     encode_type = fmt._encode_type
@@ -163,36 +163,57 @@ def _interval_file(monkeypatch, path, unit: int) -> None:
         return encode_type(b, t)
 
     monkeypatch.setattr(fmt, "_encode_type", with_interval)
-    values = pa.array([1, 2, 3], pa.int32() if unit == 0 else pa.int64())
+    if values is None:
+        values = pa.array([1, 2, 3], pa.int32() if unit == 0 else pa.int64())
+    k = pa.array(np.arange(1.0, len(values) + 1), pa.float32())
     write_ipc_file(path, pa.schema([("iv", values.type), ("k", pa.float32())]),
-                   [pa.record_batch([values, pa.array([1.0, 2.0, 3.0], pa.float32())], names=["iv", "k"])],
-                   stats=False)  # fmt: skip
+                   [pa.record_batch([values, k], names=["iv", "k"])], stats=False)  # fmt: skip
     monkeypatch.undo()
 
 
+def _day_time(days: int, ms: int) -> int:
+    """A day_time_interval value as the int64 the file holds: int32 days, then int32 milliseconds."""
+    return int(np.array([days, ms], "<i4").view("<i8")[0])
+
+
 @pytest.mark.parametrize("unit,name", [(0, "month_interval"), (1, "day_time_interval")])
-def test_interval_columns_are_refused_by_name(tmp_path, device, monkeypatch, unit, name):
-    # Before: a bare KeyError: 21 / 22 from deep inside pyarrow.
+def test_interval_columns_are_read_as_month_day_nano(tmp_path, device, monkeypatch, unit, name):
+    # Before: UnsupportedTypeError "column 'iv' has type month_interval" (and earlier a bare KeyError: 21).
     path = tmp_path / "iv.arrow"
-    _interval_file(monkeypatch, path, unit)
+    if unit == 0:
+        values = pa.array([1, None, -14, 2**31 - 1, 0], pa.int32())
+        expected = [(1, 0, 0), None, (-14, 0, 0), (2**31 - 1, 0, 0), (0, 0, 0)]
+    else:
+        values = pa.array([_day_time(1, 0), None, _day_time(-3, 1500), _day_time(0, -(2**31)), 0], pa.int64())
+        expected = [(0, 1, 0), None, (0, -3, 1_500_000_000), (0, 0, -(2**31) * 1_000_000), (0, 0, 0)]
+    _interval_file(monkeypatch, path, unit, values)
     assert str(ipc.open_file(path).schema.field("iv").type) == name
-    with pytest.raises(pystrom.UnsupportedTypeError, match=rf"iv.arrow.*column 'iv' has type {name}"):
-        pystrom.read_arrow(path, device=device)
-    with pytest.raises(pystrom.UnsupportedTypeError, match=f"column 'iv' has type {name}"):
-        pystrom.scan_arrow(path, device=device)
+    want = pa.array([None if e is None else pa.MonthDayNano(e) for e in expected], pa.month_day_nano_interval())
+    for table in (pystrom.read_arrow(path, device=device), pystrom.scan_arrow(path, device=device).collect()):
+        got = to_host(table)
+        assert got.schema.field("iv").type == pa.month_day_nano_interval()
+        assert got.column("iv").combine_chunks().equals(want)
+    assert (
+        to_host(pystrom.read_arrow(path, device=device).slice(1, 3))
+        .column("iv")
+        .combine_chunks()
+        .equals(want.slice(1, 3))
+    )
     with pytest.raises(pystrom.ExpressionError, match=f"column 'iv' has type {name}"):
         pystrom.scan_arrow(path, columns=["k"], where="iv = 1", device=device)
     got = to_host(pystrom.read_arrow(path, columns=["k"], device=device))
-    assert got.column("k").to_pylist() == [1.0, 2.0, 3.0]
+    assert got.column("k").to_pylist() == [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def test_month_day_nano_interval_is_refused_by_name(tmp_path, device):
-    table = pa.table({"m": pa.array([(1, 2, 3)], pa.month_day_nano_interval()), "k": [1]})
+def test_month_day_nano_interval_is_read(tmp_path, device):
+    # Before: UnsupportedTypeError "column 'm' has type month_day_nano_interval".
+    table = pa.table(
+        {"m": pa.array([(1, 2, 3), None, (-4, 0, -(2**40))], pa.month_day_nano_interval()), "k": [1, 2, 3]}
+    )
     path = tmp_path / "mdn.arrow"
     with ipc.new_file(path, table.schema) as w:
         w.write_table(table)
-    with pytest.raises(pystrom.UnsupportedTypeError, match="column 'm' has type month_day_nano_interval"):
-        pystrom.read_arrow(path, device=device)
+    assert to_host(pystrom.read_arrow(path, device=device)).equals(table)
 
 
 def test_legacy_stream_is_read(tmp_path, device):

@@ -310,9 +310,14 @@ def test_offsets_past_the_end(good_handle):
 
 def test_unknown_types_and_garbage_schema(good_handle):
     decoded = fmt.decode(good_handle)
-    schema = pa.schema([pa.field("bool", pa.list_(pa.int8()))] + list(decoded.layout.arrow_schema("x"))[1:])
+    schema = pa.schema([pa.field("bool", pa.struct([("a", pa.int8())]))] + list(decoded.layout.arrow_schema("x"))[1:])
     layout = fmt.TableLayout(decoded.layout.nbytes, decoded.layout.num_rows, decoded.layout.columns, schema.serialize())
     with pytest.raises(InvalidHandleError, match="column 'bool'.*nested"):
+        pystrom.ipc_import(fmt.encode(dataclasses.replace(decoded, layout=layout)))
+    # a list type over a bool column's buffers: the sizes do not add up
+    schema = pa.schema([pa.field("bool", pa.list_(pa.int8()))] + list(decoded.layout.arrow_schema("x"))[1:])
+    layout = fmt.TableLayout(decoded.layout.nbytes, decoded.layout.num_rows, decoded.layout.columns, schema.serialize())
+    with pytest.raises(InvalidHandleError, match="column 'bool': values buffer of"):
         pystrom.ipc_import(fmt.encode(dataclasses.replace(decoded, layout=layout)))
     garbage = fmt.TableLayout(decoded.layout.nbytes, decoded.layout.num_rows, decoded.layout.columns, b"\x01" * 40)
     with pytest.raises(InvalidHandleError, match="schema does not decode"):

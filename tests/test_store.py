@@ -121,7 +121,7 @@ def test_put_arrow_loads_straight_into_daemon_memory(daemon):
         assert s.get("arrow").to_arrow().equals(source)
         before = s.stats()["allocations"]
         with pytest.raises(pystrom.UnsupportedTypeError):
-            s.put_arrow("bad", pa.table({"l": pa.array([[1]])}))
+            s.put_arrow("bad", pa.table({"l": pa.array([["a"]])}))
         assert s.stats()["allocations"] == before  # nothing reserved by the failed load
 
 

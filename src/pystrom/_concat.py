@@ -1,8 +1,8 @@
 """Concatenate tables of one schema and one device into a new table (one allocation).
 
-Used to collect a filtered scan into one Table. Everything stays on the tables' device: values and
-string bytes are copied device-to-device, string offsets rebased, validity re-packed (pieces rarely
-end on a multiple of 8 rows).
+Used to collect a filtered scan into one Table. Everything stays on the tables' device: values,
+string bytes and list elements are copied device-to-device, string and list offsets rebased, validity
+(of rows and of list elements) re-packed (pieces rarely end on a multiple of 8 rows).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _bitmap
 from ._layout import ColumnSpec, plan_table
 from ._types import Layout
 from .errors import CapacityError, SchemaMismatchError
@@ -57,19 +58,32 @@ def concat(tables: Sequence[Table]) -> Table:
         for name in first.column_names:
             cols = [t.column(name) for t in tables]
             ctype = cols[0].column_type
-            data_size = 0
-            if ctype.layout == Layout.VARBINARY:
+            data_size = child_nulls = 0
+            if ctype.layout in (Layout.VARBINARY, Layout.LIST):
                 edges[name] = [_edges(backend, c) for c in cols]
                 data_size = sum(b - a for a, b in edges[name])
                 if data_size > _INT32_MAX:
-                    raise CapacityError(f"column {name!r} would hold {data_size:,} bytes; at most 2 GiB fit one column")
-            specs.append(ColumnSpec(name, ctype, num_rows, sum(c.null_count for c in cols), data_size))
+                    raise CapacityError(f"column {name!r} would hold {data_size:,} bytes or elements; at most 2 GiB "
+                                        "(2**31 - 1 elements) fit one column")  # fmt: skip
+            if ctype.layout in Layout.NESTED:
+                d = ctype.list_size
+                spans = (
+                    edges[name]
+                    if ctype.layout == Layout.LIST
+                    else [(c.offset * d, (c.offset + len(c)) * d) for c in cols]
+                )
+                edges[name] = spans
+                child_nulls = sum(_element_nulls(backend, c, a, b) for c, (a, b) in zip(cols, spans))
+                data_size *= ctype.storage.itemsize if ctype.layout == Layout.LIST else 0
+            specs.append(ColumnSpec(name, ctype, num_rows, sum(c.null_count for c in cols), data_size, child_nulls))
         plan = plan_table(specs)
         block = backend.allocate(plan.nbytes)
         for col_plan in plan.columns:
             cols = [t.column(col_plan.name) for t in tables]
             layout = col_plan.type.layout
             pos = 0
+            if layout in Layout.NESTED:
+                _concat_elements(backend, block, col_plan, cols, edges[col_plan.name])
             if layout == Layout.VARBINARY:
                 offsets = block.array(col_plan.values.offset, np.int32, (num_rows + 1,))
                 data = block.array(col_plan.data.offset, np.uint8, (col_plan.data.size,))
@@ -82,7 +96,16 @@ def concat(tables: Sequence[Table]) -> Table:
                         data[base : base + b - a] = c.data[a:b]
                     pos += n
                     base += b - a
-            else:
+            elif layout == Layout.LIST:
+                offsets = block.array(col_plan.values.offset, np.int32, (num_rows + 1,))
+                offsets[0] = 0
+                base = 0
+                for c, (a, b) in zip(cols, edges[col_plan.name]):
+                    if len(c):
+                        xp.subtract(c.offsets, np.int32(a - base), out=offsets[pos : pos + len(c) + 1])
+                    pos += len(c)
+                    base += b - a
+            elif layout != Layout.FIXED_LIST:  # its elements are its values, copied above
                 width = col_plan.type.width
                 values = block.array(col_plan.values.offset, np.uint8, (num_rows * width,))
                 for c in cols:
@@ -93,11 +116,42 @@ def concat(tables: Sequence[Table]) -> Table:
             if col_plan.validity is not None:
                 valid = xp.concatenate([c.is_valid().astype(np.uint8) for c in cols])
                 out = block.array(col_plan.validity.offset, np.uint8, (col_plan.validity.size,))
-                from ._bitmap import pack
-
-                out[...] = pack(backend, valid)
+                out[...] = _bitmap.pack(backend, valid)
         backend.synchronize()
     return Table._wrap(block, plan, first.schema, num_rows)
+
+
+def _element_nulls(backend: Any, column: Any, first: int, last: int) -> int:
+    bits = column.child_validity
+    if bits is None or last == first:
+        return 0
+    return (last - first) - _bitmap.count_set(backend, bits, first, last - first)
+
+
+def _concat_elements(backend: Any, block: Any, plan: Any, cols: Sequence[Any], spans: list[tuple[int, int]]) -> None:
+    """A list column's elements (and their bitmap) for the rows of each table, one after the other;
+    a list's elements go to its data span, a fixed_size_list's are its values."""
+    xp = backend.xp
+    ctype = plan.type
+    span = plan.data if ctype.layout == Layout.LIST else plan.values
+    total = sum(b - a for a, b in spans)
+    out = block.array(span.offset, ctype.storage, (total,))
+    pos = 0
+    for c, (a, b) in zip(cols, spans):
+        out[pos : pos + b - a] = c.child_values[a:b]
+        pos += b - a
+    if plan.child_validity is not None:
+        valid = xp.concatenate(
+            [xp.ones(0, dtype=bool)]
+            + [
+                xp.ones(b - a, dtype=bool)
+                if c.child_validity is None
+                else _bitmap.unpack(backend, c.child_validity, a, b - a)
+                for c, (a, b) in zip(cols, spans)
+            ]
+        )
+        dst = block.array(plan.child_validity.offset, np.uint8, (plan.child_validity.size,))
+        dst[...] = _bitmap.pack(backend, valid)[: plan.child_validity.size]
 
 
 def _edges(backend: Any, column: Any) -> tuple[int, int]:

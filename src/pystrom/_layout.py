@@ -5,7 +5,11 @@ and by the IPC handle, which records it. Order inside the allocation:
 
 1. the values buffer of every column, in column order (for strings: the int32 offsets),
 2. the validity bitmaps of the columns that have NULLs,
-3. the data bytes of string/binary columns.
+3. the data bytes of string/binary columns and the child values of list columns,
+4. the child validity bitmaps of list columns whose elements have NULLs.
+
+A fixed_size_list column's values buffer is its child values (n * d of them); a list column's is its
+int32 offsets and its child values are the data span (see :mod:`pystrom.interop.lists`).
 
 Values come first and together so that adjacent fixed-width columns of one dtype sit at a constant
 stride: ``Table.to_array`` then returns them as a zero-copy 2-D view. Every buffer starts on a
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from ._types import ColumnType, Layout
 
-__all__ = ["ALIGNMENT", "Span", "ColumnPlan", "ColumnSpec", "TablePlan", "plan_table", "align"]
+__all__ = ["ALIGNMENT", "Span", "ColumnPlan", "ColumnSpec", "TablePlan", "plan_table", "align", "child_length"]
 
 ALIGNMENT = 64
 
@@ -44,7 +48,8 @@ class ColumnSpec:
     type: ColumnType
     length: int
     null_count: int
-    data_size: int = 0  # string/binary bytes; 0 for other layouts
+    data_size: int = 0  # string/binary bytes, list<T> child value bytes; 0 for other layouts
+    child_null_count: int = 0  # NULL elements of a list column (a child bitmap is planned when > 0)
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,9 @@ class ColumnPlan:
     null_count: int
     values: Span  # values, or int32 offsets (length + 1) for strings
     validity: Span | None  # LSB bitmap, only when null_count > 0
-    data: Span | None  # string bytes, only for VARBINARY
+    data: Span | None  # string bytes (VARBINARY), child values (LIST); None otherwise
+    child_validity: Span | None = None  # LSB bitmap of a list column's elements, only when some are NULL
+    child_null_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,9 +74,20 @@ class TablePlan:
 
 
 def values_size(spec: ColumnSpec) -> int:
-    if spec.type.layout == Layout.VARBINARY:
+    if spec.type.layout in (Layout.VARBINARY, Layout.LIST):
         return (spec.length + 1) * 4
     return spec.length * spec.type.width
+
+
+def child_length(spec: ColumnSpec | ColumnPlan) -> int:
+    """Number of elements of a list column's child (0 for other layouts)."""
+    ctype = spec.type
+    if ctype.layout == Layout.FIXED_LIST:
+        return spec.length * ctype.list_size
+    if ctype.layout == Layout.LIST:
+        size = spec.data_size if isinstance(spec, ColumnSpec) else spec.data.size
+        return size // ctype.storage.itemsize
+    return 0
 
 
 def plan_table(specs: Sequence[ColumnSpec]) -> TablePlan:
@@ -84,8 +102,10 @@ def plan_table(specs: Sequence[ColumnSpec]) -> TablePlan:
 
     values = [take(values_size(s)) for s in specs]
     validity = [take((s.length + 7) // 8) if s.null_count > 0 else None for s in specs]
-    data = [take(s.data_size) if s.type.layout == Layout.VARBINARY else None for s in specs]
+    data = [take(s.data_size) if s.type.layout in (Layout.VARBINARY, Layout.LIST) else None for s in specs]
+    child = [take((child_length(s) + 7) // 8) if s.child_null_count > 0 else None for s in specs]
     columns = tuple(
-        ColumnPlan(s.name, s.type, s.length, s.null_count, v, m, d) for s, v, m, d in zip(specs, values, validity, data)
+        ColumnPlan(s.name, s.type, s.length, s.null_count, v, m, d, c, s.child_null_count)
+        for s, v, m, d, c in zip(specs, values, validity, data, child)
     )
     return TablePlan(columns, max(cursor, ALIGNMENT))

@@ -43,6 +43,23 @@ def _gather_varbinary(backend: Backend, col: Column, rows: Any, dst_offsets: Any
         )
 
 
+def _list_elements(xp: Any, col: Column, rows: Any) -> tuple[Any, Any | None]:
+    """For gathering ``rows`` of a list column: the source element indices (into ``child_values``), in
+    output order, and the output's offsets (None for a fixed_size_list)."""
+    ctype = col.column_type
+    if ctype.layout == Layout.FIXED_LIST:
+        d = ctype.list_size
+        idx = (col.offset + rows)[:, None] * d + xp.arange(d, dtype=np.int64)[None, :]
+        return idx.reshape(-1), None
+    offsets = col.offsets.astype(np.int64)
+    starts = offsets[:-1][rows]
+    new_offsets = xp.zeros(rows.shape[0] + 1, dtype=np.int64)
+    xp.cumsum((offsets[1:] - offsets[:-1])[rows], out=new_offsets[1:])
+    element = xp.arange(int(new_offsets[-1]), dtype=np.int64)
+    row = xp.searchsorted(new_offsets[1:], element, side="right")
+    return starts[row] + (element - new_offsets[row]), new_offsets.astype(np.int32)
+
+
 def gather(table: Table, rows: Any | None) -> Table:
     """A new table (new allocation, same device) holding ``rows`` (int64 indices into the view, on the
     table's device) of every column; ``None`` means all rows: a compact copy of a view."""
@@ -78,11 +95,22 @@ def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec
             valid = col.is_valid()[rows]
             null_count = m - int(xp.count_nonzero(valid))
         lengths = data_size = None
+        child_nulls = 0
         if ctype.layout == Layout.VARBINARY:
             offsets = col.offsets
             lengths = (offsets[1:] - offsets[:-1])[rows]
             data_size = int(lengths.sum()) if m else 0
-        specs.append(ColumnSpec(col.name, ctype, m, null_count, data_size or 0))
+        elif ctype.layout in Layout.NESTED:  # lengths: (element indices, new offsets, element validity)
+            idx, new_offsets = _list_elements(xp, col, rows)
+            child_valid = None
+            if col.child_validity is not None:
+                bits = col.child_validity
+                child_valid = _bitmap.unpack(backend, bits, 0, bits.shape[0] * 8)[idx]
+                child_nulls = int(idx.shape[0]) - int(xp.count_nonzero(child_valid))
+            lengths = (idx, new_offsets, child_valid)
+            if new_offsets is not None:
+                data_size = int(idx.shape[0]) * ctype.storage.itemsize
+        specs.append(ColumnSpec(col.name, ctype, m, null_count, data_size or 0, child_nulls))
         prepared.append((valid if null_count else None, lengths))
     plan = plan_table(specs)
     new_block = backend.allocate(plan.nbytes)
@@ -104,6 +132,17 @@ def _write_gathered(block: Block, plan: ColumnPlan, col: Column, rows: Any, vali
             xp.cumsum(lengths, out=offsets[1:])
             data = block.array(plan.data.offset, np.uint8, (plan.data.size,))
             _gather_varbinary(backend, col, rows, offsets, data)
+    elif ctype.layout in Layout.NESTED:
+        idx, new_offsets, child_valid = lengths
+        values = col.child_values
+        if new_offsets is not None:
+            block.write_device(plan.values.offset, new_offsets)
+        target = plan.data if new_offsets is not None else plan.values
+        if idx.shape[0]:
+            out = block.array(target.offset, ctype.storage, (int(idx.shape[0]),))
+            xp.take(values, idx, out=out)
+        if plan.child_validity is not None:
+            block.write_device(plan.child_validity.offset, _bitmap.pack(backend, child_valid))
     elif m:
         shape = (m, ctype.width) if ctype.layout == Layout.BYTES else (m,)
         out = block.array(plan.values.offset, ctype.storage, shape)
@@ -192,6 +231,16 @@ def to_array(table: Table, columns: Sequence[str] | None, dtype: Any, nulls: str
         return _to_array(table, backend, columns, dtype, nulls)
 
 
+def _element_nulls(backend: Backend, col: Column) -> Any | None:
+    """A fixed_size_list column's (n, d) element validity for its rows, or None when no element is NULL."""
+    bits = col.child_validity if col.column_type.layout == Layout.FIXED_LIST else None
+    if bits is None:
+        return None
+    d = col.column_type.list_size
+    valid = _bitmap.unpack(backend, bits, col.offset * d, len(col) * d).reshape(len(col), d)
+    return None if bool(valid.all()) else valid
+
+
 def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dtype: Any, nulls: str) -> Any:
     xp = backend.xp
     names = list(table.column_names if columns is None else ([columns] if isinstance(columns, str) else columns))
@@ -200,7 +249,7 @@ def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dty
     cols = [table.column(n) for n in names]
     for c in cols:
         layout = c.column_type.layout
-        if layout == Layout.VARBINARY or (layout == Layout.BYTES and not _is_decimal(c)):
+        if layout in (Layout.VARBINARY, Layout.LIST) or (layout == Layout.BYTES and not _is_decimal(c)):
             raise UnsupportedTypeError(
                 f"column {c.name!r} has type {c.type}, which cannot be part of a 2-D numeric array"
             )
@@ -212,29 +261,44 @@ def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dty
         out_dtype = np.result_type(*(c.dtype for c in cols))
     else:
         out_dtype = np.dtype(dtype)
-    with_nulls = [c for c in cols if c.null_count]
+    elements = {c.name: _element_nulls(backend, c) for c in cols}
+    with_nulls = [c for c in cols if c.null_count or elements[c.name] is not None]
     if with_nulls and nulls == "raise":
-        listing = ", ".join(f"{c.name!r} ({c.null_count:,})" for c in with_nulls)
+        listing = ", ".join(
+            f"{c.name!r} ({c.null_count:,})" if c.null_count else f"{c.name!r} (NULL list elements)" for c in with_nulls
+        )
         raise NullValuesError(f"columns with NULLs: {listing}; pass nulls='nan' (float results) or nulls='drop'")
     if with_nulls and nulls == "nan" and out_dtype.kind != "f":
         raise NullValuesError(f"nulls='nan' needs a floating-point dtype, not {out_dtype}; pass dtype='float64'")
+    widths = [c.column_type.list_size if c.column_type.layout == Layout.FIXED_LIST else 1 for c in cols]
     if not with_nulls and all(c.dtype == out_dtype and c.column_type.layout != Layout.BYTES for c in cols):
-        view = _equally_spaced_view(backend, cols)
+        if len(cols) == 1 and cols[0].column_type.layout == Layout.FIXED_LIST:
+            return cols[0].values  # a fixed_size_list is already (n, d), C-ordered
+        view = _equally_spaced_view(backend, cols) if all(w == 1 for w in widths) else None
         if view is not None:
             return view
     n = table.num_rows
-    out = xp.empty((n, len(cols)), dtype=out_dtype, order="F")
-    for j, c in enumerate(cols):
+    out = xp.empty((n, sum(widths)), dtype=out_dtype, order="F")
+    j = 0
+    keep = xp.ones(n, dtype=bool) if with_nulls and nulls == "drop" else None
+    for c, w in zip(cols, widths):
+        part = out[:, j : j + w] if c.column_type.layout == Layout.FIXED_LIST else out[:, j]
         if c.column_type.layout == Layout.BYTES:
-            out[:, j] = _decimal_to_float(xp, c, out_dtype)
+            part[...] = _decimal_to_float(xp, c, out_dtype)
         else:
-            out[:, j] = c.values
+            part[...] = c.values
+        valid_elements = elements[c.name]
         if c.null_count and nulls == "nan":
-            out[~c.is_valid(), j] = xp.nan
-    if with_nulls and nulls == "drop":
-        keep = xp.ones(n, dtype=bool)
-        for c in with_nulls:
-            keep &= c.is_valid()
+            part[~c.is_valid()] = xp.nan
+        if valid_elements is not None and nulls == "nan":
+            part[~valid_elements] = xp.nan
+        if keep is not None:
+            if c.null_count:
+                keep &= c.is_valid()
+            if valid_elements is not None:
+                keep &= valid_elements.all(axis=1)
+        j += w
+    if keep is not None:
         out = xp.asfortranarray(out[keep])
     return out
 

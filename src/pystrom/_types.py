@@ -15,7 +15,16 @@ timestamp, duration                              timestamp's unit since the epoc
 decimal128(p<=38, s)   16 bytes, little endian   ``uint8``, shape (n, 16)
 fixed_size_binary(w)   w bytes                   ``uint8``, shape (n, w); uuid is (n, 16)
 utf8, binary           int32 offsets + bytes     none: use ``column(name).offsets/data``
+fixed_size_list<T>[d]  child values, d per row   ``T``, shape (n, d) (zero copy)
+list<T>                int32 offsets + child     none: ``column(name).offsets`` and
+                       values                    ``column(name).child_values``
+month_day_nano_        16 bytes: int32 months,   ``uint8``, shape (n, 16); ``.view("<i4")``
+interval               int32 days, int64 nanos   gives months/days, ``.view("<i8")[:, 1]`` ns
 =====================  ========================  =======================================
+
+``T`` of a list is bool, int8..64, uint8..64 or float16/32/64. How list buffers sit in the table's
+allocation is defined in :mod:`pystrom.interop.lists`. Arrow's ``month_interval`` and
+``day_time_interval`` are read as ``month_day_nano_interval`` (pyarrow has no other interval type).
 
 Booleans take one byte each, unlike Arrow's bit-packed buffers: CuPy and DLPack consumers read
 ``bool`` arrays as bytes, and one byte per value makes a boolean column a zero-copy array like
@@ -47,6 +56,10 @@ class Layout:
     BOOL = "bool"  # like FIXED with width 1, but Arrow stores it as bits
     BYTES = "bytes"  # fixed-size raw bytes: decimal128, fixed_size_binary (values view is (n, width) uint8)
     VARBINARY = "varbinary"  # int32 offsets (n + 1) + data bytes
+    FIXED_LIST = "fixed_list"  # fixed_size_list<T>[d]: n * d child values (`storage` dtype), d = list_size
+    LIST = "list"  # list<T>: int32 offsets (n + 1) in `values`, child values in `data`
+
+    NESTED = (FIXED_LIST, LIST)
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,8 @@ class ColumnType:
     arrow: pa.DataType  # logical type, possibly an extension type (uuid)
     layout: str
     width: int  # bytes per value in the values buffer (offsets: 4)
-    storage: np.dtype  # dtype of the values buffer; uint8 for BYTES; int32 offsets for VARBINARY
+    storage: np.dtype  # dtype of the values buffer; uint8 for BYTES; int32 offsets for VARBINARY; child dtype for lists
+    list_size: int = 0  # d of a fixed_size_list (FIXED_LIST); 0 otherwise
 
     @property
     def name(self) -> str:
@@ -73,8 +87,23 @@ class ColumnType:
 SUPPORTED_TYPES_TEXT = (
     "bool, int8/16/32/64, uint8/16/32/64, float16/32/64, date32/64, time32/64, timestamp (any unit, "
     "with or without time zone), duration, decimal128 (precision <= 38), string, binary, "
-    "fixed_size_binary (uuid)"
+    "fixed_size_binary (uuid), month_day_nano_interval, fixed_size_list and list (32-bit offsets) of "
+    "bool/int/uint/float"
 )
+
+
+# The types whose values a list may hold: one-byte booleans and NumPy's fixed-width numbers.
+def _list_child(arrow: pa.DataType, child: pa.DataType, column: str) -> np.dtype:
+    import pyarrow.types as pt
+
+    if pt.is_boolean(child):
+        return np.dtype(bool)
+    if pt.is_integer(child) or pt.is_floating(child):
+        return np.dtype(child.to_pandas_dtype())
+    raise UnsupportedTypeError(
+        f"column {column!r} has type {arrow}, whose elements pystrom cannot hold: lists hold bool, "
+        "int8/16/32/64, uint8/16/32/64 or float16/32/64"
+    )
 
 
 def _fixed(arrow: pa.DataType, dtype: str | np.dtype) -> ColumnType:
@@ -106,6 +135,13 @@ def column_type(arrow: pa.DataType, column: str) -> ColumnType:
         return ColumnType(arrow, Layout.BYTES, storage.byte_width, np.dtype(np.uint8))
     if pt.is_string(storage) or pt.is_binary(storage):
         return ColumnType(arrow, Layout.VARBINARY, 4, np.dtype(np.int32))
+    if pt.is_fixed_size_list(storage):
+        child = _list_child(arrow, storage.value_type, column)
+        return ColumnType(arrow, Layout.FIXED_LIST, storage.list_size * child.itemsize, child, storage.list_size)
+    if pt.is_list(storage):
+        return ColumnType(arrow, Layout.LIST, 4, _list_child(arrow, storage.value_type, column))
+    if storage == pa.month_day_nano_interval():
+        return ColumnType(arrow, Layout.BYTES, 16, np.dtype(np.uint8))
     hint = ""
     if pt.is_decimal(storage):
         hint = " (cast it to decimal128 with precision <= 38, or to float64)"

@@ -25,7 +25,9 @@ class Column:
 
     - ``values``: the values (see :mod:`pystrom._types` for each type's layout; booleans one byte each),
     - ``validity``: the LSB-ordered validity bitmap, or None when the column stores no NULLs,
-    - ``offsets`` and ``data``: int32 offsets and bytes for string and binary columns.
+    - ``offsets`` and ``data``: int32 offsets and bytes for string and binary columns,
+    - ``offsets``, ``child_values`` and ``child_validity`` for list columns (``values`` is the (n, d)
+      matrix of a fixed_size_list); the layout is defined in :mod:`pystrom.interop.lists`.
 
     A column obtained from a slice keeps Arrow's convention: its rows start at element ``offset`` of
     the underlying buffers. Everything here is a view: nothing is copied unless a method says so.
@@ -118,10 +120,38 @@ class Column:
                 f"column {self.name!r} has type {ctype.name}, whose values are variable-length: "
                 "use column.offsets and column.data, or column.to_arrow()"
             )
+        if ctype.layout == Layout.LIST:
+            raise UnsupportedTypeError(
+                f"column {self.name!r} has type {ctype.name}, whose rows have different lengths: "
+                "use column.offsets and column.child_values, or column.to_arrow()"
+            )
         block = self._live_block()
         start = self._plan.values.offset + self._offset * ctype.width
-        shape = (self._length, ctype.width) if ctype.layout == Layout.BYTES else (self._length,)
+        if ctype.layout == Layout.BYTES:
+            shape: tuple[int, ...] = (self._length, ctype.width)
+        elif ctype.layout == Layout.FIXED_LIST:
+            shape = (self._length, ctype.list_size)
+        else:
+            shape = (self._length,)
         return block.array(start, ctype.storage, shape)
+
+    @property
+    def child_values(self) -> Any:
+        """A list column's elements, 1-D (the whole underlying buffer: index it with :attr:`offsets`;
+        for a fixed_size_list, row i is elements ``[(offset + i) * d, (offset + i + 1) * d)``)."""
+        ctype = self._plan.type
+        if ctype.layout not in Layout.NESTED:
+            raise UnsupportedTypeError(f"column {self.name!r} has type {ctype.name}, which has no child values")
+        span = self._plan.data if ctype.layout == Layout.LIST else self._plan.values
+        return self._live_block().array(span.offset, ctype.storage, (span.size // ctype.storage.itemsize,))
+
+    @property
+    def child_validity(self) -> Any | None:
+        """A list column's element bitmap (uint8, LSB; bit j = element j of :attr:`child_values`), or None."""
+        if self._plan.type.layout not in Layout.NESTED:
+            raise UnsupportedTypeError(f"column {self.name!r} has type {self._plan.type.name}, which has no elements")
+        span = self._plan.child_validity
+        return None if span is None else self._live_block().array(span.offset, np.uint8, (span.size,))
 
     @property
     def validity(self) -> Any | None:
@@ -143,7 +173,8 @@ class Column:
 
     @property
     def offsets(self) -> Any:
-        """int32 offsets (n + 1) into :attr:`data` for string and binary columns (not rebased after slicing)."""
+        """int32 offsets (n + 1) into :attr:`data` (string, binary) or :attr:`child_values` (list), not rebased
+        after slicing."""
         self._require_varbinary("offsets")
         return self._live_block().array(self._plan.values.offset + self._offset * 4, np.int32, (self._length + 1,))
 
@@ -155,7 +186,9 @@ class Column:
         return self._live_block().array(span.offset, np.uint8, (span.size,))
 
     def _require_varbinary(self, what: str) -> None:
-        if self._plan.type.layout != Layout.VARBINARY:
+        if self._plan.type.layout != Layout.VARBINARY and not (
+            what == "offsets" and self._plan.type.layout == Layout.LIST
+        ):
             raise UnsupportedTypeError(
                 f"column {self.name!r} has type {self._plan.type.name}, which has no {what} buffer"
             )
@@ -186,6 +219,17 @@ class Column:
                 f"column {self.name!r} has {self.null_count} NULL(s), which {protocol} cannot carry; use "
                 "column.values (NULL slots unspecified) with column.is_valid(), or table.to_array(nulls='nan'|'drop')"
             )
+        if self._plan.child_validity is not None:
+            d = self._plan.type.list_size
+            backend = self._live_block().backend
+            nulls = self._length * d - _bitmap.count_set(
+                backend, self.child_validity, self._offset * d, self._length * d
+            )
+            if nulls:
+                raise NullValuesError(
+                    f"column {self.name!r} has {nulls} NULL element(s) in its lists, which {protocol} cannot carry; "
+                    "use column.values with column.child_validity, or table.to_array(nulls='nan'|'drop')"
+                )
         return self.values
 
     # -- array protocols (no NULLs allowed: an exported array has no way to say which slots are missing) --

@@ -144,6 +144,8 @@ class Table:
             total += (n + 1) * 4 + plan.data.size if plan.data is not None else n * plan.type.width
             if plan.validity is not None:
                 total += (c.offset % 8 + n + 7) // 8
+            if plan.child_validity is not None:
+                total += plan.child_validity.size
         return total
 
     @property

@@ -1,4 +1,8 @@
-"""``Table.from_arrays``: named NumPy / CuPy / pyarrow arrays or Python lists into one Table."""
+"""``Table.from_arrays``: named NumPy / CuPy / pyarrow arrays or Python lists into one Table.
+
+A 2-D NumPy or CuPy array (n, d) of bool or numbers becomes a ``fixed_size_list<T>[d]`` column
+(:func:`.lists.list_column`), the layout ``table[name]`` gives back as the same (n, d) matrix.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from .._types import column_type
 from ..errors import SchemaMismatchError, UnsupportedTypeError
 from .arrow_import import host_column
 from .build import DeviceColumn, HostColumn
+from .lists import BufferColumn, list_column
 
 __all__ = ["columns_from_arrays"]
 
@@ -31,7 +36,10 @@ def _device_array(value: Any) -> Any | None:
 
 def _device_column(name: str, array: Any) -> DeviceColumn:
     if array.ndim != 1:
-        raise SchemaMismatchError(f"column {name!r} must be one-dimensional; got an array of shape {array.shape}")
+        raise SchemaMismatchError(
+            f"column {name!r} must be one-dimensional (or two-dimensional: a fixed_size_list column); "
+            f"got an array of shape {array.shape}"
+        )
     dtype = np.dtype(array.dtype)
     if dtype.kind not in "biuf":
         raise UnsupportedTypeError(
@@ -52,7 +60,10 @@ def _host_array(name: str, value: Any) -> pa.Array | pa.ChunkedArray:
         value = np.asarray(value)  # torch CPU tensors, xarray, ...
     if isinstance(value, np.ndarray):
         if value.ndim != 1:
-            raise SchemaMismatchError(f"column {name!r} must be one-dimensional; got an array of shape {value.shape}")
+            raise SchemaMismatchError(
+                f"column {name!r} must be one-dimensional (or two-dimensional: a fixed_size_list column); "
+                f"got an array of shape {value.shape}"
+            )
         mask = None
         if isinstance(value, np.ma.MaskedArray):
             mask = np.ma.getmaskarray(value)
@@ -76,23 +87,35 @@ def _host_array(name: str, value: Any) -> pa.Array | pa.ChunkedArray:
         ) from None
 
 
-def columns_from_arrays(arrays: Mapping[str, Any], backend: Backend) -> list[HostColumn | DeviceColumn]:
+def columns_from_arrays(arrays: Mapping[str, Any], backend: Backend) -> list[HostColumn | DeviceColumn | BufferColumn]:
     if not isinstance(arrays, Mapping):
         raise UnsupportedTypeError(
             f"from_arrays expects a mapping of column names to arrays, not {type(arrays).__name__}"
         )
-    columns: list[HostColumn | DeviceColumn] = []
+    columns: list[HostColumn | DeviceColumn | BufferColumn] = []
     for name, value in arrays.items():
         if not isinstance(name, str):
             raise SchemaMismatchError(f"column names must be strings; got {name!r}")
         device = _device_array(value)
+        matrix = device if device is not None else value
+        if (
+            (isinstance(matrix, np.ndarray) or device is not None)
+            and matrix.ndim == 2
+            and not isinstance(matrix, np.ma.MaskedArray)
+        ):
+            if np.dtype(matrix.dtype).kind not in "biuf":
+                raise UnsupportedTypeError(f"column {name!r}: a 2-D array of dtype {matrix.dtype} cannot be held")
+            xp = backend_of_array(matrix).xp
+            columns.append(list_column(name, xp.ascontiguousarray(matrix), list_size=int(matrix.shape[1]),
+                                       length=int(matrix.shape[0])))  # fmt: skip
+            continue
         if device is not None:
             columns.append(_device_column(name, device))
             continue
         arr = _host_array(name, value)
         chunked = arr if isinstance(arr, pa.ChunkedArray) else pa.chunked_array([arr], type=arr.type)
         columns.append(host_column(name, pa.field(name, chunked.type), chunked))
-    lengths = {c.field.name: (c.length if isinstance(c, HostColumn) else int(c.array.shape[0])) for c in columns}
+    lengths = {c.field.name: (int(c.array.shape[0]) if isinstance(c, DeviceColumn) else c.length) for c in columns}
     if len(set(lengths.values())) > 1:
         listing = ", ".join(f"{k}: {v:,}" for k, v in lengths.items())
         raise SchemaMismatchError(f"columns have different lengths ({listing})")

@@ -125,6 +125,50 @@ _release_array = _ReleaseArray(_core.arrow_release_address())
 # -- building arrays -------------------------------------------------------------------------------
 
 
+def _fill(out: ArrowArray, length: int, null_count: int, offset: int, buffers: list, keep: list,
+          child: ArrowArray | None = None) -> None:  # fmt: skip
+    """Fill ``out``; ``keep`` (and ``child``, whose release the C++ callback calls first) live until release."""
+    pointers = (ctypes.c_void_p * len(buffers))(*buffers)
+    keep.append(pointers)
+    out.length = length
+    out.null_count = null_count
+    out.offset = offset
+    out.n_buffers = len(buffers)
+    out.buffers = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+    if child is None:
+        out.n_children = 0
+        out.children = None
+    else:
+        children = (ctypes.POINTER(ArrowArray) * 1)(ctypes.pointer(child))
+        keep += [child, children]
+        out.n_children = 1
+        out.children = ctypes.cast(children, ctypes.POINTER(ctypes.POINTER(ArrowArray)))
+    out.dictionary = None
+    out.private_data = _core.arrow_keep(keep)
+    out.release = _release_array
+
+
+def _elements_array(col: Column) -> ArrowArray:
+    """A list column's child array: every element of the base column (the parent's offset picks the rows)."""
+    block = col._live_block()
+    plan = col._plan
+    ctype = plan.type
+    count = (
+        plan.length * ctype.list_size if ctype.layout == Layout.FIXED_LIST else plan.data.size // ctype.storage.itemsize
+    )
+    span = plan.values if ctype.layout == Layout.FIXED_LIST else plan.data
+    keep: list[Any] = [block]
+    values = block.ptr + span.offset
+    if ctype.storage == np.bool_:
+        bits = _bitmap.pack(block.backend, block.array(span.offset, np.bool_, (count,)))
+        keep.append(bits)
+        values = block.backend.array_ptr(bits) if bits.size else None
+    validity = block.ptr + plan.child_validity.offset if plan.child_validity is not None else None
+    child = ArrowArray()
+    _fill(child, count, -1 if validity is not None else 0, 0, [validity, values], keep)  # -1: not counted
+    return child
+
+
 def _column_array(out: ArrowArray, col: Column) -> None:
     """Fill ``out`` with one column's buffers (pointers into the table's memory)."""
     block = col._live_block()
@@ -133,6 +177,7 @@ def _column_array(out: ArrowArray, col: Column) -> None:
     ctype = plan.type
     keep: list[Any] = [block]
     validity = block.ptr + plan.validity.offset if plan.validity is not None else None
+    child = None
     if ctype.layout == Layout.BOOL:
         # Pack the base column from element 0 so the Arrow offset applies to both buffers alike.
         base = block.array(plan.values.offset, np.bool_, (col.offset + len(col),))
@@ -141,20 +186,13 @@ def _column_array(out: ArrowArray, col: Column) -> None:
         buffers = [validity, backend.array_ptr(bits) if bits.size else None]
     elif ctype.layout == Layout.VARBINARY:
         buffers = [validity, block.ptr + plan.values.offset, block.ptr + plan.data.offset]
+    elif ctype.layout == Layout.FIXED_LIST:
+        buffers, child = [validity], _elements_array(col)
+    elif ctype.layout == Layout.LIST:
+        buffers, child = [validity, block.ptr + plan.values.offset], _elements_array(col)
     else:
         buffers = [validity, block.ptr + plan.values.offset]
-    pointers = (ctypes.c_void_p * len(buffers))(*buffers)
-    keep.append(pointers)
-    out.length = len(col)
-    out.null_count = col.null_count
-    out.offset = col.offset
-    out.n_buffers = len(buffers)
-    out.n_children = 0
-    out.buffers = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
-    out.children = None
-    out.dictionary = None
-    out.private_data = _core.arrow_keep(keep)
-    out.release = _release_array
+    _fill(out, len(col), col.null_count, col.offset, buffers, keep, child)
 
 
 def _table_array(out: ArrowArray, table: Table) -> None:

@@ -50,11 +50,73 @@ def _finish(col: Column, buffers: list[np.ndarray | None]) -> pa.Array:
     return storage
 
 
+def _primitive(arrow: pa.DataType, length: int, null_count: int, buffers: list[np.ndarray | None]) -> pa.Array:
+    addresses = [0 if b is None else b.ctypes.data for b in buffers]
+    capsule = _core.arrow_array_capsule(tuple(b for b in buffers if b is not None), length, null_count, addresses)
+    return pa.Array._import_from_c_capsule(arrow.__arrow_c_schema__(), capsule)
+
+
+def _buffer(array: np.ndarray) -> pa.Buffer:
+    """A pyarrow Buffer over a host array, kept alive by the C++ release callback (not pa.py_buffer)."""
+    flat = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+    return _primitive(pa.uint8(), flat.size, 0, [None, flat]).buffers()[1]
+
+
+def _list_span(col: Column, offsets: np.ndarray | None) -> tuple[int, int]:
+    """(first element, element count) of a list column's rows; ``offsets`` are its host offsets (list only)."""
+    if offsets is None:
+        d = col.column_type.list_size
+        return col.offset * d, len(col) * d
+    return int(offsets[0]), int(offsets[-1] - offsets[0])
+
+
+def _list_array(
+    col: Column,
+    validity: np.ndarray | None,
+    offsets: np.ndarray | None,
+    child: np.ndarray,
+    child_bits: np.ndarray | None,
+    child_shift: int,
+    count: int,
+) -> pa.Array:
+    """Assemble a list array on the host: ``child`` holds the ``count`` elements (booleans packed),
+    ``child_bits`` their bitmap from bit ``child_shift``, ``offsets`` the rows' offsets (rebased here)."""
+    ctype = col.column_type
+    storage = ctype.storage_arrow
+    child_validity = child_nulls = None
+    if child_bits is not None:
+        child_validity = _aligned_validity(child_bits, child_shift, count)
+        child_nulls = count - int(_core.count_bits(child_validity, 0, count)) if count else 0
+    elements = _primitive(storage.value_type, count, child_nulls or 0, [child_validity if child_nulls else None, child])
+    parent = [_buffer(validity) if validity is not None else None]
+    if offsets is not None:
+        parent.append(_buffer((offsets - offsets[0]).astype(np.int32)))
+    array = pa.Array.from_buffers(storage, len(col), parent, null_count=col.null_count, children=[elements])
+    if isinstance(ctype.arrow, pa.BaseExtensionType):
+        return pa.ExtensionArray.from_storage(ctype.arrow, array)
+    return array
+
+
+def _cpu_list(col: Column, validity: np.ndarray | None) -> pa.Array:
+    ctype = col.column_type
+    offsets = col.offsets if ctype.layout == Layout.LIST else None
+    first, count = _list_span(col, offsets)
+    child = col.child_values[first : first + count]
+    if ctype.storage == np.bool_:
+        child = np.packbits(child, bitorder="little")
+    bits = col.child_validity
+    if bits is not None:
+        bits = bits[first // 8 : (first + count + 7) // 8]
+    return _list_array(col, validity, offsets, child, bits, first % 8, count)
+
+
 def _cpu_column(col: Column) -> pa.Array:
     ctype = col.column_type
     validity = None
     if col.validity is not None and col.null_count:
         validity = _aligned_validity(col.validity, col.validity_offset, len(col))
+    if ctype.layout in Layout.NESTED:
+        return _cpu_list(col, validity)
     if ctype.layout == Layout.BOOL:
         values = [np.packbits(col.values, bitorder="little")]
     elif ctype.layout == Layout.VARBINARY:
@@ -80,6 +142,20 @@ def _gpu_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
         layout = col.column_type.layout
         validity = ask_array(col.validity) if col.validity is not None and col.null_count else None
         first = 0
+        if layout in Layout.NESTED:  # [child values, child bitmap?, offsets?]
+            offsets = col.offsets if layout == Layout.LIST else None
+            ends = None if offsets is None else backend.to_host(offsets[[0, len(col)]])
+            first, count = _list_span(col, ends)
+            child = col.child_values[first : first + count]
+            if col.column_type.storage == np.bool_:
+                child = _bitmap.pack(backend, child)
+                keep.append(child)
+            values = [ask_array(child)]
+            bits = col.child_validity
+            values.append(None if bits is None else ask_array(bits[first // 8 : (first + count + 7) // 8]))
+            values.append(None if offsets is None else ask_array(offsets))
+            plans.append((validity, values, (first, count)))
+            continue
         if layout == Layout.BOOL:
             bits = _bitmap.pack(backend, col.values)
             keep.append(bits)
@@ -103,6 +179,14 @@ def _gpu_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
     arrays = []
     for col, (validity, values, first) in zip(cols, plans):
         bitmap = _aligned_validity(views[validity], col.validity_offset, len(col)) if validity is not None else None
+        if col.column_type.layout in Layout.NESTED:
+            start, count = first
+            child, bits, offsets = (None if i is None else views[i] for i in values)
+            offsets = None if offsets is None else offsets.view(np.int32)
+            if col.column_type.storage != np.bool_:
+                child = child.view(col.column_type.storage)
+            arrays.append(_list_array(col, bitmap, offsets, child, bits, start % 8, count))
+            continue
         buffers = [views[i] for i in values]
         if col.column_type.layout == Layout.VARBINARY and first:
             offsets = buffers[0].view(np.int32)

@@ -95,13 +95,41 @@ def _check_offsets(name: str, chunk: pa.Array) -> int:
     return int(offsets[-1] - offsets[0])
 
 
+def _list_children(name: str, layout: str, list_size: int, chunks: list[pa.Array]) -> list[pa.Array]:
+    """Each list chunk's child values for its own rows (offsets validated: foreign producers may hand us anything)."""
+    out = []
+    for c in chunks:
+        n = len(c)
+        if layout == Layout.FIXED_LIST:
+            out.append(c.values.slice(c.offset * list_size, n * list_size))
+            continue
+        offsets = np.frombuffer(c.buffers()[1], dtype=np.int32, count=n + 1, offset=c.offset * 4)
+        if offsets[0] < 0 or offsets[-1] > len(c.values) or (n > 0 and np.any(offsets[1:] < offsets[:-1])):
+            raise SchemaMismatchError(
+                f"column {name!r}: invalid list offsets in the Arrow input (corrupt or hostile data)"
+            )
+        out.append(c.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
+    return out
+
+
 def host_column(name: str, field: pa.Field, chunked: pa.ChunkedArray) -> HostColumn:
     """One Arrow column prepared for copying into a table's allocation."""
     logical, chunks = _normalize(name, field.type, list(chunked.chunks))
     ctype = column_type(logical, name)
     length = sum(len(c) for c in chunks)
     null_count = sum(c.null_count for c in chunks)
-    data_size = 0
+    data_size = child_nulls = 0
+    children = None
+    if ctype.layout in Layout.NESTED:
+        children = _list_children(name, ctype.layout, ctype.list_size, chunks)
+        child_nulls = sum(c.null_count for c in children)
+        if ctype.layout == Layout.LIST:
+            elements = sum(len(c) for c in children)
+            if elements > _INT32_MAX:
+                raise CapacityError(
+                    f"column {name!r} holds {elements:,} list elements; 32-bit offsets address 2**31 - 1"
+                )
+            data_size = elements * ctype.storage.itemsize
     if ctype.layout == Layout.VARBINARY:
         data_size = sum(_check_offsets(name, c) for c in chunks)
         if data_size > _INT32_MAX:
@@ -109,7 +137,7 @@ def host_column(name: str, field: pa.Field, chunked: pa.ChunkedArray) -> HostCol
                 f"column {name!r} holds {data_size:,} bytes of {logical} data; one column holds at most 2 GiB"
             )
     out_field = pa.field(name, logical, nullable=field.nullable, metadata=field.metadata)
-    return HostColumn(out_field, ctype, chunks, length, null_count, data_size)
+    return HostColumn(out_field, ctype, chunks, length, null_count, data_size, child_nulls, children)
 
 
 def columns_of(table: pa.Table) -> list[HostColumn]:

@@ -22,6 +22,7 @@ from .._backend import Backend, Block
 from .._layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 from .._types import ColumnType, Layout
 from ..table import Table
+from .lists import BufferColumn
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,9 +38,13 @@ class HostColumn:
     length: int
     null_count: int
     data_size: int
+    child_null_count: int = 0
+    child_chunks: list | None = None  # list columns: each chunk's child values (storage arrays), sliced to its rows
 
     def spec(self) -> ColumnSpec:
-        return ColumnSpec(self.field.name, self.type, self.length, self.null_count, self.data_size)
+        return ColumnSpec(
+            self.field.name, self.type, self.length, self.null_count, self.data_size, self.child_null_count
+        )
 
 
 @dataclass
@@ -84,22 +89,60 @@ def _bytes(buf: pa.Buffer, start: int, size: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8, count=size, offset=start)
 
 
-def _fill_host(w: _Writer, plan: ColumnPlan, col: HostColumn) -> None:
-    layout, width = col.type.layout, col.type.width
-    chunks = [c for c in col.chunks if len(c)]
-    if layout in (Layout.FIXED, Layout.BYTES):
-        pos = 0
-        for c in chunks:
-            n = len(c)
-            w.copy(plan.values.offset + pos * width, _bytes(c.buffers()[1], c.offset * width, n * width))
-            pos += n
-    elif layout == Layout.BOOL:
-        with w.region(plan.values.offset, plan.values.size) as dst:
+def _fill_values(w: _Writer, offset: int, layout: str, width: int, chunks: list) -> None:
+    """Copy the values of primitive chunks one after another from ``offset`` (booleans unpacked to bytes)."""
+    if layout == Layout.BOOL:
+        with w.region(offset, sum(len(c) for c in chunks)) as dst:
             pos = 0
             for c in chunks:
                 n = len(c)
                 _core.unpack_bits(c.buffers()[1], c.offset, dst[pos : pos + n], n)
                 pos += n
+        return
+    pos = 0
+    for c in chunks:
+        n = len(c)
+        w.copy(offset + pos * width, _bytes(c.buffers()[1], c.offset * width, n * width))
+        pos += n
+
+
+def _fill_validity(w: _Writer, span: Any, chunks: list) -> None:
+    with w.region(span.offset, span.size) as dst:
+        dst[:] = 0xFF  # chunks without a bitmap are all valid
+        pos = 0
+        for c in chunks:
+            n = len(c)
+            bitmap = c.buffers()[0]
+            if bitmap is not None and c.null_count:
+                _core.copy_bits(bitmap, c.offset, dst, pos, n)
+            pos += n
+
+
+def _fill_host(w: _Writer, plan: ColumnPlan, col: HostColumn) -> None:
+    layout, width = col.type.layout, col.type.width
+    chunks = [c for c in col.chunks if len(c)]
+    if layout in (Layout.FIXED, Layout.BYTES, Layout.BOOL):
+        _fill_values(w, plan.values.offset, layout, width, chunks)
+    elif layout in Layout.NESTED:
+        children = [c for c in col.child_chunks if len(c)]
+        child_layout = Layout.BOOL if col.type.storage == np.bool_ else Layout.FIXED
+        target = plan.values.offset if layout == Layout.FIXED_LIST else plan.data.offset
+        _fill_values(w, target, child_layout, col.type.storage.itemsize, children)
+        if plan.child_validity is not None:
+            _fill_validity(w, plan.child_validity, children)
+        if layout == Layout.LIST:  # offsets rebased onto the one child buffer
+            with w.region(plan.values.offset, plan.values.size) as dst:
+                offsets = dst.view(np.int32)
+                offsets[0] = 0
+                pos = base = 0
+                for c, child in zip(col.chunks, col.child_chunks):
+                    if not len(c):
+                        continue
+                    n = len(c)
+                    src = np.frombuffer(c.buffers()[1], dtype=np.int32, count=n + 1, offset=c.offset * 4)
+                    offsets[pos : pos + n + 1] = src - src[0] + base
+                    pos += n
+                    base += len(child)
     else:  # VARBINARY: rebase each chunk's offsets onto one data buffer
         with w.region(plan.values.offset, plan.values.size) as dst:
             offsets = dst.view(np.int32)
@@ -116,15 +159,7 @@ def _fill_host(w: _Writer, plan: ColumnPlan, col: HostColumn) -> None:
                 pos += n
                 data_pos += nbytes
     if plan.validity is not None:
-        with w.region(plan.validity.offset, plan.validity.size) as dst:
-            dst[:] = 0xFF  # chunks without a bitmap are all valid
-            pos = 0
-            for c in chunks:
-                n = len(c)
-                bitmap = c.buffers()[0]
-                if bitmap is not None and c.null_count:
-                    _core.copy_bits(bitmap, c.offset, dst, pos, n)
-                pos += n
+        _fill_validity(w, plan.validity, chunks)
 
 
 def _fill_device(block: Block, plan: ColumnPlan, col: DeviceColumn) -> None:
@@ -140,7 +175,7 @@ def _fill_device(block: Block, plan: ColumnPlan, col: DeviceColumn) -> None:
 
 def build_table(
     backend: Backend,
-    columns: Sequence[HostColumn | DeviceColumn],
+    columns: Sequence[HostColumn | DeviceColumn | BufferColumn],
     metadata: Any = None,
     num_rows: int | None = None,
     allocate: Callable[[int], Block] | None = None,
@@ -156,6 +191,8 @@ def build_table(
     for col_plan, col in zip(plan.columns, columns):
         if isinstance(col, HostColumn):
             _fill_host(writer, col_plan, col)
+        elif isinstance(col, BufferColumn):
+            col.fill(block, col_plan)
         else:
             _fill_device(block, col_plan, col)
     writer.flush()

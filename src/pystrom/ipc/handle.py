@@ -40,7 +40,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._layout import ALIGNMENT, ColumnPlan, ColumnSpec, Span, values_size
+from .._layout import ALIGNMENT, ColumnPlan, ColumnSpec, Span, child_length, values_size
 from .._types import Layout, column_type
 from ..column import Column
 from ..errors import InvalidHandleError, UnsupportedTypeError
@@ -90,6 +90,9 @@ class TableLayout:
                     "values": [p.values.offset, p.values.size],
                     "validity": None if p.validity is None else [p.validity.offset, p.validity.size],
                     "data": None if p.data is None else [p.data.offset, p.data.size],
+                    "child_validity": None
+                    if p.child_validity is None
+                    else [p.child_validity.offset, p.child_validity.size],
                     "offset": c.offset,
                     "rows": len(c),
                     "nulls": -1 if c._null_count is None else c._null_count,
@@ -159,6 +162,7 @@ class TableLayout:
         values = self._span(rec.get("values"), f"{where}: values buffer")
         validity = self._span(rec.get("validity"), f"{where}: validity bitmap", optional=True)
         data = self._span(rec.get("data"), f"{where}: data buffer", optional=True)
+        child_validity = self._span(rec.get("child_validity"), f"{where}: child validity bitmap", optional=True)
         spec = ColumnSpec(field.name, ctype, length, null_count, 0 if data is None else data.size)
         expected = values_size(spec)
         if values is None or values.size != expected:
@@ -170,8 +174,20 @@ class TableLayout:
             raise InvalidHandleError(f"{where}: a validity bitmap must be present exactly when there are NULLs")
         if validity is not None and validity.size != (length + 7) // 8:
             raise InvalidHandleError(f"{where}: validity bitmap of {validity.size} bytes for {length} rows")
-        if (data is None) != (ctype.layout != Layout.VARBINARY):
-            raise InvalidHandleError(f"{where}: a data buffer must be present exactly for string/binary columns")
+        if (data is None) != (ctype.layout not in (Layout.VARBINARY, Layout.LIST)):
+            raise InvalidHandleError(f"{where}: a data buffer must be present exactly for string/binary/list columns")
+        if ctype.layout == Layout.LIST and data.size % ctype.storage.itemsize:
+            raise InvalidHandleError(
+                f"{where}: child values buffer of {data.size} bytes is not a whole number of {ctype.storage} values"
+            )
+        elements = child_length(spec)
+        if child_validity is not None and (
+            ctype.layout not in Layout.NESTED or child_validity.size != (elements + 7) // 8
+        ):
+            raise InvalidHandleError(
+                f"{where}: child validity bitmap of {child_validity.size} bytes for {elements} list element(s) "
+                f"of a {ctype.name} column"
+            )
         offset = _int(rec.get("offset"), f"{where}: row offset")
         rows = _int(rec.get("rows"), f"{where}: row count")
         if offset + rows > length:
@@ -183,7 +199,9 @@ class TableLayout:
             nulls = _int(nulls, f"{where}: view null count")
             if nulls > rows:
                 raise InvalidHandleError(f"{where}: view null count {nulls} exceeds its {rows} rows")
-        plan = ColumnPlan(field.name, ctype, length, null_count, values, validity, data)
+        # child_null_count only says a bitmap exists: nothing counts on its value
+        plan = ColumnPlan(field.name, ctype, length, null_count, values, validity, data, child_validity,
+                          0 if child_validity is None else 1)  # fmt: skip
         # The view's null count is not taken on trust: without a bitmap it is 0, else it is counted
         # from the bitmap when first asked for (a wrong count would let NULLs pass as values).
         return plan, offset, rows, 0 if validity is None else None

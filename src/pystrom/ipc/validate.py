@@ -1,7 +1,8 @@
 """Checks of buffer *contents* that another process wrote, before anything dereferences them.
 
 A handle's layout says where each buffer is; the bytes inside some buffers steer reads too: a
-string column's offsets say which bytes of its data buffer each row takes. A forged handle, an
+string column's offsets say which bytes of its data buffer each row takes, a list column's which
+elements of its child values. A forged handle, an
 exporter that writes a bad offset after exporting, or a hostile writer committing to the store
 daemon must never make a reader read outside the data buffer (SIGBUS, a segfault, or bytes from
 elsewhere). The rule, per path (docs/ipc.md):
@@ -16,9 +17,10 @@ elsewhere). The rule, per path (docs/ipc.md):
   with NULLs pass as dense.
 
 Offsets ``o[0..n]`` (the view's rows) must hold ``o[0] >= 0``, ``o[i] <= o[i + 1]`` and
-``o[n] <= len(data)``. On a GPU one kernel launch per string column folds the first failing position
-into one result array, read back with a single copy per table; the CPU twin is vectorised NumPy
-(:func:`first_bad_offset`), and the GPU tests compare the two.
+``o[n] <= len(data)`` (in bytes for strings, in elements for lists). On a GPU one kernel launch
+per string or list column folds the first failing position into one result array, read back with a
+single copy per table; the CPU twin is vectorised NumPy (:func:`first_bad_offset`), and the GPU
+tests compare the two.
 """
 
 from __future__ import annotations
@@ -84,8 +86,14 @@ def first_bad_offsets_gpu(backend: Any, columns: list[tuple[Any, int]]) -> list[
     return [None if v == _NONE else int(v) for v in host]
 
 
-def _string_columns(table: Table) -> list[Column]:
-    return [c for c in table._columns if c._plan.type.layout == Layout.VARBINARY]
+def _offset_columns(table: Table) -> list[Column]:
+    return [c for c in table._columns if c._plan.type.layout in (Layout.VARBINARY, Layout.LIST)]
+
+
+def _limit(col: Column) -> int:
+    """What the last offset may reach: data bytes (strings) or child elements (lists)."""
+    plan = col._plan
+    return plan.data.size if plan.type.layout == Layout.VARBINARY else plan.data.size // plan.type.storage.itemsize
 
 
 def check_table(table: Table, where: str) -> None:
@@ -93,31 +101,33 @@ def check_table(table: Table, where: str) -> None:
 
     ``where`` names the source (the handle, the store table). Fixed-width tables return at once.
     """
-    cols = _string_columns(table)
+    cols = _offset_columns(table)
     if not cols:
         return
     backend = table._live().backend
     if backend.kind == "cpu":
-        bad = [first_bad_offset(c.offsets, c._plan.data.size) for c in cols]
+        bad = [first_bad_offset(c.offsets, _limit(c)) for c in cols]
     else:
-        bad = first_bad_offsets_gpu(backend, [(c.offsets, c._plan.data.size) for c in cols])
+        bad = first_bad_offsets_gpu(backend, [(c.offsets, _limit(c)) for c in cols])
     for col, p in zip(cols, bad):
         if p is None:
             continue
         base = max(p - 1, 0)
         window = backend.to_host(col.offsets[base : p + 2])  # the few offsets the message quotes
-        reason = _describe(window, p, base, len(col), col._plan.data.size)
+        is_list = col._plan.type.layout == Layout.LIST
+        reason = _describe(window, p, base, len(col), _limit(col), "element child values" if is_list else "byte data")
         raise InvalidHandleError(
-            f"{where}: column {col.name!r}: string offsets would read outside the data buffer: {reason} "
+            f"{where}: column {col.name!r}: {'list' if is_list else 'string'} offsets would read outside the "
+            f"{'child values' if is_list else 'data buffer'}: {reason} "
             f"(row {p}); the exporter wrote them wrong, or wrote after exporting"
         )
 
 
-def _describe(window: np.ndarray, p: int, base: int, n: int, data_size: int) -> str:
+def _describe(window: np.ndarray, p: int, base: int, n: int, data_size: int, what: str) -> str:
     """Why position ``p`` fails, from the offsets ``window`` = ``o[base:p + 2]``."""
     here = int(window[p - base])
     if p == 0 and here < 0:
         return f"offsets[0] is {here} (negative)"
     if p < n:
         return f"offsets[{p}] = {here} > offsets[{p + 1}] = {int(window[p + 1 - base])} (not monotone)"
-    return f"offsets[{n}] = {here} lies past the end of the {data_size}-byte data buffer"
+    return f"offsets[{n}] = {here} lies past the end of the {data_size}-{what} buffer"

@@ -3,15 +3,19 @@
 Per column, the batches land one after the other:
 
 - fixed-width values and string bytes are read from the file directly to their final position;
-- string offsets (all string columns of the read) are read to one scratch array first and checked there
-  in one pass (:mod:`.offsets`: monotone, inside their data buffer); their first/last values give each
-  batch's exact byte count, needed before the table can be allocated; then they are rebased into place;
-- bit-packed booleans and validity bitmaps are read to scratch and re-laid out by the bitmap kernels
+- string and list offsets (all such columns of the read) are read to one scratch array first and checked
+  there in one pass (:mod:`.offsets`: monotone, inside their data buffer or their elements); their
+  first/last values give each batch's exact byte (element) count, needed before the table can be
+  allocated; then they are rebased into place;
+- a fixed_size_list's elements are read like fixed-width values (d per row), a list's elements like
+  string bytes (the batch's [first, last) elements);
+- bit-packed booleans and validity bitmaps (also the elements' bitmaps) are read to scratch and re-laid
+  out by the bitmap kernels
   (a batch boundary is rarely on a multiple of 8 rows, and pystrom keeps booleans one byte each);
 - the NULLs in the unpacked validity bitmaps are counted on the device and compared with the counts
   the metadata claimed (read back once, after every column is in place).
 
-Columns whose file layout is not pystrom's (dictionaries, large or view strings) and files with
+Columns whose file layout is not pystrom's (dictionaries, large or view strings, lists of booleans) and files with
 compressed bodies go through pyarrow on the host (:mod:`.host`, validated there) and the common table
 builder instead. Everything else the read relies on (row counts, null counts, buffer ranges inside
 the file and long enough) was checked by :mod:`.file` from the metadata.
@@ -72,20 +76,27 @@ def read_batches(
 
     with RangeReader(file.path, backend, progress) as reader, backend.activate():
         xp = backend.xp
-        strings = _string_sizes(file, reader, xp, batches, [n for n in direct if types[n].layout == Layout.VARBINARY])
+        offset_columns = [n for n in direct if types[n].layout in (Layout.VARBINARY, Layout.LIST)]
+        strings = _string_sizes(file, reader, xp, batches, offset_columns, types)
         specs = []
         for name in columns:
             if name in host:
                 specs.append(host[name].spec())
                 continue
             data_size = int(strings[name].nbytes.sum()) if name in strings else 0
-            if data_size > _INT32_MAX:
+            if types[name].layout == Layout.LIST:
+                if data_size > _INT32_MAX:
+                    raise CapacityError(f"column {name!r} holds {data_size:,} list elements in {file.path!r}; "
+                                        "32-bit offsets address 2**31 - 1 (read fewer rows)")  # fmt: skip
+                data_size *= types[name].storage.itemsize
+            elif data_size > _INT32_MAX:
                 raise CapacityError(
                     f"column {name!r} holds {data_size:,} bytes of {schema.field(name).type} data in {file.path!r}; "
                     "one column holds at most 2 GiB (read fewer rows, e.g. with scan_arrow)"
                 )
             null_count = sum(b.chunks[name].null_count for b in batches)
-            specs.append(ColumnSpec(name, types[name], num_rows, null_count, data_size))
+            child_nulls = sum(b.chunks[name].child_null_count for b in batches)  # > 0: an element bitmap
+            specs.append(ColumnSpec(name, types[name], num_rows, null_count, data_size, child_nulls))
         plan = plan_table(specs)
         block = backend.allocate(plan.nbytes)
         fixups = []
@@ -109,10 +120,15 @@ def read_batches(
 
 
 def _string_sizes(
-    file: ArrowFile, reader: RangeReader, xp: Any, batches: Sequence[BatchLayout], names: Sequence[str]
+    file: ArrowFile,
+    reader: RangeReader,
+    xp: Any,
+    batches: Sequence[BatchLayout],
+    names: Sequence[str],
+    types: dict[str, ColumnType | None],
 ) -> dict[str, _StringSizes]:
-    """Read the string columns' offsets to one scratch array; check them all (:mod:`.offsets`); each
-    batch's first offset and byte count per column."""
+    """Read the string and list columns' offsets to one scratch array; check them all (:mod:`.offsets`);
+    each batch's first offset and byte (list: element) count per column."""
     if not names:
         return {}
     counts = np.array([[b.chunks[n].length for b in batches] for n in names], dtype=np.int64).reshape(-1)
@@ -126,14 +142,20 @@ def _string_sizes(
             reader.read(chunk.values.offset, int(size) * 4, raw[int(start) * 4 : int(start + size) * 4])
     reader.wait()
     nonempty = np.flatnonzero(sizes)
-    data_sizes = np.array([c.data.size if c.data is not None else 0 for c in chunks], dtype=np.int64)
+    limits = [
+        (c.child_length if types[n].layout == Layout.LIST else (c.data.size if c.data is not None else 0))
+        for n in names
+        for c in (b.chunks[n] for b in batches)
+    ]
+    data_sizes = np.array(limits, dtype=np.int64)
     f, la, bad = check_offsets(reader.backend, scratch, starts[:-1][nonempty], sizes[nonempty], data_sizes[nonempty])
     if bad.any():
         k = int(nonempty[int(np.flatnonzero(bad)[0])])
         name, batch = names[k // len(batches)], batches[k % len(batches)].index
+        kind, limit = ("list", "its elements") if types[name].layout == Layout.LIST else ("string", "the data buffer")
         raise FileFormatError(
-            f"{file.path!r}: record batch {batch}, column {name!r} has invalid string offsets (they decrease, start "
-            "below 0 or end beyond the data buffer: corrupt file)"
+            f"{file.path!r}: record batch {batch}, column {name!r} has invalid {kind} offsets (they decrease, start "
+            f"below 0 or end beyond {limit}: corrupt file)"
         )
     first = np.zeros(len(chunks), dtype=np.int64)
     last = np.zeros(len(chunks), dtype=np.int64)
@@ -174,27 +196,33 @@ def _read_column(
     raw = block.array(0, np.uint8, (block.nbytes,))
     layout = ctype.layout
     bits = None
-    if layout in (Layout.FIXED, Layout.BYTES):
+    if layout in (Layout.FIXED, Layout.BYTES, Layout.FIXED_LIST):
         width = ctype.width
         for b, start in zip(batches, row_starts):
             chunk = b.chunks[name]
             dst = plan.values.offset + int(start) * width
             size = chunk.length * width
             reader.read(chunk.values.offset, size, raw[dst : dst + size])
-    elif layout == Layout.VARBINARY:
-        base = np.cumsum(np.concatenate([[0], strings.nbytes]))
-        for b, first, nbytes, pos in zip(batches, strings.first, strings.nbytes, base):
+    elif layout in (Layout.VARBINARY, Layout.LIST):
+        unit = ctype.storage.itemsize if layout == Layout.LIST else 1  # bytes per offset step
+        base = np.cumsum(np.concatenate([[0], strings.nbytes])) * unit
+        for b, first, nbytes, pos in zip(batches, strings.first * unit, strings.nbytes * unit, base):
             if nbytes:
                 dst = plan.data.offset + int(pos)
                 reader.read(b.chunks[name].data.offset + int(first), int(nbytes), raw[dst : dst + int(nbytes)])
     else:  # BOOL: bit-packed in the file
         bits = _read_bitmaps(reader, xp, batches, name, lambda c: c.values)
     validity = _read_bitmaps(reader, xp, batches, name, lambda c: c.validity) if plan.validity else None
+    elements = None
+    if plan.child_validity is not None:  # each batch's whole element bitmap; the rows' part is unpacked below
+        elements = _read_bitmaps(reader, xp, batches, name, lambda c: c.child_validity, lambda c: c.child_length)
 
     def fixup() -> tuple[str, int, Any] | None:
         """Lay out what was read; (name, NULLs claimed, NULLs found on the device) for a nullable column."""
-        if layout == Layout.VARBINARY:
+        if layout in (Layout.VARBINARY, Layout.LIST):
             _place_offsets(xp, block, plan, strings, row_starts, batches, name)
+        if elements is not None:
+            _place_elements(backend, block, plan, elements, batches, row_starts, strings)
         elif layout == Layout.BOOL:
             values = block.array(plan.values.offset, np.uint8, (plan.length,))
             _unpack_batches(backend, bits, batches, name, row_starts, values, missing=None)
@@ -208,12 +236,14 @@ def _read_column(
     return fixup
 
 
-def _read_bitmaps(reader: RangeReader, xp: Any, batches: Sequence[BatchLayout], name: str, which) -> tuple:
-    """Read one bitmap per batch into a scratch array; (scratch, per-batch position or -1)."""
+def _read_bitmaps(reader: RangeReader, xp: Any, batches: Sequence[BatchLayout], name: str, which, count=None) -> tuple:
+    """Read one bitmap per batch into a scratch array; (scratch, per-batch position or -1).
+    ``count(chunk)``: the bits of a batch's bitmap (default: its rows)."""
     sizes = []
     for b in batches:
         r = which(b.chunks[name])
-        sizes.append((b.chunks[name].length + 7) // 8 if r is not None and b.chunks[name].length else 0)
+        bits = b.chunks[name].length if count is None else count(b.chunks[name])
+        sizes.append((bits + 7) // 8 if r is not None and bits else 0)
     pos = np.cumsum([0] + sizes)
     scratch = xp.empty(max(int(pos[-1]), 1), dtype=np.uint8)
     where = []
@@ -226,20 +256,43 @@ def _read_bitmaps(reader: RangeReader, xp: Any, batches: Sequence[BatchLayout], 
     return scratch, where
 
 
-def _unpack_batches(backend: Backend, bitmaps: tuple, batches, name, row_starts, out: Any, missing: int | None) -> None:
-    """Unpack each batch's bitmap into ``out`` (one byte per row) at the batch's first row."""
+def _unpack_batches(
+    backend: Backend, bitmaps: tuple, batches, name, row_starts, out: Any, missing: int | None, spans=None
+) -> None:
+    """Unpack each batch's bitmap into ``out`` (one byte per row) at the batch's first row.
+    ``spans``: per batch (first bit, bit count, position in ``out``) instead of (0, its rows, its first row)."""
     scratch, where = bitmaps
-    for b, start, p in zip(batches, row_starts, where):
-        n = b.chunks[name].length
+    if spans is None:
+        spans = [(0, b.chunks[name].length, int(start)) for b, start in zip(batches, row_starts)]
+    for (bit, n, start), p in zip(spans, where):
         if n == 0:
             continue
         dst = out[int(start) : int(start) + n]
         if p < 0:
             dst[...] = missing if missing is not None else 0
         elif backend.kind == "cpu":
-            _core.unpack_bits(scratch[p:], 0, dst, n)
+            _core.unpack_bits(scratch[p:], int(bit), dst, n)
         else:
-            launch("bitmap", "unpack_bits", backend.ordinal, n, (scratch[p:], np.int64(0), np.int64(n), dst))
+            launch("bitmap", "unpack_bits", backend.ordinal, n, (scratch[p:], np.int64(bit), np.int64(n), dst))
+
+
+def _place_elements(backend: Backend, block: Block, plan: ColumnPlan, bitmaps: tuple, batches, row_starts, strings):
+    """The element bitmap of a list column: each batch's elements of its rows, one after the other."""
+    xp = backend.xp
+    name = plan.name
+    if plan.type.layout == Layout.FIXED_LIST:
+        d = plan.type.list_size
+        spans = [(0, b.chunks[name].length * d, int(start) * d) for b, start in zip(batches, row_starts)]
+    else:
+        base = np.cumsum(np.concatenate([[0], strings.nbytes]))
+        spans = [(int(f), int(m), int(pos)) for f, m, pos in zip(strings.first, strings.nbytes, base)]
+    count = sum(s[1] for s in spans)
+    if count == 0:
+        return
+    valid = xp.empty(count, dtype=np.uint8)
+    _unpack_batches(backend, bitmaps, batches, name, row_starts, valid, missing=1, spans=spans)
+    span = plan.child_validity
+    _pack_into(backend, valid, block.array(span.offset, np.uint8, (span.size,)))
 
 
 def _pack_into(backend: Backend, bits: Any, out: Any) -> None:

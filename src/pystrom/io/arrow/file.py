@@ -68,12 +68,16 @@ class ChunkLayout:
     length: int
     null_count: int
     validity: Range | None  # None when the batch stores no bitmap (no NULLs)
-    values: Range  # values; int32 offsets for strings; the bit-packed values for booleans
-    data: Range | None  # string/binary bytes
+    values: Range  # values; int32 offsets for strings and lists; the bit-packed values for booleans;
+    # a fixed_size_list's elements
+    data: Range | None  # string/binary bytes; a list's elements
+    child_length: int = 0  # elements of a list column's child array
+    child_null_count: int = 0
+    child_validity: Range | None = None  # the elements' bitmap, only when child_null_count > 0
 
     @property
     def nbytes(self) -> int:
-        return sum(r.size for r in (self.validity, self.values, self.data) if r is not None)
+        return sum(r.size for r in (self.validity, self.values, self.data, self.child_validity) if r is not None)
 
 
 @dataclass
@@ -92,6 +96,8 @@ class BatchLayout:
 
 def _direct_type(arrow_type: pa.DataType, name: str) -> ColumnType | None:
     """The column type when the file's buffers are already in pystrom's layout, else None."""
+    if arrow_type.id in LEGACY_INTERVALS:
+        return None  # widened on the host
     try:
         ctype = column_type(arrow_type, name)
     except UnsupportedTypeError:
@@ -99,6 +105,8 @@ def _direct_type(arrow_type: pa.DataType, name: str) -> ColumnType | None:
     storage = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else arrow_type
     if ctype.layout == Layout.VARBINARY and not (pa.types.is_string(storage) or pa.types.is_binary(storage)):
         return None
+    if ctype.layout in Layout.NESTED and ctype.storage.kind == "b":
+        return None  # bit-packed elements: read on the host (validated there)
     return ctype
 
 
@@ -238,14 +246,30 @@ class ArrowFile:
                     f"{num_rows} rows)",
                 )
             validity = self._range(bufs[0], "validity") if null_count else None
-            values = self._range(bufs[1], "values")
+            values = self._range(bufs[1], "values") if ctype.layout != Layout.FIXED_LIST else None
             data = self._range(bufs[2], "data") if ctype.layout == Layout.VARBINARY else None
+            child = (0, 0, None)
+            if ctype.layout in Layout.NESTED:
+                try:
+                    elements = arr.values
+                    cbufs = elements.buffers()
+                    child = (len(elements), elements.null_count, None)
+                except ARROW_ERRORS as exc:
+                    raise corrupt(self.path, f"record batch {index}, column {name!r} (its elements)", exc) from None
+                if len(cbufs) != 2 or elements.offset != 0 or not 0 <= child[1] <= child[0]:
+                    raise corrupt(self.path, f"record batch {index}, column {name!r} (its elements)")
+                items = self._range(cbufs[1], "elements")
+                child = (child[0], child[1], self._range(cbufs[0], "element validity") if child[1] else None)
+                if ctype.layout == Layout.FIXED_LIST:
+                    values = items
+                else:
+                    data = items if items is not None else Range(0, 0)
             if self.compressed:
                 continue
             if values is None:
                 values = Range(0, 0)
-            _check_sizes(self.path, index, name, ctype, n, validity, values, data)
-            chunks[name] = ChunkLayout(n, null_count, validity, values, data)
+            _check_sizes(self.path, index, name, ctype, n, validity, values, data, *child)
+            chunks[name] = ChunkLayout(n, null_count, validity, values, data, *child)
         return BatchLayout(index, num_rows, chunks)
 
     def custom_metadata(self, index: int) -> Any:
@@ -274,16 +298,28 @@ class ArrowFile:
         self.close()
 
 
-def _check_sizes(path: str, index: int, name: str, ctype: ColumnType, n: int, validity, values, data) -> None:
+def _check_sizes(
+    path: str, index: int, name: str, ctype: ColumnType, n: int, validity, values, data,
+    child_length: int = 0, child_nulls: int = 0, child_validity: Range | None = None,
+) -> None:  # fmt: skip
     """Buffers shorter than their row count needs would make the read run past them."""
     if ctype.layout == Layout.BOOL:
         need = (n + 7) // 8
-    elif ctype.layout == Layout.VARBINARY:
+    elif ctype.layout in (Layout.VARBINARY, Layout.LIST):
         need = (n + 1) * 4 if n else 0
     else:
         need = n * ctype.width
     short = values.size < need or (validity is not None and n and validity.size < (n + 7) // 8)
     if ctype.layout == Layout.VARBINARY and n and data is None:
+        short = True
+    if ctype.layout == Layout.FIXED_LIST and child_length < n * ctype.list_size:
+        raise FileFormatError(
+            f"{path!r}: record batch {index}, column {name!r}: {child_length} elements for {n} lists of "
+            f"{ctype.list_size} (corrupt file)"
+        )
+    if ctype.layout == Layout.LIST and (data is None or data.size < child_length * ctype.storage.itemsize):
+        short = True
+    if child_nulls and (child_validity is None or child_validity.size < (child_length + 7) // 8):
         short = True
     if short:
         raise FileFormatError(
@@ -333,8 +369,16 @@ _NARROWED = {"large_string": pa.string(), "string_view": pa.string(), "large_bin
              "binary_view": pa.binary()}  # fmt: skip
 
 
+# Arrow's older interval types, which pyarrow can describe but not wrap as arrays: read as
+# month_day_nano_interval by :mod:`.intervals`.
+LEGACY_INTERVALS = (pa.lib.Type_INTERVAL_MONTHS, pa.lib.Type_INTERVAL_DAY_TIME)
+
+
 def _held_type(t: pa.DataType) -> pa.DataType:
-    """The type a column of Arrow type ``t`` has in a Table (dictionaries decoded, strings narrowed)."""
+    """The type a column of Arrow type ``t`` has in a Table (dictionaries decoded, strings narrowed,
+    month_interval and day_time_interval widened to month_day_nano_interval)."""
+    if t.id in LEGACY_INTERVALS:
+        return pa.month_day_nano_interval()
     if pa.types.is_dictionary(t):
         return _held_type(t.value_type)
     if isinstance(t, pa.BaseExtensionType):
@@ -343,8 +387,8 @@ def _held_type(t: pa.DataType) -> pa.DataType:
 
 
 def check_types(schema: pa.Schema, columns: Sequence[str], path: str) -> None:
-    """Refuse, before any batch is read, a requested column whose type pystrom cannot hold (intervals,
-    nested, decimal256...), naming it; pyarrow cannot even wrap some of them (month_interval)."""
+    """Refuse, before any batch is read, a requested column whose type pystrom cannot hold (structs,
+    maps, decimal256...), naming it."""
     for name in columns:
         t = schema.field(name).type
         try:

@@ -75,8 +75,8 @@ class WriteSummary:
 class _Column:
     name: str
     storage: pa.DataType
-    layout: str  # "bool", "fixed" (width bytes per value), "var32" / "var64" (offsets + data)
-    width: int
+    layout: str  # "bool", "fixed" (width bytes per value), "var32" / "var64" (offsets + data), "list", "fixed_list"
+    width: int  # for lists: the element's width in bytes (0: bit-packed booleans)
     spec: fmt.FieldSpec  # (name, storage type, nullable, field metadata) for the schema message
 
 
@@ -92,6 +92,8 @@ def _unsupported(name: str, t: pa.DataType) -> UnsupportedTypeError:
     hint = ""
     if pt.is_dictionary(t):
         hint = " (decode it first: arr.dictionary_decode())"
+    elif pt.is_list(t) or pt.is_fixed_size_list(t):
+        hint = " (lists are written with elements of bool, int8..64, uint8..64 or float16/32/64)"
     elif pt.is_nested(t):
         hint = " (nested types are not supported: flatten it into columns first)"
     elif pt.is_decimal(t):
@@ -101,7 +103,8 @@ def _unsupported(name: str, t: pa.DataType) -> UnsupportedTypeError:
     return UnsupportedTypeError(
         f"cannot write column {name!r} of type {t} to an Arrow file{hint}; supported: bool, int8..64, "
         "uint8..64, float16/32/64, date32/64, time32/64, timestamp, duration, decimal128, string, "
-        "large_string, binary, large_binary, fixed_size_binary and extension types over them (uuid)"
+        "large_string, binary, large_binary, fixed_size_binary, month_day_nano_interval, list and "
+        "fixed_size_list of bool/int/uint/float, and extension types over them (uuid)"
     )
 
 
@@ -116,6 +119,17 @@ def _layout(name: str, t: pa.DataType) -> tuple[str, int]:
         return "fixed", 16
     if pt.is_fixed_size_binary(t):
         return "fixed", t.byte_width
+    if t == pa.month_day_nano_interval():
+        return "fixed", 16
+    if pt.is_list(t) or pt.is_fixed_size_list(t):
+        child = t.value_type
+        if pt.is_boolean(child):
+            width = 0
+        elif pt.is_integer(child) or pt.is_floating(child):
+            width = child.bit_width // 8
+        else:
+            raise _unsupported(name, t)
+        return ("list" if pt.is_list(t) else "fixed_list"), width
     if t in (pa.string(), pa.binary()):
         return "var32", 4
     if t in (pa.large_string(), pa.large_binary()):
@@ -204,27 +218,61 @@ def _bits(buf: pa.Buffer, bit_offset: int, count: int) -> Any:
     return out
 
 
-def _column_buffers(col: _Column, arr: pa.Array) -> tuple[list[Any], int]:
-    """The IPC buffers of one column of one batch (validity, [offsets], values) and its null count."""
+def _list_buffers(col: _Column, arr: pa.Array, validity: Any) -> tuple[list[Any], list[tuple[int, int]]]:
+    """A list column's IPC buffers in pre-order (validity, [offsets], element validity, elements) and
+    its two field nodes (the list's, the elements')."""
+    n = len(arr)
+    if col.layout == "fixed_list":
+        d = col.storage.list_size
+        child = arr.values.slice(arr.offset * d, n * d)
+        parent = [validity]
+    else:
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4) if n else None
+        first, last = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
+        child = arr.values.slice(first, last - first)
+        rebased = offsets - np.int32(first) if first else offsets  # IPC list offsets start at 0
+        parent = [validity, rebased if n else np.zeros(1, dtype=np.int32)]
+    m, cnulls, cbufs = len(child), child.null_count, child.buffers()
+    child_validity = _bits(cbufs[0], child.offset, m) if cnulls and cbufs[0] is not None else b""
+    if col.width == 0:
+        values = _bits(cbufs[1], child.offset, m) if m else b""
+    else:
+        w = col.width
+        values = memoryview(cbufs[1])[child.offset * w : (child.offset + m) * w] if m else b""
+    return [*parent, child_validity, values], [(n, arr.null_count), (m, cnulls)]
+
+
+def _column_buffers(col: _Column, arr: pa.Array) -> tuple[list[Any], list[tuple[int, int]]]:
+    """The IPC buffers of one column of one batch (validity, [offsets], values) and its field nodes."""
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
     n, off, nulls = len(arr), arr.offset, arr.null_count
     bufs = arr.buffers()
     validity = _bits(bufs[0], off, n) if nulls and bufs[0] is not None else b""
+    if col.layout in ("list", "fixed_list"):
+        return _list_buffers(col, arr, validity)
+    pieces, node = _flat_buffers(col, arr, validity)
+    return pieces, [node]
+
+
+def _flat_buffers(col: _Column, arr: pa.Array, validity: Any) -> tuple[list[Any], tuple[int, int]]:
+    n, off = len(arr), arr.offset
+    bufs = arr.buffers()
+    node = (n, arr.null_count)
     if col.layout == "bool":
-        return [validity, _bits(bufs[1], off, n) if n else b""], nulls
+        return [validity, _bits(bufs[1], off, n) if n else b""], node
     if col.layout == "fixed":
         w = col.width
-        return [validity, memoryview(bufs[1])[off * w : (off + n) * w] if n else b""], nulls
+        return [validity, memoryview(bufs[1])[off * w : (off + n) * w] if n else b""], node
     dtype = np.int32 if col.layout == "var32" else np.int64
     if n == 0:
-        return [validity, np.zeros(1, dtype=dtype), b""], nulls
+        return [validity, np.zeros(1, dtype=dtype), b""], node
     offsets = np.frombuffer(bufs[1], dtype=dtype, count=n + 1, offset=off * col.width)
     first, last = int(offsets[0]), int(offsets[n])
     if first:
         offsets = offsets - offsets.dtype.type(first)  # IPC string offsets start at 0
     data = memoryview(bufs[2])[first:last] if bufs[2] is not None and last > first else b""
-    return [validity, offsets, data], nulls
+    return [validity, offsets, data], node
 
 
 def _check_batch(cols: list[_Column], schema: pa.Schema, batch: Any, index: int) -> None:
@@ -248,6 +296,15 @@ def _check_batch(cols: list[_Column], schema: pa.Schema, batch: Any, index: int)
             (arr.storage if isinstance(arr, pa.ExtensionArray) else arr).validate()
         except pa.ArrowException as e:
             raise SchemaMismatchError(f"batch {index} column {col.name!r} is not a valid Arrow array: {e}") from e
+        if col.layout == "list" and len(arr):
+            storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+            ends = np.frombuffer(storage.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=storage.offset * 4)
+            first, last = int(ends[0]), int(ends[-1])
+            if not 0 <= first <= last <= len(storage.values) or (ends[1:] < ends[:-1]).any():
+                raise SchemaMismatchError(
+                    f"batch {index} column {col.name!r}: its list offsets ({first}..{last}) decrease or fall outside "
+                    "its elements"
+                )
         if col.layout in ("var32", "var64") and len(arr):
             storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
             bufs = storage.buffers()
@@ -265,8 +322,8 @@ def _encode_batch(cols: list[_Column], batch: pa.RecordBatch, stats: dict[str, s
     nodes, buffers, body = [], [], []
     pos = 0
     for col, arr in zip(cols, batch.columns):
-        pieces, nulls = _column_buffers(col, arr)
-        nodes.append((len(arr), nulls))
+        pieces, column_nodes = _column_buffers(col, arr)
+        nodes.extend(column_nodes)
         for piece in pieces:
             size = memoryview(piece).nbytes
             buffers.append((pos, size))

@@ -33,6 +33,8 @@ METADATA_V5 = 4  # MetadataVersion.V5: what every Arrow >= 1.0 writes and reads
 _TYPE_INT, _TYPE_FLOAT, _TYPE_BINARY, _TYPE_UTF8, _TYPE_BOOL, _TYPE_DECIMAL = 2, 3, 4, 5, 6, 7
 _TYPE_DATE, _TYPE_TIME, _TYPE_TIMESTAMP = 8, 9, 10
 _TYPE_FIXED_SIZE_BINARY, _TYPE_DURATION, _TYPE_LARGE_BINARY, _TYPE_LARGE_UTF8 = 15, 18, 19, 20
+_TYPE_INTERVAL, _TYPE_LIST, _TYPE_FIXED_SIZE_LIST = 11, 12, 16
+_INTERVAL_MONTH_DAY_NANO = 2  # IntervalUnit: YEAR_MONTH = 0, DAY_TIME = 1, MONTH_DAY_NANO = 2
 # union MessageHeader (Message.fbs)
 _HEADER_SCHEMA, _HEADER_RECORD_BATCH = 1, 3
 
@@ -118,6 +120,17 @@ def _encode_type(b: flatbuffers.Builder, t: pa.DataType) -> tuple[int, int]:
         b.StartObject(1)  # table Duration { unit: TimeUnit = MILLISECOND; }
         b.PrependInt16Slot(0, _TIME_UNITS[t.unit], 1)
         return _TYPE_DURATION, b.EndObject()
+    if t == pa.month_day_nano_interval():
+        b.StartObject(1)  # table Interval { unit: IntervalUnit; }
+        b.PrependInt16Slot(0, _INTERVAL_MONTH_DAY_NANO, 0)
+        return _TYPE_INTERVAL, b.EndObject()
+    if pt.is_list(t):
+        b.StartObject(0)  # table List {}
+        return _TYPE_LIST, b.EndObject()
+    if pt.is_fixed_size_list(t):
+        b.StartObject(1)  # table FixedSizeList { listSize: int; }
+        b.PrependInt32Slot(0, t.list_size, 0)
+        return _TYPE_FIXED_SIZE_LIST, b.EndObject()
     if pt.is_fixed_size_binary(t):
         b.StartObject(1)  # table FixedSizeBinary { byteWidth: int; }
         b.PrependInt32Slot(0, t.byte_width, 0)
@@ -134,27 +147,40 @@ def _encode_type(b: flatbuffers.Builder, t: pa.DataType) -> tuple[int, int]:
     raise AssertionError(f"type {t} reached the IPC encoder; the writer should have refused it")
 
 
+def _encode_field(
+    b: flatbuffers.Builder,
+    name: str,
+    storage_type: pa.DataType,
+    nullable: bool,
+    field_meta: Sequence[tuple[str | bytes, str | bytes]],
+) -> int:
+    """One Field table, its children (a list's element field) written first: flatbuffers builds bottom-up."""
+    child_offsets = []
+    if pt.is_list(storage_type) or pt.is_fixed_size_list(storage_type):
+        item = storage_type.value_field
+        child_offsets.append(_encode_field(b, item.name, item.type, item.nullable, list((item.metadata or {}).items())))
+    name_off = b.CreateString(name)
+    type_tag, type_off = _encode_type(b, storage_type)
+    children = _offset_vector(b, child_offsets)  # primitive fields: an empty children vector, as the spec says
+    meta_off = _key_values(b, field_meta)
+    b.StartObject(7)  # table Field: name, nullable, type_type, type, dictionary, children, custom_metadata
+    b.PrependUOffsetTRelativeSlot(0, name_off, 0)
+    b.PrependBoolSlot(1, nullable, False)
+    b.PrependUint8Slot(2, type_tag, 0)
+    b.PrependUOffsetTRelativeSlot(3, type_off, 0)
+    b.PrependUOffsetTRelativeSlot(5, children, 0)
+    if meta_off is not None:
+        b.PrependUOffsetTRelativeSlot(6, meta_off, 0)
+    return b.EndObject()
+
+
 def _encode_schema(
     b: flatbuffers.Builder,
     fields: Sequence[tuple[str, pa.DataType, bool, Sequence[tuple[str | bytes, str | bytes]]]],
     metadata: Sequence[tuple[str | bytes, str | bytes]],
 ) -> int:
     """Schema table; ``fields`` holds (name, storage type, nullable, field metadata) per column."""
-    field_offsets = []
-    for name, storage_type, nullable, field_meta in fields:
-        name_off = b.CreateString(name)
-        type_tag, type_off = _encode_type(b, storage_type)
-        children = _offset_vector(b, [])  # primitive fields: an empty children vector, as the spec says
-        meta_off = _key_values(b, field_meta)
-        b.StartObject(7)  # table Field: name, nullable, type_type, type, dictionary, children, custom_metadata
-        b.PrependUOffsetTRelativeSlot(0, name_off, 0)
-        b.PrependBoolSlot(1, nullable, False)
-        b.PrependUint8Slot(2, type_tag, 0)
-        b.PrependUOffsetTRelativeSlot(3, type_off, 0)
-        b.PrependUOffsetTRelativeSlot(5, children, 0)
-        if meta_off is not None:
-            b.PrependUOffsetTRelativeSlot(6, meta_off, 0)
-        field_offsets.append(b.EndObject())
+    field_offsets = [_encode_field(b, *f) for f in fields]
     fields_off = _offset_vector(b, field_offsets)
     meta_off = _key_values(b, metadata)
     b.StartObject(4)  # table Schema: endianness, fields, custom_metadata, features

@@ -1,6 +1,7 @@
 """The host path: columns that cannot be read straight into the table go through pyarrow, validated.
 
-Which columns: those whose file layout is not pystrom's (dictionary-encoded, large or view strings)
+Which columns: those whose file layout is not pystrom's (dictionary-encoded, large or view strings,
+lists of booleans, month_interval and day_time_interval, widened by :mod:`.intervals`)
 and every column of a file whose bodies pyarrow writes into fresh memory (compressed LZ4/ZSTD bodies,
 big-endian bodies it byte-swaps). In this order, per record batch:
 
@@ -26,7 +27,8 @@ import pyarrow as pa
 from ...errors import Error
 from ...interop.arrow_import import host_column
 from ...interop.build import HostColumn
-from .file import ARROW_ERRORS, ArrowFile, BatchLayout, corrupt
+from .file import ARROW_ERRORS, LEGACY_INTERVALS, ArrowFile, BatchLayout, corrupt
+from .intervals import widen_interval
 
 __all__ = ["host_columns"]
 
@@ -43,7 +45,11 @@ def host_columns(file: ArrowFile, batches: Sequence[BatchLayout], names: Sequenc
             raise corrupt(file.path, f"record batch {b.index} ({batch.num_rows} rows, the plan said {b.num_rows})")
         for i, name in enumerate(names):
             try:
-                arr = batch.column(i)
+                if batch.schema.field(i).type.id in LEGACY_INTERVALS:  # pyarrow cannot wrap it: checked as a batch
+                    batch.select([i]).validate(full=True)
+                    arr = widen_interval(batch, i)
+                else:
+                    arr = batch.column(i)
                 if len(arr) != batch.num_rows:
                     raise ValueError(f"{len(arr)} rows in a batch of {batch.num_rows}")
                 arr.validate(full=True)
@@ -53,6 +59,8 @@ def host_columns(file: ArrowFile, batches: Sequence[BatchLayout], names: Sequenc
     out = {}
     for name in names:
         field = schema.field(name)
+        if field.type.id in LEGACY_INTERVALS:
+            field = pa.field(name, pa.month_day_nano_interval(), field.nullable, field.metadata)
         try:
             chunks = pa.chunked_array(pieces[name], type=field.type)
             out[name] = host_column(name, field, chunks)
