@@ -297,7 +297,7 @@ def _wide(xp, sync, gpu: bool, n: int, k: int, repeat: int) -> tuple[list[Result
     X, t = _seed(xp, n, k=k)
     label = f"{n / 1e6:g}Mx{k} f32, 20 it"
 
-    def fit20(hessian: str = "auto", chunk: int = 0):
+    def fit20(hessian: str = "float32", chunk: int = 0):
         with pystrom.defaults.set(logit_hessian=hessian, logit_chunk_rows=chunk):
             return LogisticRegression(max_iter=20, tol=0.0).fit(X, t)
 
