@@ -65,7 +65,6 @@ def pg_decode(buf: Buffer, offsets: Buffer, nrows: int, row_base: int, desc: Buf
 
 # -- PostgreSQL writes (csrc/pg_encode.cpp, csrc/pg_copy_in.cpp; wrapped by io/postgres/encode.py and pump.py) --
 
-
 def pg_encode_sizes(desc: Buffer, begin: int, end: int, sizes: Buffer) -> tuple[int, int, int]:
     """Check rows [begin, end) and write their encoded sizes; ``(failure, row, column)``."""
 
