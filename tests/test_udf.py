@@ -23,6 +23,8 @@ import pystrom
 from pystrom._udf import COMPILATIONS
 from pystrom.errors import ColumnNotFoundError, ExpressionError, UnsupportedTypeError
 
+from conftest import needs_gpu  # noqa: E402
+
 numba = pytest.importorskip("numba")
 from numba import cuda  # noqa: E402 - the kernels' bodies name it (the CPU twin rewrites cuda.grid)
 
@@ -221,6 +223,37 @@ def scaled(x, y, x_valid, w, d, seen):
     if i < d.size:
         d[i] = x[i] * w[0] + y[i]
         seen[i] = x_valid[i]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("nullable", [False, True])
+def test_row_loops_launch_through_cupy_as_numba_would(nullable):
+    """The loop numba compiled, launched by CuPy with numba's argument layout, writes what numba's own
+    launch writes (rows across several blocks), with and without validity flags."""
+    import cupy
+
+    from pystrom._udf import _cuda, _row
+
+    n = 100_003
+    rng = np.random.default_rng(4)
+    x, y = (cupy.asarray(rng.uniform(-60, 60, n)) for _ in range(2))
+    valid = [cupy.asarray(rng.random(n) > 0.2), None] if nullable else [None, None]
+    nulls = (nullable, False)
+    f8 = np.dtype("f8")
+    kernel = _row.compiled_loop(near, (f8, f8), nulls, np.dtype(bool), "cuda:0")
+    arrays = 2 + int(nullable) + 1 + int(nullable)  # values, flags, out, ok
+    assert _cuda.cupy_function(kernel, 0, 7 * arrays + 1) is not None  # the fast path is taken
+    fast = _row.run_cuda(near, [x, y], valid, np.dtype(bool), 0, cupy)
+    out = cupy.empty(n, dtype=bool)
+    ok = cupy.empty(n, dtype=bool)
+    args = [x, y] + [v for v in valid if v is not None] + [out] + ([ok] if nullable else [])
+    kernel[(n + 255) // 256, 256](*[_cuda.device_array(a) for a in args], np.int64(n))  # numba's launch
+    cupy.cuda.Device().synchronize()
+    assert bool((fast[0] == out).all()) if not nullable else bool((fast[0][ok] == out[ok]).all())
+    if nullable:
+        assert bool((fast[1] == ok).all())
+    assert int(out.sum()) > 0
 
 
 @pystrom.kernel(outputs={"total": "int64"})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,9 @@ class ArrowFile:
     def __init__(self, path: str):
         self.path = path
         self._mmap = None
+        # scan_arrow reads several groups at once: pyarrow's file reader is not documented as safe
+        # for concurrent calls, so its batches are taken one at a time.
+        self._reader_lock = threading.Lock()
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path!r} is a directory, not an Arrow file")
         if not os.path.exists(path):
@@ -175,7 +179,8 @@ class ArrowFile:
         if self._stream_batches is not None:
             return self._stream_batches[index]
         try:
-            return self._file_reader.get_batch_with_custom_metadata(index)
+            with self._reader_lock:
+                return self._file_reader.get_batch_with_custom_metadata(index)
         except ARROW_ERRORS as exc:
             raise corrupt(self.path, f"record batch {index}", exc) from None
 
