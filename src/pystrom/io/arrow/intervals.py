@@ -21,33 +21,12 @@ import numpy as np
 import pyarrow as pa
 
 from ... import _core
+from ...interop.arrow_c import ArrowArray, capsule_pointer
 from .file import LEGACY_INTERVALS
 
 __all__ = ["widen_interval"]
 
 MONTH_DAY_NANO = np.dtype([("months", "<i4"), ("days", "<i4"), ("nanoseconds", "<i8")])
-
-
-class _ArrowArray(ctypes.Structure):
-    pass
-
-
-_ArrowArray._fields_ = [
-    ("length", ctypes.c_int64),
-    ("null_count", ctypes.c_int64),
-    ("offset", ctypes.c_int64),
-    ("n_buffers", ctypes.c_int64),
-    ("n_children", ctypes.c_int64),
-    ("buffers", ctypes.POINTER(ctypes.c_void_p)),
-    ("children", ctypes.POINTER(ctypes.POINTER(_ArrowArray))),
-    ("dictionary", ctypes.c_void_p),
-    ("release", ctypes.c_void_p),
-    ("private_data", ctypes.c_void_p),
-]
-
-_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_get_pointer.restype = ctypes.c_void_p
-_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
 def widen_interval(batch: pa.RecordBatch, index: int) -> pa.Array:
@@ -57,7 +36,7 @@ def widen_interval(batch: pa.RecordBatch, index: int) -> pa.Array:
     assert kind in LEGACY_INTERVALS
     one = batch.select([index])
     _schema, capsule = one.__arrow_c_array__()
-    struct = ctypes.cast(_get_pointer(capsule, b"arrow_array"), ctypes.POINTER(_ArrowArray)).contents
+    struct = ctypes.cast(capsule_pointer(capsule, b"arrow_array"), ctypes.POINTER(ArrowArray)).contents
     if struct.n_children != 1:
         raise ValueError("the exported batch has no column")
     child = struct.children[0].contents
