@@ -52,6 +52,25 @@ def survived(result: subprocess.CompletedProcess) -> str:
 
 # -- finding 4: offsets inside buffers ------------------------------------------------------------
 
+
+def import_and_report(handle: str) -> str:
+    """Child-script lines importing ``handle`` and printing what happened (the tests read the line)."""
+    return (
+        f"try:\n    v = pystrom.ipc_import({handle})\n    print('imported', len(v.to_pandas()))\n"
+        "except pystrom.Error as e:\n    print(type(e).__name__, e)\n"
+    )
+
+
+def exporter_writes(table: str, column: str, row: int, value: int) -> str:
+    """A child script that exports ``table``, then writes ``value`` into offset ``row`` of ``column`` in
+    its own memory (after the handle was made) and imports the handle."""
+    return (
+        f"t = pystrom.Table.from_arrow({table}, device='cpu')\nh = t.export()\n"
+        f"t.column({column!r}).offsets[{row}] = {value}  # the exporter's own memory, written after export\n"
+        + import_and_report("h")
+    )
+
+
 FORGE = """
 import copy, dataclasses
 from pystrom.ipc import handle as fmt
@@ -63,12 +82,7 @@ cols = copy.deepcopy(h.layout.columns)
 start = cols[0]["values"][0]
 cols[1]["values"] = [start, (n + 1) * 4]  # the string column's offsets now read the int32 column
 forged = fmt.encode(dataclasses.replace(h, layout=fmt.TableLayout(h.layout.nbytes, n, cols, h.layout.schema)))
-try:
-    v = pystrom.ipc_import(forged)
-    print("imported", len(v.to_pandas()))
-except pystrom.Error as e:
-    print(type(e).__name__, e)
-"""
+""" + import_and_report("forged")
 
 
 def test_forged_offsets_are_refused_at_import():
@@ -76,22 +90,9 @@ def test_forged_offsets_are_refused_at_import():
     assert out.startswith("InvalidHandleError") and "column 's'" in out and "offsets" in out, out
 
 
-EXPORTER_WRITES = """
-from pystrom.ipc import handle as fmt
-t = pystrom.Table.from_arrow(pa.table({{"s": ["a", "bb", "ccc", None] * 250}}), device="cpu")
-h = t.export()
-t.column("s").offsets[{row}] = {value}  # the exporter's own memory, written after export
-try:
-    v = pystrom.ipc_import(h)
-    print("imported", len(v.to_pandas()))
-except pystrom.Error as e:
-    print(type(e).__name__, e)
-"""
-
-
 @pytest.mark.parametrize("row,value", [(1, 2**30), (7, -5), (0, -(2**24)), (3, 1), (1000, 2**20)])
 def test_an_exporter_writing_a_bad_offset_after_export_does_not_crash_the_importer(row, value):
-    out = survived(run_child(EXPORTER_WRITES.format(row=row, value=value)))
+    out = survived(run_child(exporter_writes('pa.table({"s": ["a", "bb", "ccc", None] * 250})', "s", row, value)))
     assert out.startswith("InvalidHandleError") and "column 's'" in out, out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from test_ipc import child, ok
-from test_ipc_hostile import run_child, survived
+from test_ipc_hostile import exporter_writes, import_and_report, run_child, survived
 from test_lists import _table
 from test_store import Daemon
 
@@ -61,22 +61,12 @@ def test_the_store_daemon_carries_list_columns(tmp_path, device):
         assert d.stop() == 0
 
 
-EXPORTER_WRITES = """
-t = pystrom.Table.from_arrow(pa.table({{"l": pa.array([[1, 2], [], None, [3]] * 250, pa.list_(pa.int64()))}}),
-                             device="cpu")
-h = t.export()
-t.column("l").offsets[{row}] = {value}  # the exporter's own memory, written after export
-try:
-    v = pystrom.ipc_import(h)
-    print("imported", len(v.to_pandas()))
-except pystrom.Error as e:
-    print(type(e).__name__, e)
-"""
+LISTS = 'pa.table({"l": pa.array([[1, 2], [], None, [3]] * 250, pa.list_(pa.int64()))})'
 
 
 @pytest.mark.parametrize("row,value", [(1, 2**30), (7, -5), (0, -1), (1000, 751)])
 def test_list_offsets_written_after_export_are_refused_at_import(row, value):
-    out = survived(run_child(EXPORTER_WRITES.format(row=row, value=value)))
+    out = survived(run_child(exporter_writes(LISTS, "l", row, value)))
     assert out.startswith("InvalidHandleError") and "column 'l': list offsets" in out, out
 
 
@@ -89,12 +79,7 @@ h = fmt.decode(t.export())
 cols = copy.deepcopy(h.layout.columns)
 {change}
 forged = fmt.encode(dataclasses.replace(h, layout=fmt.TableLayout(h.layout.nbytes, 90, cols, h.layout.schema)))
-try:
-    v = pystrom.ipc_import(forged)
-    print("imported", len(v.to_pandas()))
-except pystrom.Error as e:
-    print(type(e).__name__, e)
-"""
+""" + import_and_report("forged")
 
 
 @pytest.mark.parametrize(
