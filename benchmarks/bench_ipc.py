@@ -28,18 +28,14 @@ from _harness import Result, measure
 
 MB, GB = 1 << 20, 1 << 30
 
-IMPORTER = r"""
+# The importer processes share this prelude: the handle and repeat count from argv, and the timers.
+_CHILD = r"""
 import gc, json, statistics, sys, time
 import numpy as np
 import pystrom
 
 handle = open(sys.argv[1], "rb").read()
 repeat = int(sys.argv[2])
-first = pystrom.ipc_import(handle)  # warm-up: imports pyarrow, creates the CUDA context
-xp = np if first.device == "cpu" else __import__("cupy")
-x = first["x"]
-del first
-gc.collect()
 
 
 def sync():
@@ -47,84 +43,57 @@ def sync():
         xp.cuda.runtime.deviceSynchronize()
 
 
-opens = []
-for _ in range(repeat):
-    t0 = time.perf_counter()
-    v = pystrom.ipc_import(handle)
-    col = v["x"]
-    opens.append(time.perf_counter() - t0)
-    del v, col
-    gc.collect()  # closes the mapping: the next import maps again
+def median_time(step, times, after=None):
+    spent = []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        step()
+        spent.append(time.perf_counter() - t0)
+        if after is not None:
+            after()
+    return statistics.median(spent)
 
-held = pystrom.ipc_import(handle)
-cached = []
-for _ in range(repeat):
-    t0 = time.perf_counter()
-    col = pystrom.ipc_import(handle)["x"]
-    cached.append(time.perf_counter() - t0)
-del held, col
 
-x = pystrom.ipc_import(handle)["x"]
-dst = xp.empty_like(x)
-copies = []
-for _ in range(max(3, repeat // 4)):
-    sync()
-    t0 = time.perf_counter()
-    xp.copyto(dst, x)
-    sync()
-    copies.append(time.perf_counter() - t0)
-print(json.dumps({"open": statistics.median(opens), "cached": statistics.median(cached),
-                  "copy": statistics.median(copies)}))
+def copy_time(src):
+    dst = xp.empty_like(src)
+    return median_time(lambda: (sync(), xp.copyto(dst, src), sync()), max(3, repeat // 4))
 """
 
+IMPORTER = (
+    _CHILD
+    + r"""
+first = pystrom.ipc_import(handle)  # warm-up: imports pyarrow, creates the CUDA context
+xp = np if first.device == "cpu" else __import__("cupy")
+del first
+gc.collect()
+# each import maps again: collecting the last one closes its mapping
+opened = median_time(lambda: pystrom.ipc_import(handle)["x"], repeat, after=gc.collect)
+held = pystrom.ipc_import(handle)
+cached = median_time(lambda: pystrom.ipc_import(handle)["x"], repeat)
+copy = copy_time(held["x"])
+print(json.dumps({"open": opened, "cached": cached, "copy": copy}))
+"""
+)
 
-STRING_IMPORTER = r"""
-import gc, json, statistics, sys, time
-import numpy as np
-import pystrom
+
+STRING_IMPORTER = (
+    _CHILD
+    + r"""
 from pystrom.ipc.validate import check_table
 
-handle = open(sys.argv[1], "rb").read()
-repeat = int(sys.argv[2])
 first = pystrom.ipc_import(handle)  # warm-up: CUDA context, the validation kernel compiled
 xp = np if first.device == "cpu" else __import__("cupy")
 nbytes = first._live().nbytes
 del first
 gc.collect()
-
-
-def sync():
-    if xp is not np:
-        xp.cuda.runtime.deviceSynchronize()
-
-
-opens = []
-for _ in range(repeat):
-    t0 = time.perf_counter()
-    v = pystrom.ipc_import(handle)  # maps, then checks the offsets of the string column
-    col = v.column("s")
-    opens.append(time.perf_counter() - t0)
-    del v, col
-    gc.collect()
-
+# maps, then checks the offsets of the string column
+opened = median_time(lambda: pystrom.ipc_import(handle).column("s"), repeat, after=gc.collect)
 held = pystrom.ipc_import(handle)
-checks = []
-for _ in range(repeat):
-    t0 = time.perf_counter()
-    check_table(held, "bench")  # the offsets check alone (one kernel launch, one 8-byte copy back)
-    checks.append(time.perf_counter() - t0)
-raw = held._live().array(0, np.uint8, (nbytes,))
-dst = xp.empty_like(raw)
-copies = []
-for _ in range(max(3, repeat // 4)):
-    sync()
-    t0 = time.perf_counter()
-    xp.copyto(dst, raw)
-    sync()
-    copies.append(time.perf_counter() - t0)
-print(json.dumps({"open": statistics.median(opens), "check": statistics.median(checks),
-                  "copy": statistics.median(copies)}))
+check = median_time(lambda: check_table(held, "bench"), repeat)  # one kernel launch, one 8-byte copy back
+copy = copy_time(held._live().array(0, np.uint8, (nbytes,)))
+print(json.dumps({"open": opened, "check": check, "copy": copy}))
 """
+)
 
 
 def _string_table(nbytes: int, device: str) -> pystrom.Table:
