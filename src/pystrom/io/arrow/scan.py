@@ -35,13 +35,29 @@ from .stats import batch_stats
 __all__ = ["read_arrow", "scan_arrow", "ArrowScan", "ScanStats"]
 
 _DEFAULT_GROUP_ROWS = 1 << 20
-# Without batch_rows, a group also holds at least this many bytes of the selected columns, and this
-# many groups are read ahead of the caller. Measured on an H100 (4 GiB file, 8 columns, a 10% filter,
-# one group read ahead): 64 MiB groups 12.0 GB/s, 256 MiB 19.1, 1 GiB 26.8, against read_arrow's 38.6:
-# each group's reads wait for their slowest pread, so several groups must be in flight to keep
-# KvikIO's threads busy.
-_DEFAULT_GROUP_BYTES = 256 << 20
+# Without batch_rows, a group also holds at least _group_bytes() of the selected columns, and
+# _READ_AHEAD groups are read ahead of the caller: each group's reads wait for their slowest pread, so
+# several groups must be in flight to keep KvikIO's threads busy. Measured on an H100 (4 GiB file,
+# 8 columns, where="f5 < 0.1", collect() against read_arrow's 45.2 GB/s in the same run):
+#   read ahead   128 MiB groups   256 MiB   512 MiB   1 GiB
+#   1            0.46             0.60      0.69      0.74
+#   2            0.60             0.70      0.77      0.80
+#   3            0.63             0.70      0.77      0.82
+#   4            0.63             0.73      0.79      0.81
+# (before: 1 MiB-row groups of 64 MiB, one ahead: 12.0 GB/s.) A pass then holds about four groups, so
+# a group is also at most 1/32 of the device's (or the host's) memory.
+_MAX_GROUP_BYTES = 1 << 30
+_MIN_GROUP_BYTES = 64 << 20
 _READ_AHEAD = 3
+
+
+def _group_bytes(backend: Any) -> int:
+    if backend.kind == "cpu":
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    else:
+        with backend.activate():
+            total = backend.xp.cuda.runtime.memGetInfo()[1]
+    return max(_MIN_GROUP_BYTES, min(_MAX_GROUP_BYTES, total // 32))
 
 
 @dataclass
@@ -109,7 +125,7 @@ class ArrowScan:
                                        or batch_rows <= 0):  # fmt: skip
             raise ValueError(f"batch_rows must be a positive int or None; got {batch_rows!r}")
         self.batch_rows = batch_rows or _DEFAULT_GROUP_ROWS
-        self.group_bytes = 0 if batch_rows else _DEFAULT_GROUP_BYTES
+        self.group_bytes = 0 if batch_rows else _group_bytes(self.backend)
         with open_arrow_file(self.paths[0]) as first:
             self.file_schema = first.schema
         self.columns = resolve_columns(self.file_schema, columns, self.paths[0])
@@ -309,8 +325,9 @@ def scan_arrow(paths: Any, columns: Sequence[str] | None = None, where: str | No
         not read at all.
     batch_rows : int, optional
         Whole record batches are grouped until a group holds at least this many rows (default:
-        1,048,576 rows and 256 MiB of the selected columns); up to three groups are read ahead of
-        the one being used, so a pass needs memory for about four groups.
+        1,048,576 rows and 1 GiB of the selected columns, or 1/32 of the device's memory if that is
+        less); up to three groups are read ahead of the one being used, so a pass needs memory for
+        about four groups.
     device : str or int, optional
         Where the Tables live: "cpu", "cuda", "cuda:N" (default: a GPU if one is visible).
     progress : None, bool or callable, optional
