@@ -87,12 +87,6 @@ def _cluster_threads() -> int:
     return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))
 
 
-def _equal(total: int, n: int) -> list[tuple[int, int]]:
-    """[0, total) in n ranges of (nearly) equal size: one task each, so one partition each."""
-    bounds = [total * i // n for i in range(n + 1)]
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
 def read_postgres(
     conninfo: str,
     query: Any = None,
@@ -144,6 +138,7 @@ def read_postgres(
     from ..io.postgres.session import (
         copy_sql,
         ctid_statements,
+        equal_ranges,
         key_bounds,
         key_statements,
         psycopg_module,
@@ -179,7 +174,7 @@ def read_postgres(
             pages, block = table_pages(main, plan)
             if pages is not None:
                 n = npartitions or max(_cluster_threads(), math.ceil(pages * block / _TARGET_PARTITION_BYTES))
-                ranges: list[tuple[int, int | None]] = list(_equal(pages, max(1, min(n, pages)))) or [(0, 0)]
+                ranges: list[tuple[int, int | None]] = list(equal_ranges(pages, max(1, min(n, pages)))) or [(0, 0)]
                 ranges[-1] = (ranges[-1][0], None)  # open-ended: pages added since the size was read
                 statements = ctid_statements(main, plan, ranges)
                 hints = [((b if b is not None else pages) - a) * block for a, b in ranges]
@@ -189,7 +184,7 @@ def read_postgres(
             if bounds is not None:
                 lo, hi = bounds
                 n = npartitions or _cluster_threads()
-                key_ranges = _equal(hi - lo + 1, max(1, min(n, hi - lo + 1)))
+                key_ranges = equal_ranges(hi - lo + 1, max(1, min(n, hi - lo + 1)))
                 statements = key_statements(main, plan, partition_on, lo, key_ranges)
                 hints = [None] * len(statements)
                 labels = [f"{partition_on} in [{lo + a}, {lo + b})" for a, b in key_ranges]

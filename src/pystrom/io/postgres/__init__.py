@@ -1,6 +1,8 @@
 """PostgreSQL -> Table. The path runs one way, each stage a module that imports only the stages after it:
 
 1. :mod:`.read` - ``read_postgres`` / ``postgres_to_arrow``: arguments, then the stages below in order.
+   :mod:`.scan` - ``scan_postgres``: the same stages once per range of the result, one range read
+   ahead of the caller, each range filtered by a device ``where`` and yielded as one Table.
 2. :mod:`.statement` - the SELECT, composed with ``psycopg.sql`` from ``query=`` or ``table=``.
 3. :mod:`.types` - the result's columns (``LIMIT 0``) mapped to pystrom types, or refused with a cast.
 4. :mod:`.session` - connections, one exported snapshot, the read split into ctid or key ranges.
@@ -20,6 +22,7 @@ Table -> PostgreSQL runs one way too, sharing only the bottom stages (:mod:`.ses
 """
 
 from .read import postgres_to_arrow, read_postgres
+from .scan import PostgresScan, PostgresScanStats, scan_postgres
 from .write import write_postgres
 
-__all__ = ["read_postgres", "postgres_to_arrow", "write_postgres"]
+__all__ = ["read_postgres", "postgres_to_arrow", "scan_postgres", "PostgresScan", "PostgresScanStats", "write_postgres"]

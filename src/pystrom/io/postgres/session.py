@@ -22,6 +22,7 @@ from .statement import Plan
 
 __all__ = [
     "SnapshotJoiner",
+    "equal_ranges",
     "psycopg_module",
     "connect",
     "utf8_session",
@@ -180,6 +181,13 @@ def _split(total: int, n: int, least: int = 1) -> list[tuple[int, int]]:
         out.append((start, min(total, start + size)))
         start += size
     return out
+
+
+def equal_ranges(total: int, n: int) -> list[tuple[int, int]]:
+    """[0, total) in n ranges of (nearly) equal size, empty ones left out: the batches of a
+    ``scan_postgres`` pass or the partitions of ``pystrom.dask.read_postgres``, one range each."""
+    bounds = [total * i // n for i in range(n + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def _ranges(pages: int, n: int) -> list[tuple[int, int | None]]:
