@@ -1,8 +1,8 @@
 """``pystrom.reduce``: a user reduction per batch, combined across batches and Dask partitions.
 
 In order: the source is split into batches (a Table is one batch; a stream such as ``scan_arrow`` or
-``read_postgres(..., batch_rows=...)`` yields them, out of core; a ``pystrom.dask`` collection gives
-one per partition, reduced on the workers); for each batch ``init()`` makes a fresh state (NumPy
+``scan_postgres`` yields them, out of core; a ``pystrom.dask`` collection gives one per partition,
+reduced on the workers); for each batch ``init()`` makes a fresh state (NumPy
 arrays), a generated ``njit`` loop calls ``row(state, *values)`` for every row where no column is
 NULL, and ``combine(a, b)`` folds the batches' states in order.
 
@@ -33,7 +33,7 @@ def reduce(source: Any, columns: Any, *, init: Any, row: Any, combine: Any) -> A
     Parameters
     ----------
     source
-        A Table, an iterable of Tables (a scan or a streaming read), or a ``pystrom.dask``
+        A Table, an iterable of Tables (``scan_arrow``, ``scan_postgres``), or a ``pystrom.dask``
         partitioned table.
     columns
         Names of the columns passed to ``row``, in order.
