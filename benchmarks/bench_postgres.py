@@ -152,6 +152,26 @@ def _pipeline(conninfo: str, uri: str, xp: Any, sync: Any, label: str, nbytes: i
     return [Result(f"pg {label} -> GPU -> logregr_train", "ADBC + CuPy naive IRLS 20 it", t_ours, t_base, nbytes)]
 
 
+def _scan(conninfo: str, label: str, nbytes: int, device: str, sync: Any, repeat: int) -> Result:
+    """scan_postgres in 8 ranges (each read by the automatic connections, one range ahead), filtered per
+    batch on the device, against read_postgres of the whole table then the same filter: the cost of
+    streaming a result that would also fit at once."""
+    import pystrom
+
+    def scan():
+        return sum(b.num_rows for b in pystrom.scan_postgres(conninfo, table="logreg", partitions=8,
+                                                               where="x1 > 0", device=device))  # fmt: skip
+
+    def whole():
+        with pystrom.read_postgres(conninfo, table="logreg", device=device) as t:
+            return t.filter("x1 > 0")
+
+    assert scan() == whole().num_rows
+    t_scan, t_whole = measure_pair(scan, whole, sync, repeat)
+    return Result(f"pg logreg {label} scan_postgres 8 ranges, x1 > 0", "read_postgres auto + filter", t_scan, t_whole,
+                  nbytes)  # fmt: skip
+
+
 def run(device: str, quick: bool) -> list[Result]:
     import pystrom
     from pystrom._backend import resolve_device
@@ -202,6 +222,7 @@ def run(device: str, quick: bool) -> list[Result]:
             results.append(
                 Result(f"pg logreg {label} auto ({n} conns)", f"server COPY /dev/null x{n}", t_auto, t_server_n, nbytes)
             )
+            results.append(_scan(conninfo, label, nbytes, device, sync, 5 if rows <= _SLOW_LIMIT else 3))
             if backend.kind == "cuda":
                 results.extend(_pipeline(conninfo, uri, xp, sync, label, nbytes, device))
             if rows > _SLOW_LIMIT:

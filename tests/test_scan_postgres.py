@@ -62,7 +62,7 @@ def _reader_threads() -> list[str]:
 def test_table_batches_equal_read_postgres(pg, device, partitions):
     name = _mixed(pg, 20_000)
     want = to_host(pystrom.read_postgres(pg.conninfo, table=name, device="cpu"))
-    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=partitions, device=device)
+    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=partitions, connections=1, device=device)
     batches = list(scan)
     assert len(batches) == min(partitions, scan.stats.ranges) == scan.stats.ranges
     assert scan.stats.rows_read == scan.stats.rows_matched == 20_000
@@ -73,16 +73,29 @@ def test_table_batches_equal_read_postgres(pg, device, partitions):
     assert scan.schema == want.schema
 
 
-def test_query_with_partition_on_equals_read_postgres(pg, device):
+def test_ranges_read_by_several_connections_equal_read_postgres(pg, device):
+    name = _mixed(pg, 120_000)  # ~1000 heap pages: two ranges of ~500, each cut in shares of >= 128 pages
+    want = to_host(pystrom.read_postgres(pg.conninfo, table=name, device="cpu")).sort_by("id")
+    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=2, connections=3, device=device)
+    batches = list(scan)
+    assert scan.stats.ranges == len(batches) == 2 and scan.stats.connections == 3
+    small = pystrom.scan_postgres(pg.conninfo, table=name, partitions=20, connections=3, device=device)
+    assert len(list(small)) == 20 and small.stats.connections == 1  # ~50 pages a range: one share each
+    assert abs(batches[0].num_rows - batches[1].num_rows) < 5000
+    assert _host(batches).sort_by("id").equals(want)
+
+
+@pytest.mark.parametrize("connections", [1, 3])
+def test_query_with_partition_on_equals_read_postgres(pg, device, connections):
     name = _mixed(pg, 5000)
     pg.execute(f"insert into {name} (id, x) values (null, 1.5), (null, 2.5)")  # NULL keys: the first range
     query = f"select id, s, x * 2 as x2 from {name} where id is null or id % 3 <> 0"
     want = to_host(pystrom.read_postgres(pg.conninfo, query, device="cpu"))
     counts: list[int] = []
-    scan = pystrom.scan_postgres(pg.conninfo, query, partition_on="id", partitions=6, device=device,
-                                 progress=counts.append)  # fmt: skip
+    scan = pystrom.scan_postgres(pg.conninfo, query, partition_on="id", partitions=6, connections=connections,
+                                 device=device, progress=counts.append)  # fmt: skip
     batches = list(scan)
-    assert len(batches) == 6
+    assert len(batches) == 6 and scan.stats.connections == connections
     assert counts == sorted(counts) and counts[-1] == want.num_rows == scan.stats.rows_read
     assert to_host(batches[0]).column("id").null_count == 2
     for b in batches[1:]:
@@ -176,10 +189,11 @@ def test_reduce_over_the_stream_equals_reduce_over_the_table(pg, device):
     assert streamed[0] == n and streamed[1] == pytest.approx(s, rel=1e-12) and streamed[2] == pytest.approx(m)
 
 
-def test_a_pass_reads_one_snapshot(pg, device):
+@pytest.mark.parametrize("connections", [1, 3])
+def test_a_pass_reads_one_snapshot(pg, device, connections):
     name = _mixed(pg, 20_000)
     want = to_host(pystrom.read_postgres(pg.conninfo, table=name, device="cpu")).sort_by("id")
-    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=6, device=device)
+    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=6, connections=connections, device=device)
     batches = []
     for i, batch in enumerate(scan):
         batches.append(batch)
@@ -191,7 +205,8 @@ def test_a_pass_reads_one_snapshot(pg, device):
     # the key-range form too: keys inserted into every range's span after the first batch
     query = f"select id, x from {name} where id <= 50000"
     before = to_host(pystrom.read_postgres(pg.conninfo, query, device="cpu")).sort_by("id")
-    scan = pystrom.scan_postgres(pg.conninfo, query, partition_on="id", partitions=4, device=device)
+    scan = pystrom.scan_postgres(pg.conninfo, query, partition_on="id", partitions=4, connections=connections,
+                                 device=device)  # fmt: skip
     batches = []
     for i, batch in enumerate(scan):
         batches.append(batch)
@@ -203,14 +218,15 @@ def test_a_pass_reads_one_snapshot(pg, device):
     assert scan.collect().num_rows == pg.fetch(f"select count(*) from {name}")[0][0]
 
 
-def test_abandoning_a_pass_closes_its_connection_and_threads(pg, device):
-    name = _mixed(pg, 40_000)
-    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=10, device=device)
+@pytest.mark.parametrize("connections", [1, 3])
+def test_abandoning_a_pass_closes_its_connections_and_threads(pg, device, connections):
+    name = _mixed(pg, 200_000)  # ~1700 heap pages
+    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=4, connections=connections, device=device)
     base_threads = _reader_threads()
     base_mem = device_memory_in_use(device)
     for batch in scan:  # break after the first batch, with the second in flight
         assert pg.fetch("select count(*) from pg_stat_activity where application_name = 'pystrom.scan_postgres'") == [
-            (1,)
+            (scan.stats.connections,)
         ]
         del batch
         break
@@ -238,10 +254,11 @@ def test_abandoning_a_pass_closes_its_connection_and_threads(pg, device):
     assert device_memory_in_use(device) <= base_mem
 
     # abandoned while a slow range is still being read: the server is asked to stop, not waited out
-    slow = f"select id, x, pg_sleep(case when id = 15000 then 30 else 0 end) is null as z from {name}"
-    scan = pystrom.scan_postgres(pg.conninfo, slow, partition_on="id", partitions=4, device=device)
+    slow = f"select id, x, pg_sleep(case when id = 75000 then 30 else 0 end) is null as z from {name}"
+    scan = pystrom.scan_postgres(pg.conninfo, slow, partition_on="id", partitions=4, connections=connections,
+                                 device=device)  # fmt: skip
     it = iter(scan)
-    assert next(it).num_rows == 10_000  # ids 1..10000; the range of 15000 is in flight, sleeping
+    assert next(it).num_rows == 50_000  # ids 1..50000; the range of 75000 is in flight, sleeping
     time.sleep(0.5)
     start = time.monotonic()
     it.close()
@@ -249,9 +266,11 @@ def test_abandoning_a_pass_closes_its_connection_and_threads(pg, device):
     assert _sessions(pg) == 0 and _reader_threads() == base_threads
 
 
-def test_a_server_error_mid_stream(pg, device):
+@pytest.mark.parametrize("connections", [1, 3])
+def test_a_server_error_mid_stream(pg, device, connections):
     query = "select k, 100 / (k - 700) as q, repeat('x', k % 50) as s from generate_series(1, 1000) k"
-    scan = pystrom.scan_postgres(pg.conninfo, query, partition_on="k", partitions=4, device=device)
+    scan = pystrom.scan_postgres(pg.conninfo, query, partition_on="k", partitions=4, connections=connections,
+                                 device=device)  # fmt: skip
     seen = []
     with pytest.raises(PostgresError, match="division by zero"):
         for batch in scan:
@@ -261,7 +280,7 @@ def test_a_server_error_mid_stream(pg, device):
 
     # the connection killed by the server between two batches
     name = _mixed(pg, 20_000)
-    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=5, device=device)
+    scan = pystrom.scan_postgres(pg.conninfo, table=name, partitions=5, connections=connections, device=device)
     with pytest.raises(PostgresError):
         for i, _ in enumerate(scan):
             if i == 1:
@@ -294,6 +313,10 @@ def test_bad_arguments(pg):
         pystrom.scan_postgres(c, table=name, partitions=0)
     with pytest.raises(InvalidArgumentError, match="partitions must be a positive int"):
         pystrom.scan_postgres(c, table=name, partitions=True)
+    with pytest.raises(InvalidArgumentError, match="connections must be a positive int"):
+        pystrom.scan_postgres(c, table=name, connections=0)
+    with pytest.raises(InvalidArgumentError, match="connections must be a positive int"):
+        pystrom.scan_postgres(c, table=name, connections=2.0)
     with pytest.raises(InvalidArgumentError, match="partition_on must name an integer column of a query= read"):
         pystrom.scan_postgres(c, table=name, partition_on="id")
     with pytest.raises(pystrom.UnsupportedTypeError, match="partition_on column 's'"):

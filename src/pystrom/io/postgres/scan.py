@@ -3,20 +3,24 @@
 A result larger than device memory can be filtered and reduced batch by batch. At construction the
 arguments are checked and the result's columns described and mapped (:mod:`.statement`,
 :mod:`.types`) on a short-lived connection, and ``where`` compiled for the device (UDFs allowed,
-:mod:`pystrom._udf._where`). Each pass (each ``iter()``) then, in order: opens one connection of
-its own and begins a REPEATABLE READ READ ONLY transaction, so every range of the pass reads one
-snapshot; splits the read into ranges as ``pystrom.dask.read_postgres`` does (:mod:`.session`: ctid
-ranges for ``table=``, ranges of an integer column for ``partition_on=``, equal in size); reads each
-range with the COPY pump (:mod:`.stream`) and decodes it into a Table (:mod:`.assemble`) on a reader
-thread, one range ahead of the caller; filters it with ``where`` on the device and yields it. When
-the pass ends, fails or is abandoned, the range in flight is cancelled on the server and waited for
-(its staging and device memory go with it), and the connection is closed.
+:mod:`pystrom._udf._where`). Each pass (each ``iter()``) then, in order: opens a connection of its
+own and begins a REPEATABLE READ READ ONLY transaction; splits the read into ranges as
+``pystrom.dask.read_postgres`` does (:mod:`.session`: ctid ranges for ``table=``, ranges of an
+integer column for ``partition_on=``, equal in size); opens the other connections on the snapshot
+it exports, so every range of the pass reads one snapshot, and cuts each range into shares for them
+as ``read_postgres`` cuts a read; reads each range with the COPY pump (:mod:`.stream`) and decodes it
+into a Table (:mod:`.assemble`) on a reader thread, one range ahead of the caller; filters it with
+``where`` on the device and yields it. When the pass ends, fails or is abandoned, the range in flight
+is cancelled on the server and waited for (its staging and device memory go with it), and the
+connections are closed.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import math
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -32,13 +36,17 @@ from ..arrow.scan import _group_bytes
 from .assemble import assemble
 from .pump import Kind
 from .session import (
+    SnapshotJoiner,
+    auto_partitions,
     connect,
     copy_sql,
     ctid_statements,
     equal_ranges,
+    export_snapshot,
     key_bounds,
     key_statements,
     psycopg_module,
+    queue_ranges,
     run_sql,
     table_pages,
 )
@@ -49,6 +57,7 @@ from .types import PgColumn, check_partition_key, describe
 __all__ = ["scan_postgres", "PostgresScan", "PostgresScanStats"]
 
 _APPLICATION_NAME = "pystrom.scan_postgres"
+_PAGE_BYTES = 8192  # a heap page, the unit of auto_partitions' size rule, for results that have no pages
 
 
 @dataclass
@@ -56,6 +65,7 @@ class PostgresScanStats:
     """What the latest pass of a :class:`PostgresScan` read."""
 
     ranges: int = 0  # ranges (batches) the pass was split into
+    connections: int = 0  # connections reading each range, on the pass's snapshot
     batches: int = 0  # batches yielded so far
     bytes_read: int = 0  # COPY bytes received
     rows_read: int = 0
@@ -68,17 +78,19 @@ class PostgresScanStats:
 
     def __str__(self) -> str:
         return (
-            f"{self.batches} of {self.ranges} range(s): read {self.bytes_read:,} bytes, {self.rows_read:,} rows, "
+            f"{self.batches} of {self.ranges} range(s), {self.connections} connection(s): "
+            f"read {self.bytes_read:,} bytes, {self.rows_read:,} rows, "
             f"{self.rows_matched:,} matched, in {self.seconds:.3f} s"
         )
 
 
 @dataclass
 class _Pass:
-    """The statements of one pass, planned inside its transaction."""
+    """One pass, planned inside its transaction: the COPY statements of each batch's range (its
+    shares for the connections) with their size hints, and the connections that read them."""
 
-    statements: list[str]
-    hints: list[int | None]
+    batches: list[tuple[list[str], list[int | None]]]
+    conns: list[Any]
 
 
 class PostgresScan:
@@ -98,6 +110,7 @@ class PostgresScan:
         params: Any,
         partitions: Any,
         partition_on: Any,
+        connections: Any,
         numeric: str,
         device: Any,
         progress: Any,
@@ -116,12 +129,16 @@ class PostgresScan:
         if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)
                                        or partitions < 1):  # fmt: skip
             raise InvalidArgumentError(f"partitions must be a positive int or None; got {partitions!r}")
+        if connections is not None and (isinstance(connections, bool) or not isinstance(connections, int)
+                                        or connections < 1):  # fmt: skip
+            raise InvalidArgumentError(f"connections must be a positive int or None; got {connections!r}")
         if where is not None and (not isinstance(where, str) or not where.strip()):
             raise InvalidArgumentError(
                 f"where must be a pystrom expression (a non-empty string, docs/where.md); got {where!r}"
             )
         check_progress(progress)
-        self.conninfo = conninfo
+        self.conninfo = _named(conninfo)
+        self.connections = connections
         self.backend = resolve_device(device)
         self.progress = progress
         self.partitions = partitions
@@ -131,7 +148,7 @@ class PostgresScan:
         self.group_bytes = _group_bytes(self.backend)
         self.stats = PostgresScanStats()
 
-        conn = connect(conninfo)
+        conn = connect(self.conninfo)
         try:
             run_sql(conn, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self._read_columns = None
@@ -167,32 +184,63 @@ class PostgresScan:
 
         return pa.schema([self._schema.field(c) for c in self.columns])
 
-    def _plan_pass(self, conn: Any) -> _Pass:
-        """The range statements, planned inside the pass's transaction (the table's pages or the key's
-        [min, max] as its snapshot sees them)."""
+    def _plan_pass(self, conn: Any, extra: list) -> _Pass:
+        """The batches' statements, planned inside the pass's transaction (the table's pages or the
+        key's [min, max] as its snapshot sees them), and the connections that join its snapshot
+        (appended to ``extra`` as they open, so the caller closes them whatever happens)."""
         plan = self._plan
-        if plan.table is not None and self.partitions != 1:
+        if plan.table is not None:
             pages, block = table_pages(conn, plan)
             if pages is not None:
                 n = self.partitions or math.ceil(pages * block / self.group_bytes)
-                ranges: list[tuple[int, int | None]] = list(equal_ranges(pages, max(1, min(n, pages)))) or [(0, 0)]
-                ranges[-1] = (ranges[-1][0], None)  # open-ended; the snapshot decides what is in it
-                hints = [((b if b is not None else pages) - a) * block for a, b in ranges]
-                return _Pass(ctid_statements(conn, plan, ranges), hints)
-        elif self.partition_on is not None and self.partitions != 1:
+                ranges = equal_ranges(pages, max(1, min(n, pages))) or [(0, 0)]
+                widest = max(b - a for a, b in ranges)
+                conns = self._join(conn, extra, widest, True)
+                batches = []
+                for i, (a, b) in enumerate(ranges):
+                    shares: list[tuple[int, int | None]] = list(queue_ranges(a, b, len(conns), pages=True))
+                    if i + 1 == len(ranges):
+                        shares[-1] = (shares[-1][0], None)  # open-ended; the snapshot decides what is in it
+                    hints = [((y if y is not None else pages) - x) * block for x, y in shares]
+                    batches.append((ctid_statements(conn, plan, shares), hints))
+                return _Pass(batches, conns)
+        elif self.partition_on is not None:
             bounds = key_bounds(conn, plan, self.partition_on)
             if bounds is not None:
                 lo, hi = bounds
-                n = self.partitions or math.ceil(_estimated_bytes(conn, plan) / self.group_bytes)
-                key_ranges = equal_ranges(hi - lo + 1, max(1, min(n, hi - lo + 1)))
-                statements = key_statements(conn, plan, self.partition_on, lo, key_ranges)
-                return _Pass(statements, [None] * len(statements))
-        return _Pass([copy_sql(conn, plan.select)], [None])
+                estimate = _estimated_bytes(conn, plan)
+                n = self.partitions or math.ceil(estimate / self.group_bytes)
+                ranges = equal_ranges(hi - lo + 1, max(1, min(n, hi - lo + 1)))
+                widest = max(b - a for a, b in ranges)
+                conns = self._join(conn, extra, widest, False, estimate // len(ranges) // _PAGE_BYTES)
+                batches = []
+                for i, (a, b) in enumerate(ranges):
+                    shares = queue_ranges(a, b, len(conns), pages=False)
+                    statements = key_statements(
+                        conn, plan, self.partition_on, lo, shares, nulls=i == 0, open_end=i + 1 == len(ranges)
+                    )
+                    batches.append((statements, [None] * len(statements)))
+                return _Pass(batches, conns)
+        return _Pass([([copy_sql(conn, plan.select)], [None])], [conn])
+
+    def _join(self, conn: Any, extra: list, widest: int, heap: bool, pages: int | None = None) -> list[Any]:
+        """``conn`` and the connections that read a range with it, on its exported snapshot: as many as
+        ``connections=`` says (None: as read_postgres chooses for the widest range), never more than
+        that range has shares (heap: of >= 1 MiB; else of one key value or more)."""
+        n = self.connections or auto_partitions(conn, widest if pages is None else pages)
+        n = max(1, min(n, len(queue_ranges(0, widest, n, pages=heap))))
+        if n == 1:
+            return [conn]
+        snapshot = export_snapshot(conn)
+        lock = threading.Lock()
+        joiners = [SnapshotJoiner(self.conninfo, snapshot, extra, lock) for _ in range(n - 1)]
+        with cf.ThreadPoolExecutor(n - 1, thread_name_prefix="pystrom-pg-join") as pool:
+            futures = [pool.submit(j) for j in joiners]  # ~20 ms together, each alone as long
+            return [conn, *(f.result() for f in futures)]
 
     def _open(self) -> Any:
         conn = connect(self.conninfo)
         try:
-            run_sql(conn, "naming the session", f"SET application_name = '{_APPLICATION_NAME}'")
             run_sql(conn, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cols = describe(conn, self._plan.select, self._numeric, run_sql)
             if [(c.name, c.type.arrow) for c in cols] != [(c.name, c.type.arrow) for c in self._cols]:
@@ -205,10 +253,12 @@ class PostgresScan:
             raise
         return conn
 
-    def _load(self, conn: Any, statement: str, hint: int | None, report: Callable[[int], None] | None) -> Any:
+    def _load(self, conns: list[Any], batch: tuple, report: Callable[[int], None] | None) -> Any:
+        statements, hints = batch
         strings = {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(self._cols) if c.kind == Kind.VARLEN}
         with self.backend.activate():
-            chunks = CopyReader(self.backend, len(self._cols), report, strings).read_all([conn], [statement], [hint])
+            reader = CopyReader(self.backend, len(self._cols), report, strings)
+            chunks = reader.read_all(conns[: len(statements)], statements, hints)
             nbytes = sum(c.nbytes for part in chunks for c in part)
             table = assemble(self.backend, self._cols, chunks)
             if self.backend.kind == "cuda":
@@ -220,7 +270,9 @@ class PostgresScan:
         stats = self.stats = PostgresScanStats()
         start = time.perf_counter()
         conn = self._open()
+        extra: list[Any] = []
         future: cf.Future | None = None
+        work = _Pass([], [conn])
         try:
             with (
                 reporter(self.progress, unit="rows", desc="scan_postgres") as report,
@@ -233,15 +285,15 @@ class PostgresScan:
 
                 counter = rows if report.active else None
                 try:
-                    work = self._plan_pass(conn)
-                    stats.ranges = len(work.statements)
-                    for i in range(len(work.statements)):
+                    work = self._plan_pass(conn, extra)
+                    stats.ranges, stats.connections = len(work.batches), len(work.conns)
+                    for i in range(len(work.batches)):
                         if future is None:
-                            future = pool.submit(self._load, conn, work.statements[i], work.hints[i], counter)
+                            future = pool.submit(self._load, work.conns, work.batches[i], counter)
                         table, nbytes = future.result()
                         future = None
-                        if i + 1 < len(work.statements):  # read the next range while the caller works
-                            future = pool.submit(self._load, conn, work.statements[i + 1], work.hints[i + 1], counter)
+                        if i + 1 < len(work.batches):  # read the next range while the caller works
+                            future = pool.submit(self._load, work.conns, work.batches[i + 1], counter)
                         done_rows += table.num_rows
                         stats.bytes_read += nbytes
                         stats.rows_read += table.num_rows
@@ -253,10 +305,11 @@ class PostgresScan:
                         del out, table
                 finally:
                     if future is not None:
-                        _abandon(conn, future)
+                        _abandon(work.conns, future)
                         future = None
         finally:
-            conn.close()  # a read-only transaction: nothing to commit
+            for c in [*extra, conn]:
+                c.close()  # read-only transactions: nothing to commit
             stats.seconds = time.perf_counter() - start
 
     def _finish(self, table: Table) -> Table:
@@ -289,22 +342,35 @@ class PostgresScan:
         return f"<pystrom.PostgresScan {source}, columns={self.columns}{where}, device={self.backend.device}>"
 
 
+def _named(conninfo: str) -> str:
+    """``conninfo`` with application_name ``pystrom.scan_postgres`` unless it names one (in
+    pg_stat_activity the scan's sessions are then told from others)."""
+    psycopg = psycopg_module()
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return conninfo  # connect() says what is wrong, without repeating it
+    if "application_name" in params or os.environ.get("PGAPPNAME"):
+        return conninfo
+    return psycopg.conninfo.make_conninfo(conninfo, application_name=_APPLICATION_NAME)
+
+
 def _names(cols: Sequence[PgColumn]) -> list[str]:
     return [f"{c.name} {c.pg_type}" for c in cols]
 
 
-def _abandon(conn: Any, future: cf.Future) -> None:
+def _abandon(conns: list[Any], future: cf.Future) -> None:
     """The caller left the pass (break, an exception, the generator collected) or it failed while a
     range was in flight: stop that COPY on the server and wait for the reader, whose failure path
     frees the range's staging and device memory; a range already read is closed."""
     # Cancelled again until the reader ends: a cancel that lands before its COPY has reached the
     # server is lost (the server then had nothing to cancel), and the whole range would be read.
     while True:
-        if not future.done():
+        for conn in conns if not future.done() else ():
             try:
                 conn.cancel()
             except Exception:
-                pass  # the connection is broken: the read fails by itself
+                pass  # the connection is broken: its read fails by itself
         try:
             table, _ = future.result(timeout=0.25)
         except cf.TimeoutError:
@@ -356,6 +422,7 @@ def scan_postgres(
     params: Any = None,
     partitions: int | None = None,
     partition_on: str | None = None,
+    connections: int | None = None,
     numeric: str = "float64",
     device: str | int | None = None,
     progress: bool | Callable[[int], None] | None = None,
@@ -363,11 +430,11 @@ def scan_postgres(
     """Scan a PostgreSQL query result or table a range at a time, filtering on the device.
 
     Together the batches of a pass equal :func:`read_postgres` of the same statement (then filtered
-    by ``where``): every range is read by one connection in one REPEATABLE READ READ ONLY
-    transaction, begun when the pass starts, so a pass sees one snapshot whatever others write
-    meanwhile. While the caller works on one batch, the next range is read (one ahead), so a pass
-    holds about two batches in device memory. Leaving a pass early (``break``, an exception)
-    cancels the range in flight and closes the connection.
+    by ``where``): every range is read in REPEATABLE READ READ ONLY transactions on one snapshot,
+    taken when the pass starts, whatever others write meanwhile. While the caller works on one
+    batch, the next range is read (one ahead), by ``connections`` COPY streams in parallel, so a
+    pass holds about two batches in device memory. Leaving a pass early (``break``, an exception)
+    cancels the range in flight and closes the connections.
 
     Parameters
     ----------
@@ -396,6 +463,13 @@ def scan_postgres(
     partition_on
         With ``query``: an int2/int4/int8 result column whose [min, max] is split into ``partitions``
         equal ranges (NULL keys go to the first). Without it a ``query=`` read is one batch.
+    connections
+        Connections reading each range together, all on the pass's snapshot (each range cut further
+        among them, largest share first, as :func:`read_postgres` cuts a read). None: as
+        ``read_postgres`` chooses for one range of that size (the server's cores, at most 16, at least
+        8 MiB each, within the free connection slots); 1: one stream. Never more than the widest
+        range has shares (1 MiB of heap, or one key value, at least), so small ranges take fewer. A
+        ``query=`` read without ``partition_on`` is one stream.
     device
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or None (``pystrom.defaults.device``, else a GPU if visible).
     progress
@@ -415,6 +489,9 @@ def scan_postgres(
     PostgresError
         Connection failures, SQL errors, a connection lost during a pass (raised where the batch
         would have been yielded; the batches before it have been yielded).
+
+    Each pass's connections carry ``application_name`` ``pystrom.scan_postgres`` unless
+    ``conninfo`` (or ``PGAPPNAME``) names one.
     """
-    return PostgresScan(conninfo, query, table, columns, where, sql_where, params, partitions, partition_on, numeric,
-                        device, progress)  # fmt: skip
+    return PostgresScan(conninfo, query, table, columns, where, sql_where, params, partitions, partition_on,
+                        connections, numeric, device, progress)  # fmt: skip

@@ -23,6 +23,7 @@ from .statement import Plan
 __all__ = [
     "SnapshotJoiner",
     "equal_ranges",
+    "queue_ranges",
     "psycopg_module",
     "connect",
     "utf8_session",
@@ -190,6 +191,14 @@ def equal_ranges(total: int, n: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+def queue_ranges(start: int, stop: int, n: int, pages: bool) -> list[tuple[int, int]]:
+    """[start, stop) cut as :func:`_split` cuts a read for n connections (``pages``: heap pages, each
+    range at least _LEAST_PAGES; else key values); [(start, start)] when it is empty."""
+    return [(start + a, start + b) for a, b in _split(stop - start, n, _LEAST_PAGES if pages else 1)] or [
+        (start, start)
+    ]
+
+
 def _ranges(pages: int, n: int) -> list[tuple[int, int | None]]:
     """ctid page ranges covering the relation for n connections; the last is open-ended (pages added later)."""
     out: list[tuple[int, int | None]] = list(_split(pages, n, _LEAST_PAGES))
@@ -293,9 +302,12 @@ def key_bounds(main: Any, plan: Plan, key: str) -> tuple[int, int] | None:
     return None if lo is None else (int(lo), int(hi))
 
 
-def key_statements(main: Any, plan: Plan, key: str, lo: int, ranges: list[tuple[int, int]]) -> list[str]:
+def key_statements(
+    main: Any, plan: Plan, key: str, lo: int, ranges: list[tuple[int, int]], nulls: bool = True, open_end: bool = True
+) -> list[str]:
     """The COPY statement of each range of ``key`` (offsets from ``lo``); the first range also takes
-    the NULL keys and the last is open above."""
+    the NULL keys (unless ``nulls`` is false) and the last is open above (unless ``open_end`` is false:
+    ranges that are a part of the whole, as a ``scan_postgres`` batch's are)."""
     from psycopg import sql
 
     q, col = _key_column(plan, key)
@@ -303,10 +315,10 @@ def key_statements(main: Any, plan: Plan, key: str, lo: int, ranges: list[tuple[
     statements = []
     for i, (a, b) in enumerate(ranges):
         preds = [sql.SQL("{} >= {}").format(col, sql.Literal(lo + a))]
-        if i + 1 < r:
+        if i + 1 < r or not open_end:
             preds.append(sql.SQL("{} < {}").format(col, sql.Literal(lo + b)))
         cond = sql.SQL(" AND ").join(preds)
-        if i == 0:
+        if i == 0 and nulls:
             cond = sql.SQL("({}) OR {} IS NULL").format(cond, col)
         statements.append(copy_sql(main, sql.SQL("SELECT * FROM {} WHERE {}").format(q, cond)))
     return statements
