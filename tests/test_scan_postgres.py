@@ -10,6 +10,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pystrom
 from pystrom import ExpressionError, InvalidArgumentError, PostgresError, SchemaMismatchError
@@ -101,6 +103,29 @@ def test_query_with_partition_on_equals_read_postgres(pg, device, connections):
     for b in batches[1:]:
         assert to_host(b).column("id").null_count == 0
     assert _host(batches).sort_by("id").equals(want.sort_by("id"))
+
+
+@given(
+    keys=st.lists(st.one_of(st.none(), st.integers(-(2**62), 2**62), st.integers(-5, 5)), max_size=60),
+    partitions=st.integers(1, 12),
+    connections=st.integers(1, 4),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_key_ranges_cover_every_row_once(pg, keys, partitions, connections):
+    """Any int8 keys (NULLs, duplicates, the extremes of the range) in any number of ranges and shares:
+    the batches together are read_postgres's rows, NULL keys in the first batch only."""
+    values = ", ".join(f"({'null' if k is None else k}::int8, {i})" for i, k in enumerate(keys)) or "(0::int8, 0)"
+    query = f"select k, i from (values {values}) v(k, i)" + ("" if keys else " where false")
+    want = to_host(pystrom.read_postgres(pg.conninfo, query, device="cpu")).sort_by("i")
+    scan = pystrom.scan_postgres(pg.conninfo, query, partition_on="k", partitions=partitions,
+                                 connections=connections, device="cpu")  # fmt: skip
+    batches = [to_host(b) for b in scan]
+    assert pa.concat_tables(batches).sort_by("i").equals(want)
+    assert all(b.column("k").null_count == 0 for b in batches[1:])
+    distinct = len({k for k in keys if k is not None})
+    assert len(batches) <= max(1, partitions)
+    assert distinct == 0 or len(batches) == min(partitions, max(k for k in keys if k is not None)
+                                                 - min(k for k in keys if k is not None) + 1)  # fmt: skip
 
 
 def test_zero_rows_and_fewer_rows_than_partitions(pg, device):

@@ -292,9 +292,9 @@ class PostgresScan:
                             future = pool.submit(self._load, work.conns, work.batches[i], counter)
                         table, nbytes = future.result()
                         future = None
+                        done_rows += table.num_rows  # before the next range reports its first rows
                         if i + 1 < len(work.batches):  # read the next range while the caller works
                             future = pool.submit(self._load, work.conns, work.batches[i + 1], counter)
-                        done_rows += table.num_rows
                         stats.bytes_read += nbytes
                         stats.rows_read += table.num_rows
                         out = self._finish(table)
