@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import functools
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -24,7 +25,7 @@ from ._settings import defaults
 from ._transfer import DeviceTransfer, host_copy
 from .errors import DeviceError, OutOfMemoryError
 
-__all__ = ["Backend", "Block", "resolve_device", "cuda_device_count", "backend_of_array"]
+__all__ = ["Backend", "Block", "resolve_device", "cuda_device_count", "backend_of_array", "stream_group_bytes"]
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda|gpu)(?::(\d+))?$")
 
@@ -349,3 +350,15 @@ def iter_devices() -> Iterator[str]:
     yield "cpu"
     for i in range(cuda_device_count()):
         yield f"cuda:{i}"
+
+
+def stream_group_bytes(backend: Backend) -> int:
+    """Bytes a streaming read (scan_arrow, scan_postgres) gathers into one Table by default: 1 GiB
+    (the measured sweep is in io/arrow/scan.py), at most 1/32 of the device's or host's memory since a
+    pass holds about four groups, at least 64 MiB."""
+    if backend.kind == "cpu":
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    else:
+        with backend.activate():
+            total = backend.xp.cuda.runtime.memGetInfo()[1]
+    return max(64 << 20, min(1 << 30, total // 32))

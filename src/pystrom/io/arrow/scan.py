@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..._backend import resolve_device
+from ..._backend import resolve_device, stream_group_bytes
 from ..._concat import concat
 from ..._progress import check_progress, reporter
 from ..._udf._where import compile_where_udf
@@ -35,7 +35,7 @@ from .stats import batch_stats
 __all__ = ["read_arrow", "scan_arrow", "ArrowScan", "ScanStats"]
 
 _DEFAULT_GROUP_ROWS = 1 << 20
-# Without batch_rows, a group also holds at least _group_bytes() of the selected columns, and
+# Without batch_rows, a group also holds at least stream_group_bytes() of the selected columns, and
 # _READ_AHEAD groups are read ahead of the caller: each group's reads wait for their slowest pread, so
 # several groups must be in flight to keep KvikIO's threads busy. Measured on an H100 (4 GiB file,
 # 8 columns, where="f5 < 0.1", collect() against read_arrow's 45.2 GB/s in the same run):
@@ -44,20 +44,8 @@ _DEFAULT_GROUP_ROWS = 1 << 20
 #   2            0.60             0.70      0.77      0.80
 #   3            0.63             0.70      0.77      0.82
 #   4            0.63             0.73      0.79      0.81
-# (before: 1 MiB-row groups of 64 MiB, one ahead: 12.0 GB/s.) A pass then holds about four groups, so
-# a group is also at most 1/32 of the device's (or the host's) memory.
-_MAX_GROUP_BYTES = 1 << 30
-_MIN_GROUP_BYTES = 64 << 20
+# (before: 1 MiB-row groups of 64 MiB, one ahead: 12.0 GB/s.)
 _READ_AHEAD = 3
-
-
-def _group_bytes(backend: Any) -> int:
-    if backend.kind == "cpu":
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    else:
-        with backend.activate():
-            total = backend.xp.cuda.runtime.memGetInfo()[1]
-    return max(_MIN_GROUP_BYTES, min(_MAX_GROUP_BYTES, total // 32))
 
 
 @dataclass
@@ -125,7 +113,7 @@ class ArrowScan:
                                        or batch_rows <= 0):  # fmt: skip
             raise ValueError(f"batch_rows must be a positive int or None; got {batch_rows!r}")
         self.batch_rows = batch_rows or _DEFAULT_GROUP_ROWS
-        self.group_bytes = 0 if batch_rows else _group_bytes(self.backend)
+        self.group_bytes = 0 if batch_rows else stream_group_bytes(self.backend)
         with open_arrow_file(self.paths[0]) as first:
             self.file_schema = first.schema
         self.columns = resolve_columns(self.file_schema, columns, self.paths[0])

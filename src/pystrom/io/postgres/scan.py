@@ -26,13 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..._backend import resolve_device
+from ..._backend import resolve_device, stream_group_bytes
 from ..._concat import concat
 from ..._progress import check_progress, reporter
 from ..._udf._where import compile_where_udf
 from ...errors import ExpressionError, InvalidArgumentError, PostgresError, SchemaMismatchError
 from ...table import Table
-from ..arrow.scan import _group_bytes
 from .assemble import assemble
 from .pump import Kind
 from .session import (
@@ -145,7 +144,7 @@ class PostgresScan:
         self.partition_on = partition_on
         self._source = (query, table, sql_where, params)
         self._numeric = numeric
-        self.group_bytes = _group_bytes(self.backend)
+        self.group_bytes = stream_group_bytes(self.backend)
         self.stats = PostgresScanStats()
 
         conn = connect(self.conninfo)
