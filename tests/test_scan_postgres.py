@@ -83,7 +83,8 @@ def test_ranges_read_by_several_connections_equal_read_postgres(pg, device):
     assert scan.stats.ranges == len(batches) == 2 and scan.stats.connections == 3
     small = pystrom.scan_postgres(pg.conninfo, table=name, partitions=20, connections=3, device=device)
     assert len(list(small)) == 20 and small.stats.connections == 1  # ~50 pages a range: one share each
-    assert abs(batches[0].num_rows - batches[1].num_rows) < 5000
+    # equal page ranges, not equal rows: rows per page follow the string widths (PostgreSQL 16: 62,706 / 57,294)
+    assert abs(batches[0].num_rows - batches[1].num_rows) < 0.1 * 120_000
     assert _host(batches).sort_by("id").equals(want)
 
 
@@ -264,9 +265,10 @@ def test_abandoning_a_pass_closes_its_connections_and_threads(pg, device, connec
         pass
 
     with pytest.raises(Stop):
-        for i, _ in enumerate(scan):
+        for i, _batch in enumerate(scan):
             if i == 2:
                 raise Stop
+    del _batch  # the loop variable holds the third batch (1.8 MB on the GPU): not the scan's to free
     assert _sessions(pg) == 0 and _reader_threads() == base_threads
     assert scan.stats.batches == 3
 
