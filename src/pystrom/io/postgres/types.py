@@ -47,6 +47,9 @@ def _arrow_for(oid: int) -> tuple[int, Any] | None:
         1042: (Kind.VARLEN, pa.utf8()),  # bpchar
         19: (Kind.VARLEN, pa.utf8()),  # name
         17: (Kind.VARLEN, pa.binary()),  # bytea
+        # json and xml travel in binary COPY as their text (in the client encoding, UTF8 for the loader)
+        114: (Kind.VARLEN, pa.utf8()),  # json
+        142: (Kind.VARLEN, pa.utf8()),  # xml
         2950: (Kind.UUID, pa.uuid() if hasattr(pa, "uuid") else pa.binary(16)),
     }
     return simple.get(oid)
@@ -85,21 +88,25 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
         seen.add(name)
     if not names:
         return []
-    # Every column's type name in one round trip (one per column took 10-20 ms for 100 columns).
+    # Every column's type name and kind in one round trip (one per column took 10-20 ms for 100 columns).
     pg_types = run(
         conn,
         "naming the types",
-        "SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) ORDER BY i",
+        "SELECT format_type(o, m), (SELECT typtype FROM pg_type WHERE oid = o) "
+        "FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) ORDER BY i",
         (oids, [m if m >= 0 else None for m in typmods]),
     ).fetchall()
     return [
-        _map(name, oid, typmod, pg_type, numeric)
-        for name, oid, typmod, (pg_type,) in zip(names, oids, typmods, pg_types)
+        _map(name, oid, typmod, pg_type, numeric, typtype)
+        for name, oid, typmod, (pg_type, typtype) in zip(names, oids, typmods, pg_types)
     ]
 
 
-def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str) -> PgColumn:
+def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str, typtype: Any = None) -> PgColumn:
     import pyarrow as pa
+
+    if typtype in ("e", b"e"):  # an enum: binary COPY sends the label's text
+        return PgColumn(name, pg_type, Kind.VARLEN, column_type(pa.utf8(), name))
 
     if oid == 1700:  # numeric
         if numeric == "float64":
