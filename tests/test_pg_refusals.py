@@ -22,7 +22,7 @@ pytestmark = pytest.mark.postgres
     ("alias", "expr", "spelled"),
     [
         ("Weird Col", "interval '1 day'", '"Weird Col"'),
-        ('we"ird', "'{}'::jsonb", '"we""ird"'),
+        ('we"ird', "point(1, 2)", '"we""ird"'),
         ("select", "interval '1 day'", '"select"'),
         ("Upper", "'12:00'::time", '"Upper"'),
         ("plain_name", "interval '1 day'", "plain_name"),
@@ -37,6 +37,14 @@ def test_cast_hints_spell_the_column_as_sql_must(pg, alias, expr, spelled):
     # the hint works as written: the column read through it
     fixed = f"SELECT {hint} AS x FROM (SELECT {expr} AS {spelled}) AS q"
     assert pystrom.read_postgres(pg.conninfo, fixed, device="cpu").num_rows == 1
+
+
+def test_text_cast_of_jsonb_spells_the_column_as_sql_must(pg):
+    query = sql.SQL("SELECT '{{\"a\": 1}}'::jsonb AS {}, 2 AS {}").format(
+        sql.Identifier('we"ird'), sql.Identifier("select")
+    )
+    got = pystrom.read_postgres(pg.conninfo, query.as_string(pg.conn), device="cpu").to_arrow()
+    assert got.column_names == ['we"ird', "select"] and got.column(0).to_pylist() == ['{"a": 1}']
 
 
 def test_decimal_hint_quotes_the_column(pg):

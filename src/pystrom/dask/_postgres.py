@@ -146,7 +146,7 @@ def read_postgres(
         table_pages,
     )
     from ..io.postgres.statement import check_read_arguments, compose
-    from ..io.postgres.types import check_partition_key, describe
+    from ..io.postgres.types import check_partition_key, describe_read
 
     psycopg = psycopg_module()
     if isinstance(conninfo, psycopg.Connection):
@@ -164,7 +164,7 @@ def read_postgres(
     try:
         main = snapshot.conn
         plan = compose(main, query, table, columns, where, params)
-        cols = describe(main, plan.select, numeric, run_sql)
+        plan, cols = describe_read(main, plan, numeric, run_sql)
         if partition_on is not None:
             check_partition_key(cols, partition_on)
             if not any(c.name == partition_on for c in cols):

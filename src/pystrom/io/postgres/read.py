@@ -21,7 +21,7 @@ from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import check_read_arguments, compose
 from .stream import read_all
-from .types import PgColumn, check_partition_key, describe
+from .types import PgColumn, check_partition_key, describe_read
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
 
@@ -112,7 +112,7 @@ def read_postgres(
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
         with utf8_session(conninfo):
             plan = compose(conninfo, query, table, columns, where, params)
-            cols = describe(conninfo, plan.select, numeric, run_sql)
+            plan, cols = describe_read(conninfo, plan, numeric, run_sql)
             jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
             chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
         return assemble(backend, cols, chunks)
@@ -126,7 +126,7 @@ def read_postgres(
     try:
         run_sql(main, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         plan = compose(main, query, table, columns, where, params)
-        cols = describe(main, plan.select, numeric, run_sql)
+        plan, cols = describe_read(main, plan, numeric, run_sql)
         if partition_on is not None:
             check_partition_key(cols, partition_on)
         jobs = [main], [copy_sql(main, plan.select)], [None]

@@ -51,7 +51,7 @@ from .session import (
 )
 from .statement import check_read_arguments, compose
 from .stream import CopyReader
-from .types import PgColumn, check_partition_key, describe
+from .types import PgColumn, check_partition_key, describe, describe_read
 
 __all__ = ["scan_postgres", "PostgresScan", "PostgresScanStats"]
 
@@ -154,7 +154,7 @@ class PostgresScan:
             if table is not None and columns is not None:
                 self._read_columns = _with_where_columns(conn, query, table, sql_where, params, columns, where)
             self._plan = compose(conn, query, table, self._read_columns, sql_where, params)
-            self._cols = describe(conn, self._plan.select, numeric, run_sql)
+            self._plan, self._cols = describe_read(conn, self._plan, numeric, run_sql)
         finally:
             conn.close()
         if partition_on is not None:

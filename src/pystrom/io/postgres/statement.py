@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import InvalidArgumentError
 
-__all__ = ["Plan", "check_read_arguments", "compose"]
+__all__ = ["Plan", "check_read_arguments", "compose", "cast_to_text"]
 
 
 @dataclass
@@ -148,3 +148,29 @@ def _token_end(text: str, i: int) -> int:
 
 
 _DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$")
+
+
+def cast_to_text(plan: Plan, names: list[str], cast: list[bool]) -> Plan:
+    """``plan`` reading the result columns ``names`` with ``::text`` where ``cast`` says so (the same
+    names, so partition predicates and the described schema still apply); ``plan`` itself when none is."""
+    from psycopg import sql
+
+    if not any(cast):
+        return plan
+    if plan.table is not None:  # table= reads: ctid ranges select the columns from the table itself
+        cols = sql.SQL(", ").join(
+            sql.SQL("{}::text AS {}").format(sql.Identifier(n), sql.Identifier(n)) if c else sql.Identifier(n)
+            for n, c in zip(names, cast)
+        )
+        select = sql.SQL("SELECT {} FROM {}").format(cols, plan.table)
+        if plan.where is not None:
+            select = sql.SQL("{} WHERE ({}\n)").format(select, plan.where)
+        return Plan(select, plan.table, cols, plan.where)
+    q = sql.Identifier("_pystrom_t")
+    cols = sql.SQL(", ").join(
+        sql.SQL("{}.{}::text AS {}").format(q, sql.Identifier(n), sql.Identifier(n)) if c else sql.SQL("{}.{}").format(
+            q, sql.Identifier(n)
+        )
+        for n, c in zip(names, cast)
+    )
+    return Plan(sql.SQL("SELECT {} FROM ({}) AS {}").format(cols, plan.select, q))

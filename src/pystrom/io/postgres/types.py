@@ -15,8 +15,9 @@ from typing import Any
 from ..._types import ColumnType, column_type
 from ...errors import ColumnNotFoundError, SchemaMismatchError, UnsupportedTypeError
 from .pump import Kind
+from .statement import Plan, cast_to_text
 
-__all__ = ["PgColumn", "describe", "check_partition_key"]
+__all__ = ["PgColumn", "describe", "describe_read", "check_partition_key"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class PgColumn:
     kind: int
     type: ColumnType
     scale: int = 0
+    text_cast: bool = False  # read through ``::text`` in the SELECT (statement.cast_to_text)
 
 
 def _arrow_for(oid: int) -> tuple[int, Any] | None:
@@ -55,9 +57,11 @@ def _arrow_for(oid: int) -> tuple[int, Any] | None:
     return simple.get(oid)
 
 
+# Types whose binary form is not their text but whose text is what users read (jsonb's binary form is
+# a version byte then the text; inet/cidr/macaddr's are address bytes): the server casts them.
+_TEXT_CAST = {3802: "jsonb", 869: "inet", 650: "cidr", 829: "macaddr", 774: "macaddr8"}
+
 _CAST_HINTS = {
-    114: "::text",  # json
-    3802: "::text",  # jsonb
     1083: "::text",  # time
     1266: "::text",  # timetz
     1186: "extract(epoch from ...)::float8",  # interval
@@ -102,11 +106,20 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
     ]
 
 
+def describe_read(conn: Any, plan: Plan, numeric: str, run: Callable[..., Any]) -> tuple[Plan, list[PgColumn]]:
+    """:func:`describe` of ``plan``'s SELECT, and the plan that reads it: with ``::text`` on the columns
+    whose type is read as its text (jsonb, inet, cidr, macaddr, macaddr8)."""
+    cols = describe(conn, plan.select, numeric, run)
+    return cast_to_text(plan, [c.name for c in cols], [c.text_cast for c in cols]), cols
+
+
 def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str, typtype: Any = None) -> PgColumn:
     import pyarrow as pa
 
     if typtype in ("e", b"e"):  # an enum: binary COPY sends the label's text
         return PgColumn(name, pg_type, Kind.VARLEN, column_type(pa.utf8(), name))
+    if oid in _TEXT_CAST:
+        return PgColumn(name, pg_type, Kind.VARLEN, column_type(pa.utf8(), name), text_cast=True)
 
     if oid == 1700:  # numeric
         if numeric == "float64":
