@@ -21,11 +21,11 @@ pytestmark = pytest.mark.postgres
 @pytest.mark.parametrize(
     ("alias", "expr", "spelled"),
     [
-        ("Weird Col", "interval '1 day'", '"Weird Col"'),
+        ("Weird Col", "B'1010'", '"Weird Col"'),
         ('we"ird', "point(1, 2)", '"we""ird"'),
-        ("select", "interval '1 day'", '"select"'),
+        ("select", "B'1010'", '"select"'),
         ("Upper", "'12:00'::time", '"Upper"'),
-        ("plain_name", "interval '1 day'", "plain_name"),
+        ("plain_name", "B'1010'", "plain_name"),
     ],
 )
 def test_cast_hints_spell_the_column_as_sql_must(pg, alias, expr, spelled):

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..._layout import ColumnSpec, TablePlan
 from ..._types import Layout
-from ...errors import CapacityError, OutOfMemoryError
+from ...errors import CapacityError, OutOfMemoryError, PostgresError
 from ...interop.build import build_table_in_place
 from .chunks import ChunkLayout, layout_chunks
 from .decode import decode_into
@@ -63,5 +63,46 @@ def _build(backend: Any, cols: Sequence[PgColumn], lay: ChunkLayout) -> Any:
             if cp.type.layout == Layout.VARBINARY:
                 block.array(cp.values.offset, np.int32, (1,)).fill(0)
         decode_into(backend, block, plan, cols, lay)
+        for cp, col in zip(plan.columns, cols):
+            if col.type.arrow.id == pa.month_day_nano_interval().id:
+                intervals_to_arrow(backend, block.array(cp.values.offset, np.uint8, (lay.nrows, 16)), col)
 
     return build_table_in_place(backend, fields, specs, fill, lay.nrows)
+
+
+_MAX_MICROS = (2**63 - 1) // 1000
+
+
+def intervals_to_arrow(backend: Any, raw: Any, col: PgColumn) -> None:
+    """Rewrite ``raw`` (rows x 16 bytes, on the backend's device) from PostgreSQL's binary interval
+    (int64 microseconds, int32 days, int32 months, big-endian) to Arrow's month_day_nano_interval (int32
+    months, int32 days, int64 nanoseconds, little-endian), in place; NULL rows (zeros) stay zeros. A
+    time part beyond int64 nanoseconds (+-106,751 days, and PostgreSQL 17's infinite intervals) raises
+    naming the row. The same array code runs on NumPy and CuPy (CuPy has no big-endian dtypes, so the
+    bytes are assembled with shifts)."""
+    xp = backend.xp
+    n = raw.shape[0]
+    if n == 0:
+        return
+
+    def big_endian(lo: int, hi: int) -> Any:
+        shifts = xp.arange(8 * (hi - lo - 1), -1, -8, dtype=xp.uint64)
+        return (raw[:, lo:hi].astype(xp.uint64) << shifts).sum(axis=1, dtype=xp.uint64)
+
+    micros = big_endian(0, 8).view(xp.int64)
+    days = big_endian(8, 12).astype(xp.uint32).view(xp.int32)
+    months = big_endian(12, 16).astype(xp.uint32).view(xp.int32)
+    bad = xp.abs(micros) > _MAX_MICROS  # also INT64_MIN, whose abs stays negative: caught below
+    bad |= micros == xp.iinfo(xp.int64).min
+    if bool(bad.any()):
+        row = int(xp.argmax(bad))
+        raise PostgresError(
+            f"column {col.name!r} ({col.pg_type}), row {row}: an interval whose time part "
+            f"({int(micros[row])} microseconds) does not fit int64 nanoseconds (about 292 years; infinite "
+            f"intervals neither): filter it, or read it with extract(epoch from ...)"
+        )
+    out = xp.empty((n, 4), dtype=xp.int32)
+    out[:, 0] = months
+    out[:, 1] = days
+    out[:, 2:] = (micros * 1000).view(xp.int32).reshape(n, 2)
+    raw[...] = out.view(xp.uint8).reshape(n, 16)

@@ -168,9 +168,9 @@ def cast_to_text(plan: Plan, names: list[str], cast: list[bool]) -> Plan:
         return Plan(select, plan.table, cols, plan.where)
     q = sql.Identifier("_pystrom_t")
     cols = sql.SQL(", ").join(
-        sql.SQL("{}.{}::text AS {}").format(q, sql.Identifier(n), sql.Identifier(n)) if c else sql.SQL("{}.{}").format(
-            q, sql.Identifier(n)
-        )
+        sql.SQL("{}.{}::text AS {}").format(q, sql.Identifier(n), sql.Identifier(n))
+        if c
+        else sql.SQL("{}.{}").format(q, sql.Identifier(n))
         for n, c in zip(names, cast)
     )
     return Plan(sql.SQL("SELECT {} FROM ({}) AS {}").format(cols, plan.select, q))

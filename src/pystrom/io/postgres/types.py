@@ -53,6 +53,9 @@ def _arrow_for(oid: int) -> tuple[int, Any] | None:
         114: (Kind.VARLEN, pa.utf8()),  # json
         142: (Kind.VARLEN, pa.utf8()),  # xml
         2950: (Kind.UUID, pa.uuid() if hasattr(pa, "uuid") else pa.binary(16)),
+        # interval: its 16 binary bytes are copied as a uuid's are, then rewritten in place by
+        # assemble.intervals_to_arrow (PG-Strom's pg2arrow mapping)
+        1186: (Kind.UUID, pa.month_day_nano_interval()),
     }
     return simple.get(oid)
 
@@ -64,7 +67,6 @@ _TEXT_CAST = {3802: "jsonb", 869: "inet", 650: "cidr", 829: "macaddr", 774: "mac
 _CAST_HINTS = {
     1083: "::text",  # time
     1266: "::text",  # timetz
-    1186: "extract(epoch from ...)::float8",  # interval
     18: "::text",  # "char"
     1560: "::text",  # bit
     1562: "::text",  # varbit
@@ -145,9 +147,6 @@ def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str, typtype: 
         raise UnsupportedTypeError(
             f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), which read_postgres cannot decode: "
             f"add a cast in SQL, e.g. {ident}{cast}"
-            if not cast.startswith("extract")
-            else f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), which read_postgres cannot decode: "
-            f"convert it in SQL, e.g. extract(epoch from {ident})::float8"
         )
     kind, arrow = mapped
     return PgColumn(name, pg_type, kind, column_type(arrow, name))
