@@ -229,6 +229,8 @@ DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrow
           case INT8: case FLOAT8: case NUMERIC_F64: case TIMESTAMP: at<int64_t>(d[1])[row] = 0; break;
           case NUMERIC_DEC128: case UUID: std::memset(at<uint8_t>(d[1]) + row * 16, 0, 16); break;
           case VARLEN: at<int32_t>(d[1])[row] = static_cast<int32_t>(d[4] + written[c]); break;
+          case VECTOR_F4: std::memset(at<uint8_t>(d[1]) + row * d[6] * 4, 0, static_cast<std::size_t>(d[6] * 4)); break;
+          case VECTOR_F2: std::memset(at<uint8_t>(d[1]) + row * d[6] * 2, 0, static_cast<std::size_t>(d[6] * 2)); break;
         }
         continue;
       }
@@ -278,6 +280,22 @@ DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrow
         case UUID:
           if (len != 16) failure = BAD_LENGTH; else std::memcpy(at<uint8_t>(d[1]) + row * 16, p, 16);
           break;
+        case VECTOR_F4: case VECTOR_F2: {
+          const int64_t dim = d[6];
+          const int64_t width = kind == VECTOR_F4 ? 4 : 2;
+          if (len < 4 || len != 4 + dim * width) {
+            failure = len >= 4 && (len - 4) % width == 0 ? VECTOR_DIM : BAD_LENGTH;
+          } else if (static_cast<int64_t>(be16(p)) != dim) {
+            failure = VECTOR_DIM;
+          } else if (kind == VECTOR_F4) {
+            uint32_t* o = at<uint32_t>(d[1]) + row * dim;
+            for (int64_t j = 0; j < dim; ++j) o[j] = be32(p + 4 + 4 * j);
+          } else {
+            uint16_t* o = at<uint16_t>(d[1]) + row * dim;
+            for (int64_t j = 0; j < dim; ++j) o[j] = be16(p + 4 + 2 * j);
+          }
+          break;
+        }
         case VARLEN: {
           const int64_t dst = d[4] + written[c];
           at<int32_t>(d[1])[row] = static_cast<int32_t>(dst);

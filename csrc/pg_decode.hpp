@@ -21,11 +21,13 @@ enum Kind : int64_t {
   VARLEN = 10,  // text, varchar, bpchar, name, bytea: int32 offsets + bytes
   UUID = 11,
   OID = 12,
+  VECTOR_F4 = 13,  // pgvector vector(n): int16 dim, int16 unused, n big-endian float4 -> n float32
+  VECTOR_F2 = 14,  // pgvector halfvec(n): int16 dim, int16 unused, n big-endian float2 -> n float16
 };
 
 // One column's destination, as 8 int64 slots:
 //   kind, values (or int32 offsets) address, validity bitmap address (0: the column has no NULLs),
-//   string data address, this chunk's first string byte, decimal scale, unused, unused.
+//   string data address, this chunk's first string byte, decimal scale, vector dimension, unused.
 constexpr int kDescSlots = 8;
 
 // Decode failures, reported with the first failing row and column.
@@ -37,6 +39,7 @@ enum Failure : int64_t {
   DECIMAL_SCALE = 4,     // more fractional digits than the column's scale
   UNEXPECTED_NULL = 5,   // a NULL in a column planned without validity
   TIMESTAMP_RANGE = 6,   // a timestamp after 294247 AD: int64 microseconds since 1970 cannot hold it
+  VECTOR_DIM = 7,        // a vector whose dimension is not the column's
 };
 
 struct DecodeError {

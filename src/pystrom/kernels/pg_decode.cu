@@ -11,8 +11,9 @@
 // scans them into offsets, then pg_copy_strings copies the bytes.
 
 enum Kind { BOOL = 0, INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC_F64, NUMERIC_DEC128, DATE, TIMESTAMP, VARLEN, UUID,
-            OID };
-enum Failure { OK = 0, BAD_LENGTH, DECIMAL_OVERFLOW, DECIMAL_SPECIAL, DECIMAL_SCALE, UNEXPECTED_NULL, TIMESTAMP_RANGE };
+            OID, VECTOR_F4, VECTOR_F2 };
+enum Failure { OK = 0, BAD_LENGTH, DECIMAL_OVERFLOW, DECIMAL_SPECIAL, DECIMAL_SCALE, UNEXPECTED_NULL, TIMESTAMP_RANGE,
+               VECTOR_DIM };
 
 __device__ __forceinline__ unsigned int be16(const unsigned char* p) { return (p[0] << 8) | p[1]; }
 __device__ __forceinline__ unsigned int be32(const unsigned char* p) {
@@ -247,6 +248,8 @@ __device__ __forceinline__ void decode_row(const unsigned char* p, long long r, 
           break;
         }
         case VARLEN: at<int>(d[1])[row + 1] = 0; break;  // a NULL string is empty
+        case VECTOR_F4: { unsigned int* o = at<unsigned int>(d[1]) + row * d[6]; for (long long j = 0; j < d[6]; ++j) o[j] = 0; break; }
+        case VECTOR_F2: { unsigned short* o = at<unsigned short>(d[1]) + row * d[6]; for (long long j = 0; j < d[6]; ++j) o[j] = 0; break; }
       }
       continue;
     }
@@ -302,6 +305,22 @@ __device__ __forceinline__ void decode_row(const unsigned char* p, long long r, 
       case VARLEN:
         at<int>(d[1])[row + 1] = len;  // lengths first; the host turns them into offsets
         break;
+      case VECTOR_F4: case VECTOR_F2: {
+        const long long dim = d[6];
+        const long long width = kind == VECTOR_F4 ? 4 : 2;
+        if (len < 4 || len != 4 + dim * width) {
+          failure = len >= 4 && (len - 4) % width == 0 ? VECTOR_DIM : BAD_LENGTH;
+        } else if ((long long)be16(p) != dim) {
+          failure = VECTOR_DIM;
+        } else if (kind == VECTOR_F4) {
+          unsigned int* o = at<unsigned int>(d[1]) + row * dim;
+          for (long long j = 0; j < dim; ++j) o[j] = be32(p + 4 + 4 * j);
+        } else {
+          unsigned short* o = at<unsigned short>(d[1]) + row * dim;
+          for (long long j = 0; j < dim; ++j) o[j] = be16(p + 4 + 2 * j);
+        }
+        break;
+      }
       default:
         failure = BAD_LENGTH;
     }

@@ -57,6 +57,7 @@ def descriptors(cols: Sequence[PgColumn], plan: TablePlan, base_ptr: int, lay: C
         desc[i, 3] = base_ptr + cp.data.offset if cp.data is not None else 0
         desc[i, 4] = lay.data_bases[chunk, i] if col.kind == Kind.VARLEN else 0
         desc[i, 5] = col.scale
+        desc[i, 6] = col.dim
     return desc
 
 

@@ -40,6 +40,8 @@ class Kind:
     VARLEN = 10
     UUID = 11
     OID = 12
+    VECTOR_F4 = 13
+    VECTOR_F2 = 14
 
 
 # Decoder failure codes (csrc/pg_decode.hpp) and what they mean to a user.
@@ -50,6 +52,7 @@ FAILURES = {
     4: "a numeric value with more fractional digits than the column's scale",
     5: "a NULL the planner did not count",
     6: "a timestamp after 294247 AD, which int64 microseconds since 1970 cannot hold (filter or cast it)",
+    7: "a vector whose dimension is not the column's",
 }
 
 

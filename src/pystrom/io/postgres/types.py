@@ -28,6 +28,7 @@ class PgColumn:
     type: ColumnType
     scale: int = 0
     text_cast: bool = False  # read through ``::text`` in the SELECT (statement.cast_to_text)
+    dim: int = 0  # elements of a pgvector vector/halfvec column
 
 
 def _arrow_for(oid: int) -> tuple[int, Any] | None:
@@ -98,14 +99,59 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
     pg_types = run(
         conn,
         "naming the types",
-        "SELECT format_type(o, m), (SELECT typtype FROM pg_type WHERE oid = o) "
-        "FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) ORDER BY i",
+        "SELECT format_type(o, m), typtype, typname FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) "
+        "LEFT JOIN pg_type ON pg_type.oid = t.o ORDER BY i",
         (oids, [m if m >= 0 else None for m in typmods]),
     ).fetchall()
-    return [
-        _map(name, oid, typmod, pg_type, numeric, typtype)
-        for name, oid, typmod, (pg_type, typtype) in zip(names, oids, typmods, pg_types)
-    ]
+    cols = []
+    for name, oid, typmod, (pg_type, typtype, typname) in zip(names, oids, typmods, pg_types):
+        if typname in _PGVECTOR:  # the extension's types have no fixed OIDs: known by name
+            dim = typmod if typmod > 0 else _vector_dimension(conn, select, name, pg_type, run)
+            cols.append(_vector_column(name, pg_type, typname, dim))
+        elif typname == "sparsevec":
+            raise UnsupportedTypeError(
+                f"column {name!r} has type {pg_type}: sparse vectors are not read; cast it to a dense one, "
+                f"e.g. {_quoted(name)}::vector"
+            )
+        else:
+            cols.append(_map(name, oid, typmod, pg_type, numeric, typtype))
+    return cols
+
+
+# pgvector's dense types -> (decoder kind, element type)
+_PGVECTOR = {"vector": ("VECTOR_F4", "float32"), "halfvec": ("VECTOR_F2", "float16")}
+
+
+def _vector_dimension(conn: Any, select: Any, name: str, pg_type: str, run: Callable[..., Any]) -> int:
+    """The one dimension of an undeclared vector column, asked of the server before anything is
+    allocated (a scan of the result computing vector_dims; declare the column as vector(n) to skip it)."""
+    from psycopg import sql
+
+    col = sql.SQL("_pystrom_q.{}").format(sql.Identifier(name))
+    lo, hi = run(
+        conn,
+        f"finding the dimension of {name!r}",
+        sql.SQL("SELECT min(vector_dims({})), max(vector_dims({})) FROM ({}) AS _pystrom_q").format(col, col, select),
+    ).fetchone()
+    if lo is None:
+        raise UnsupportedTypeError(
+            f"column {name!r} has type {pg_type} without a declared dimension and no non-NULL value to take "
+            f"one from: cast it, e.g. {_quoted(name)}::{pg_type}(768)"
+        )
+    if lo != hi:
+        raise SchemaMismatchError(
+            f"column {name!r} ({pg_type}) holds vectors of {lo} to {hi} dimensions; a matrix needs one: "
+            f"filter them, or cast to one, e.g. {_quoted(name)}::{pg_type}({hi})"
+        )
+    return int(lo)
+
+
+def _vector_column(name: str, pg_type: str, typname: str, dim: int) -> PgColumn:
+    import pyarrow as pa
+
+    kind, element = _PGVECTOR[typname]
+    arrow = pa.list_(pa.float32() if element == "float32" else pa.float16(), dim)
+    return PgColumn(name, pg_type, getattr(Kind, kind), column_type(arrow, name), dim=dim)
 
 
 def describe_read(conn: Any, plan: Plan, numeric: str, run: Callable[..., Any]) -> tuple[Plan, list[PgColumn]]:
