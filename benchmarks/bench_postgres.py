@@ -109,13 +109,15 @@ def _adbc(uri: str, xp: Any) -> Any:
     return {name: xp.asarray(table.column(name).to_numpy()) for name in table.column_names}
 
 
-def _auto_partitions(conninfo: str) -> int:
+def _auto_partitions(conninfo: str, table: str = "logreg") -> int:
     import psycopg
 
     from pystrom.io.postgres.session import auto_partitions as auto
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        pages = conn.execute("SELECT pg_relation_size('logreg') / current_setting('block_size')::int").fetchone()[0]
+        pages = conn.execute(
+            "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int", (table,)
+        ).fetchone()[0]
         return auto(conn, int(pages))
 
 
