@@ -86,7 +86,7 @@ def intervals_to_arrow(backend: Any, raw: Any, col: PgColumn) -> None:
         return
 
     def big_endian(lo: int, hi: int) -> Any:
-        shifts = xp.arange(8 * (hi - lo - 1), -1, -8, dtype=xp.uint64)
+        shifts = xp.arange(8 * (hi - lo - 1), -1, -8, dtype=xp.int64).astype(xp.uint64)  # CuPy: no negative uint steps
         return (raw[:, lo:hi].astype(xp.uint64) << shifts).sum(axis=1, dtype=xp.uint64)
 
     micros = big_endian(0, 8).view(xp.int64)
