@@ -9,10 +9,12 @@ with pgvector (the pgserver wheel bundles it; Debian's packages may not) and ski
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from fix_pg import Pg, PgCluster  # noqa: E402
 
 import pystrom
 from pystrom import _core
@@ -112,13 +114,48 @@ def test_gpu_decoder_equals_the_cpu_twin(half):
             assert (code, row) == (VECTOR_DIM_FAILURE, 600)
 
 
-@pytest.fixture
-def vector_pg(pg):
+def _has_vector(pg) -> str | None:
     try:
         pg.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        return None
     except Exception as exc:  # Debian's postgresql without postgresql-NN-pgvector
-        pytest.skip(f"this PostgreSQL has no pgvector extension ({str(exc).splitlines()[0]})")
-    return pg
+        return str(exc).splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def pgserver_cluster():
+    """A second cluster from the pgserver wheel's binaries (they bundle pgvector), for when the tests'
+    server has no pgvector; None without pgserver."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    bindir = None if spec is None or spec.origin is None else Path(spec.origin).parent / "pginstall" / "bin"
+    if bindir is None or not (bindir / "initdb").exists():
+        yield None
+        return
+    cluster = PgCluster(bindir)
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def vector_pg(pg, pgserver_cluster):
+    missing = _has_vector(pg)
+    if missing is None:
+        yield pg
+        return
+    if pgserver_cluster is None:
+        pytest.skip(f"this PostgreSQL has no pgvector extension ({missing}) and pgserver is not installed")
+    other = Pg(pgserver_cluster)
+    try:
+        missing = _has_vector(other)
+        if missing is not None:
+            pytest.skip(f"neither this PostgreSQL nor pgserver's has pgvector ({missing})")
+        yield other
+    finally:
+        other.close()
 
 
 def _text_to_array(text: str | None, dtype) -> np.ndarray | None:
