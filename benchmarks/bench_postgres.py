@@ -116,8 +116,8 @@ def _auto_partitions(conninfo: str, table: str = "logreg") -> int:
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
         pages = conn.execute(
-            "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int", (table,)
-        ).fetchone()[0]
+            "SELECT pg_table_size(%s::regclass) / current_setting('block_size')::int", (table,)
+        ).fetchone()[0]  # as read_postgres counts them: TOAST included
         return auto(conn, int(pages))
 
 

@@ -27,7 +27,7 @@ enum Kind : int64_t {
 
 // One column's destination, as 8 int64 slots:
 //   kind, values (or int32 offsets) address, validity bitmap address (0: the column has no NULLs),
-//   string data address, this chunk's first string byte, decimal scale, vector dimension, unused.
+//   string data address, this chunk's first string byte, decimal scale, vector dimension, string data bytes.
 constexpr int kDescSlots = 8;
 
 // Decode failures, reported with the first failing row and column.

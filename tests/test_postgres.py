@@ -558,7 +558,10 @@ def test_jsonb_and_network_types_are_read_as_text(pg, device):
     )
     try:
         text_cols = ['"Doc"', "ip", "net", "mac", "mac8", "v6"]
-        want = pg.fetch(f"SELECT id, {', '.join(c + '::text' for c in text_cols)} FROM {name} ORDER BY id")
+        # the server's output function (what psql shows): an inet host address without /32, unlike ::text
+        outs = ", ".join(f"CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END" for c in text_cols)
+        want = pg.fetch(f"SELECT id, {outs} FROM {name} ORDER BY id")
+        assert any(r[2] is not None and "/" not in r[2] for r in want)  # host addresses are in the data
         names = ["id", "Doc", "ip", "net", "mac", "mac8", "v6"]
 
         def rows(t):

@@ -358,8 +358,14 @@ extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks,
       p += 4;
       if (len < 0) continue;
       if (d[0] == VARLEN) {
-        unsigned char* dst = at<unsigned char>(d[3]) + at<int>(d[1])[row];
-        for (int b = 0; b < len; ++b) dst[b] = p[b];
+        // Inside the column's bytes (slot 7) or not at all: after a row that pg_decode_rows refused
+        // (reported from its error words, read after this kernel), later lengths of that row were
+        // never written, so the scanned offsets may point anywhere.
+        const long long off = at<int>(d[1])[row];
+        if (off >= 0 && off + len <= d[7]) {
+          unsigned char* dst = at<unsigned char>(d[3]) + off;
+          for (int b = 0; b < len; ++b) dst[b] = p[b];
+        }
       }
       p += len;
     }

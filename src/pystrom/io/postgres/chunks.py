@@ -58,6 +58,7 @@ def descriptors(cols: Sequence[PgColumn], plan: TablePlan, base_ptr: int, lay: C
         desc[i, 4] = lay.data_bases[chunk, i] if col.kind == Kind.VARLEN else 0
         desc[i, 5] = col.scale
         desc[i, 6] = col.dim
+        desc[i, 7] = cp.data.size if cp.data is not None else 0  # the GPU string copy stays inside it
     return desc
 
 

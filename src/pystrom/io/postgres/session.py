@@ -234,7 +234,9 @@ def table_range_jobs(
     pages, block = table_pages(main, plan)
     if pages is None:
         return None
-    n = partitions if partitions is not None else auto_partitions(main, pages)
+    # how many: by every byte the read touches, the TOAST table's too (a vector(768) column lives
+    # there: its heap is 2% of the table); where the ranges fall: by heap pages, the only ctids
+    n = partitions if partitions is not None else auto_partitions(main, max(pages, toast_inclusive_pages(main, plan)))
     n = max(1, min(n, max(pages, 1)))
     if n == 1:
         return None
@@ -264,6 +266,20 @@ def table_pages(main: Any, plan: Plan) -> tuple[int | None, int]:
     if relkind not in ("r", "m"):  # views and foreign tables have no ctid to split on
         return None, block
     return int(row[1]) // block, block
+
+
+def toast_inclusive_pages(main: Any, plan: Plan) -> int:
+    """Pages of a ``table=`` read's relation with its TOAST table (pg_table_size, in blocks)."""
+    from psycopg import sql
+
+    row = run_sql(
+        main,
+        "sizing the table with its TOAST",
+        sql.SQL("SELECT pg_table_size({}::regclass) / current_setting('block_size')::bigint").format(
+            sql.Literal(plan.table.as_string(main))
+        ),
+    ).fetchone()
+    return int(row[0])
 
 
 def key_range_jobs(

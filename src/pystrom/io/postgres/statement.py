@@ -151,7 +151,7 @@ _DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$")
 
 
 def cast_to_text(plan: Plan, names: list[str], cast: list[bool]) -> Plan:
-    """``plan`` reading the result columns ``names`` with ``::text`` where ``cast`` says so (the same
+    """``plan`` reading the result columns ``names`` as their text where ``cast`` says so (the same
     names, so partition predicates and the described schema still apply); ``plan`` itself when none is."""
     from psycopg import sql
 
@@ -159,8 +159,7 @@ def cast_to_text(plan: Plan, names: list[str], cast: list[bool]) -> Plan:
         return plan
     if plan.table is not None:  # table= reads: ctid ranges select the columns from the table itself
         cols = sql.SQL(", ").join(
-            sql.SQL("{}::text AS {}").format(sql.Identifier(n), sql.Identifier(n)) if c else sql.Identifier(n)
-            for n, c in zip(names, cast)
+            _as_text(sql.Identifier(n), n) if c else sql.Identifier(n) for n, c in zip(names, cast)
         )
         select = sql.SQL("SELECT {} FROM {}").format(cols, plan.table)
         if plan.where is not None:
@@ -168,9 +167,18 @@ def cast_to_text(plan: Plan, names: list[str], cast: list[bool]) -> Plan:
         return Plan(select, plan.table, cols, plan.where)
     q = sql.Identifier("_pystrom_t")
     cols = sql.SQL(", ").join(
-        sql.SQL("{}.{}::text AS {}").format(q, sql.Identifier(n), sql.Identifier(n))
+        _as_text(sql.SQL("{}.{}").format(q, sql.Identifier(n)), n)
         if c
         else sql.SQL("{}.{}").format(q, sql.Identifier(n))
         for n, c in zip(names, cast)
     )
     return Plan(sql.SQL("SELECT {} FROM ({}) AS {}").format(cols, plan.select, q))
+
+
+def _as_text(expr: Any, name: str) -> Any:
+    """``expr`` as the type's output text, named ``name``: format('%s') calls the output function (an
+    inet host address without its /32, as psql and psycopg show it, where ``::text`` adds it), and the
+    CASE keeps NULL a NULL (format gives '' for it)."""
+    from psycopg import sql
+
+    return sql.SQL("CASE WHEN {} IS NOT NULL THEN format('%s', {}) END AS {}").format(expr, expr, sql.Identifier(name))
