@@ -1,0 +1,119 @@
+"""Compressed Arrow body buffers inflated on the GPU, all frames of a group in one or two launches.
+
+- LZ4_FRAME: :file:`kernels/lz4.cu`, one warp per frame. nvCOMP's LZ4 decodes independent raw
+  blocks, and Arrow's writer links the blocks of a frame (LZ4F's default), so nvCOMP cannot take them.
+- ZSTD: nvCOMP's batched decoder (``nvidia-nvcomp-cu12``/``-cu13``, RAW bitstreams are standard zstd
+  frames), straight into the group's output buffer. Without nvCOMP, or where it refuses the batch
+  (a corrupt frame, a frame it does not support), the frames go through the CPU codecs, which say
+  exactly which frame is bad.
+
+The CPU twin for both is :func:`.inflate.inflate` on the CPU backend (liblz4 and libzstd through
+pyarrow); tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ...kernels import launch
+
+__all__ = ["inflate_device", "nvcomp_available"]
+
+
+@functools.cache
+def _nvcomp() -> Any:
+    try:
+        from nvidia import nvcomp
+    except Exception:  # noqa: BLE001 - missing wheel or a libnvcomp that does not load: the CPU codecs then
+        return None
+    return nvcomp
+
+
+def nvcomp_available() -> bool:
+    return _nvcomp() is not None
+
+
+def inflate_device(backend: Any, frames: Any) -> np.ndarray:
+    """Inflate ``frames`` (see :class:`.inflate.Frames`; ``src`` and ``dst`` device arrays) on the
+    current stream; returns the bytes produced per frame, -1 where a frame is corrupt."""
+    n = len(frames.src_offsets)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if frames.codec == "lz4_frame":
+        return _lz4(backend, frames, n)
+    if frames.codec == "zstd":
+        return _zstd(backend, frames, n)
+    raise ValueError(f"unknown codec {frames.codec!r}")
+
+
+def _lz4(backend: Any, frames: Any, n: int) -> np.ndarray:
+    cp = backend.xp
+    if (np.asarray(frames.dst_offsets) % 64).any() or frames.dst.data.ptr % 64:
+        raise ValueError("LZ4 frames are inflated to 64-byte aligned outputs")
+    table = np.concatenate([frames.src_offsets, frames.src_sizes, frames.dst_offsets, frames.dst_sizes])
+    dtable = cp.asarray(table.astype(np.int64, copy=False))
+    produced = cp.empty(n, dtype=cp.int64)
+    launch("lz4", "lz4_frames", backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), frames.dst, produced))
+    return produced.get()
+
+
+def _zstd(backend: Any, frames: Any, n: int) -> np.ndarray:
+    nvcomp = _nvcomp()
+    sizes = np.asarray(frames.dst_sizes, dtype=np.int64)
+    # nvCOMP wants room to write: an empty output goes through the CPU codec (a few bytes of input)
+    usable = np.flatnonzero(sizes > 0) if nvcomp is not None else np.zeros(0, dtype=np.int64)
+    produced = np.full(n, -1, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(n), usable)
+    if len(usable):
+        got = _nvcomp_decode(backend, nvcomp, frames, usable)
+        if got is None:  # refused as a batch: the CPU codecs find which frame is bad
+            rest = np.arange(n)
+        else:
+            produced[usable] = got
+    if len(rest):
+        produced[rest] = _on_host(backend, frames, rest)
+    return produced
+
+
+def _nvcomp_decode(backend: Any, nvcomp: Any, frames: Any, which: np.ndarray) -> np.ndarray | None:
+    cp = backend.xp
+    stream = cp.cuda.get_current_stream()
+    stream.synchronize()  # nvCOMP runs on its own stream: the compressed bytes must have landed
+    try:
+        codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW, device_id=backend.ordinal)
+        srcs = nvcomp.as_arrays(
+            frames.src, [int(x) for x in frames.src_offsets[which]], [int(x) for x in frames.src_sizes[which]]
+        )
+        outs = nvcomp.as_arrays(
+            frames.dst, [int(x) for x in frames.dst_offsets[which]], [int(x) for x in frames.dst_sizes[which]]
+        )
+        result = codec.decode(srcs, out=outs)
+        got = np.asarray(result.buffer_sizes, dtype=np.int64)  # waits for the decode
+    except Exception:  # noqa: BLE001 - nvCOMP reports a bad frame in a batch by raising
+        return None
+    return got
+
+
+def _on_host(backend: Any, frames: Any, which: np.ndarray) -> np.ndarray:
+    """Frames ``which`` through the CPU codecs: copied to host, inflated, copied back."""
+    from ..._backend import resolve_device
+    from .inflate import Frames, inflate
+
+    src_off = np.asarray(frames.src_offsets, dtype=np.int64)[which]
+    src_len = np.asarray(frames.src_sizes, dtype=np.int64)[which]
+    dst_off = np.asarray(frames.dst_offsets, dtype=np.int64)[which]
+    dst_len = np.asarray(frames.dst_sizes, dtype=np.int64)[which]
+    src = np.concatenate([frames.src[o : o + s].get() for o, s in zip(src_off.tolist(), src_len.tolist())] or [[]])
+    src = np.ascontiguousarray(src, dtype=np.uint8)
+    new_src = np.concatenate([[0], np.cumsum(src_len)[:-1]]).astype(np.int64)
+    new_dst = np.concatenate([[0], np.cumsum(dst_len)[:-1]]).astype(np.int64)
+    dst = np.empty(int(dst_len.sum()), dtype=np.uint8)
+    host = Frames(frames.codec, src, new_src, src_len, dst, new_dst, dst_len)
+    produced = inflate(resolve_device("cpu"), host)
+    for k, o in enumerate(dst_off.tolist()):
+        if produced[k] > 0:
+            frames.dst[o : o + int(produced[k])].set(dst[new_dst[k] : new_dst[k] + int(produced[k])])
+    return produced
