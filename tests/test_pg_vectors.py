@@ -82,12 +82,13 @@ def test_decoder_refuses_a_lying_dimension_naming_the_row(half):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("half", [False, True])
-def test_gpu_decoder_equals_the_cpu_twin(half):
+@pytest.mark.parametrize("dim", [5, 77])  # 77: lanes loop, elements at every alignment
+def test_gpu_decoder_equals_the_cpu_twin(half, dim):
     import cupy
 
     from pystrom.kernels import launch
 
-    dim, n = 5, 1000
+    n = 1000
     rng = np.random.default_rng(3)
     vals = [None if i % 7 == 0 else rng.standard_normal(dim) for i in range(n)]
     (code, _), want, want_valid = _decode_cpu(vals, dim, half)
@@ -102,8 +103,9 @@ def test_gpu_decoder_equals_the_cpu_twin(half):
         desc[6] = dim
         chunks = cupy.asarray(np.array([dbuf.data.ptr, doffs.data.ptr, 0], dtype=np.int64))
         errors = cupy.zeros((1, 3), dtype=np.int64)
-        launch("pg_decode", "pg_decode_rows", 0, n,
-               (chunks, np.int32(1), np.int64(n), cupy.asarray(desc), np.int32(1), errors))  # fmt: skip
+        args = (chunks, np.int32(1), np.int64(n), cupy.asarray(desc), np.int32(1))
+        launch("pg_decode", "pg_decode_rows", 0, n, (*args, errors))  # checks, NULLs
+        launch("pg_decode", "pg_copy_vectors", 0, n * 32, args)  # the values, a warp per row
         code, row, _ = errors.get()[0].tolist()
         if lie is None:
             assert code == 0

@@ -8,7 +8,9 @@
 // number of chunks (a read of 16 connections leaves ~100), so the decode after the last byte costs
 // one launch instead of one per chunk; each thread finds its row's chunk by binary search.
 // Strings take two launches: pg_decode_rows writes each row's length at offsets[row + 1], the host
-// scans them into offsets, then pg_copy_strings copies the bytes.
+// scans them into offsets, then pg_copy_strings copies the bytes. pgvector columns are checked by
+// pg_decode_rows and copied by pg_copy_vectors, one warp per row: a thread per row writing 768
+// floats left each load instruction touching 32 rows' cache lines.
 
 enum Kind { BOOL = 0, INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC_F64, NUMERIC_DEC128, DATE, TIMESTAMP, VARLEN, UUID,
             OID, VECTOR_F4, VECTOR_F2 };
@@ -305,19 +307,13 @@ __device__ __forceinline__ void decode_row(const unsigned char* p, long long r, 
       case VARLEN:
         at<int>(d[1])[row + 1] = len;  // lengths first; the host turns them into offsets
         break;
-      case VECTOR_F4: case VECTOR_F2: {
+      case VECTOR_F4: case VECTOR_F2: {  // checked here, copied by pg_copy_vectors (a warp per row)
         const long long dim = d[6];
         const long long width = kind == VECTOR_F4 ? 4 : 2;
         if (len < 4 || len != 4 + dim * width) {
           failure = len >= 4 && (len - 4) % width == 0 ? VECTOR_DIM : BAD_LENGTH;
         } else if ((long long)be16(p) != dim) {
           failure = VECTOR_DIM;
-        } else if (kind == VECTOR_F4) {
-          unsigned int* o = at<unsigned int>(d[1]) + row * dim;
-          for (long long j = 0; j < dim; ++j) o[j] = be32(p + 4 + 4 * j);
-        } else {
-          unsigned short* o = at<unsigned short>(d[1]) + row * dim;
-          for (long long j = 0; j < dim; ++j) o[j] = be16(p + 4 + 2 * j);
         }
         break;
       }
@@ -365,6 +361,54 @@ extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks,
         if (off >= 0 && off + len <= d[7]) {
           unsigned char* dst = at<unsigned char>(d[3]) + off;
           for (int b = 0; b < len; ++b) dst[b] = p[b];
+        }
+      }
+      p += len;
+    }
+  }
+}
+
+// pgvector values (dim big-endian float4 or float2 after int16 dim, int16 unused) -> row x dim,
+// one warp per row: the lanes load consecutive elements (coalesced) and store them byte-swapped.
+// Rows whose vectors pg_decode_rows refused are skipped (it reports them); so is anything whose
+// length and dimension do not match, so the copy never leaves the row's bytes or its output row.
+__device__ __forceinline__ unsigned int load_be32_unaligned(const unsigned char* p) {
+  const unsigned long long a = (unsigned long long)p;
+  const unsigned int* w = (const unsigned int*)(a & ~3ULL);
+  const unsigned int sh = (unsigned int)(a & 3) * 8;
+  const unsigned int v = sh ? __funnelshift_r(w[0], w[1], sh) : w[0];  // little-endian bytes p[0..3]
+  return __byte_perm(v, 0, 0x0123);
+}
+
+extern "C" __global__ void pg_copy_vectors(const long long* __restrict__ chunks, int nchunks, long long nrows,
+                                           const long long* __restrict__ desc, int ncols) {
+  const int lane = threadIdx.x & 31;
+  const long long warps = ((long long)blockDim.x * gridDim.x) >> 5;
+  const long long first = chunks[2];
+  int k = 0;
+  long long r;
+  for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < nrows; i += warps) {
+    const long long row = first + i;
+    const unsigned char* p = locate(chunks, nchunks, row, k, r);
+    for (int c = 0; c < ncols; ++c) {
+      const long long* d = desc + c * 8;
+      const int len = (int)be32(p);
+      p += 4;
+      if (len < 0) continue;
+      const int kind = (int)d[0];
+      if (kind == VECTOR_F4 || kind == VECTOR_F2) {
+        const long long dim = d[6];
+        const long long width = kind == VECTOR_F4 ? 4 : 2;
+        if (len == 4 + dim * width && (long long)be16(p) == dim) {
+          const unsigned char* e = p + 4;
+          if (kind == VECTOR_F4) {
+            unsigned int* o = at<unsigned int>(d[1]) + row * dim;
+            // the last element by bytes: its aligned second word may lie past the row's bytes
+            for (long long j = lane; j < dim; j += 32) o[j] = j + 1 < dim ? load_be32_unaligned(e + 4 * j) : be32(e + 4 * j);
+          } else {
+            unsigned short* o = at<unsigned short>(d[1]) + row * dim;
+            for (long long j = lane; j < dim; j += 32) o[j] = (unsigned short)be16(e + 2 * j);
+          }
         }
       }
       p += len;

@@ -2,7 +2,8 @@
 
 Most chunks are on the device already: :class:`.stream.Uploader` copied each one from the reader thread
 that filled it while the other streams still read. One launch then decodes every chunk, one thread per
-row writing its values into the table; strings take a length pass, a scan and a copy pass. Chunks left
+row writing its values into the table; strings take a length pass, a scan and a copy pass, pgvector
+columns a copy pass with a warp per row. Chunks left
 on the host (no room for their copy) are copied, decoded and freed one at a time. The CPU twin is the
 C++ decoder (``_core.pg_decode``, called by :mod:`.decode`)."""
 
@@ -30,6 +31,7 @@ def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgCo
         return
     cp = backend.xp
     varlen = [i for i, c in enumerate(cols) if c.kind == Kind.VARLEN]
+    vectors = any(c.kind in (Kind.VECTOR_F4, Kind.VECTOR_F2) for c in cols)
     if all(c.device is not None for c in lay.chunks):
         groups = [range(len(lay.chunks))]
     else:
@@ -42,7 +44,7 @@ def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgCo
         current = cp.cuda.get_current_stream()
         try:
             for group in groups:
-                _decode_group(backend, block, plan, lay, group, ddesc, len(cols), varlen, errors, current)
+                _decode_group(backend, block, plan, lay, group, ddesc, len(cols), varlen, vectors, errors, current)
             found = errors.get()  # waits for every kernel
         finally:
             current.synchronize()  # the scratch below goes back to the pool only after its last reader
@@ -62,6 +64,7 @@ def _decode_group(
     ddesc: Any,
     ncols: int,
     varlen: list[int],
+    vectors: bool,
     errors: Any,
     current: Any,
 ) -> None:
@@ -102,3 +105,6 @@ def _decode_group(
         launch(
             "pg_decode", "pg_copy_strings", backend.ordinal, nrows, (dtable, nchunks, np.int64(nrows), ddesc, ncols32)
         )
+    if vectors:  # a warp per row (32 work items each)
+        args = (dtable, nchunks, np.int64(nrows), ddesc, ncols32)
+        launch("pg_decode", "pg_copy_vectors", backend.ordinal, nrows * 32, args)
