@@ -304,6 +304,7 @@ def _wide(xp, sync, gpu: bool, n: int, k: int, repeat: int) -> tuple[list[Result
     t_ours = measure(fit20, sync, repeat)
     t_64 = measure(lambda: fit20("float64"), sync, repeat)
     results.append(Result(label, "pystrom float64 Hessians, 20 it", t_ours, t_64, X.nbytes))
+    t_tf32 = measure(lambda: fit20("tf32"), sync, repeat) if gpu else None
     if gpu:
         t_naive = measure(lambda: naive_irls(xp, X, t, 20), sync, repeat)
         xp.get_default_memory_pool().free_all_blocks()  # the naive fit's temporaries, before torch allocates
@@ -320,8 +321,9 @@ def _wide(xp, sync, gpu: bool, n: int, k: int, repeat: int) -> tuple[list[Result
             pass
         passes = fit20().n_passes_
         lines.append(
-            f"WIDE {label}: {t_ours * 1e3:.1f} ms; float64 Hessians {t_64 * 1e3:.1f} ms; naive CuPy "
-            f"{t_naive * 1e3:.1f} ms (x{t_naive / t_ours:.2f}, goal >= 3); {passes} passes"
+            f"WIDE {label}: {t_ours * 1e3:.1f} ms; TF32 Hessians {t_tf32 * 1e3:.1f} ms (x{t_naive / t_tf32:.2f}); "
+            f"float64 Hessians {t_64 * 1e3:.1f} ms; naive CuPy {t_naive * 1e3:.1f} ms (x{t_naive / t_ours:.2f}, "
+            f"goal >= 3); {passes} passes"
         )
         for chunk in [int(c) for c in os.environ.get("PYSTROM_BENCH_CHUNKS", "").split(",") if c.strip()]:
             t_c = measure(lambda chunk=chunk: fit20(chunk=chunk), sync, repeat)

@@ -101,10 +101,10 @@ _OPTIONS: dict[str, _Option] = {
         "PYSTROM_LOGIT_HESSIAN",
         str,
         "auto",
-        lambda v: v in ("auto", "float32", "float64"),
+        lambda v: v in ("auto", "float32", "float64", "tf32"),
         "Logistic regression with more than 8 features: 'float32' forms the Hessian of each Newton step in "
-        "float32 (the gradient, log-likelihood and statistics stay float64); 'float64' forms every one in "
-        "float64; 'auto' is float32 on the CPU and float64 on a GPU, where it was measured faster.",
+        "float32 (the gradient, log-likelihood and statistics stay float64); 'tf32' likewise on a GPU's TF32 "
+        "tensor cores (float32 on the CPU); 'float64' forms every one in float64; 'auto' is 'float32'.",
     ),
     "logit_chunk_rows": _Option(
         "PYSTROM_LOGIT_CHUNK_ROWS",

@@ -211,14 +211,17 @@ def _gram32(xp: Any, Xr: Any, Xc: Any, r: Any) -> Any:
 
 def gram32_rounding(backend: Any) -> float:
     """The relative error of :func:`_gram32`'s entries on ``backend``, as the solver's guard reads it:
-    float32's unit rounding, or where ``CUPY_TF32=1`` lets cuBLAS use TF32 (:func:`_cupy_syrk`), 2^-17:
+    float32's unit rounding, or where TF32 is on (``CUPY_TF32=1`` for :func:`_cupy_syrk`,
+    ``defaults.logit_hessian = "tf32"`` for the wide kernels' GEMM, :mod:`._wide`), 2^-17:
     TF32 rounds each input to 11 bits (2^-11), but an entry sums thousands of products in float32
     whose independent roundings mostly cancel (an assumption the benchmark's iteration counts test)."""
     return 2.0**-17 if backend.kind == "cuda" and _tf32() else 2.0**-24
 
 
 def _tf32() -> bool:
-    return os.environ.get("CUPY_TF32", "0") == "1"
+    from .._settings import defaults
+
+    return os.environ.get("CUPY_TF32", "0") == "1" or defaults.logit_hessian == "tf32"
 
 
 def _cupy_syrk(cupy: Any, Z: Any) -> Any:
@@ -382,4 +385,9 @@ def batch_pass(
         return out
     if uses_kernel(backend, X):
         return kernel_pass(X, y, sw, cw, w, backend.ordinal)
+    if not chunk_rows:
+        from ._wide import uses_wide, wide_pass
+
+        if uses_wide(backend, X):
+            return wide_pass(backend, X, y, sw, cw, w, "tf32" if hessian == "float32" and _tf32() else hessian)
     return xp_pass(backend.xp, X, y, sw, cw, w, hessian, chunk_rows)

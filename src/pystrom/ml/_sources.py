@@ -52,15 +52,13 @@ class Source:
 
     def approximate_hessian(self) -> float:
         """0, or the unit rounding of the Hessians a pass may form in reduced precision (``evaluate(w,
-        exact=False)``): more than :data:`MAX_KERNEL_FEATURES` features (the xp pass; the fused
-        kernel's float64 sums cost nothing extra), ``pystrom.defaults.logit_hessian`` "float32" (or
-        "auto" on the CPU: on an H100 the float32 chunks took 888 ms against DGEMM's 211 ms for 20
-        iterations of 1M x 256), and a source that makes its own passes (a dask source's workers always
-        sum in float64)."""
+        exact=False)``): more than :data:`MAX_KERNEL_FEATURES` features (the fused narrow kernel's
+        float64 sums cost nothing extra), ``pystrom.defaults.logit_hessian`` "float32", "tf32" or
+        "auto" (on an H100, 1M x 256 float32, 20 iterations: the float64 DGEMM passes took 243 ms, the
+        wide kernels with ssyrk TBD), and a source that makes its own passes (a dask source's workers
+        always sum in float64)."""
         mode = defaults.logit_hessian
-        if mode == "auto":
-            mode = "float32" if self.backend.kind == "cpu" else "float64"
-        if not (self._batched and self.n_features > MAX_KERNEL_FEATURES and mode == "float32"):
+        if not (self._batched and self.n_features > MAX_KERNEL_FEATURES and mode != "float64"):
             return 0.0
         return gram32_rounding(self.backend)
 
