@@ -21,7 +21,7 @@ from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import check_read_arguments, compose
 from .stream import read_all
-from .types import PgColumn, check_partition_key, describe_read
+from .types import PgColumn, array_columns, check_partition_key, describe_read
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
 
@@ -114,7 +114,7 @@ def read_postgres(
             plan = compose(conninfo, query, table, columns, where, params)
             plan, cols = describe_read(conninfo, plan, numeric, run_sql)
             jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
-            chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
+            chunks = read_all(backend, len(cols), jobs, progress, _strings(cols), array_columns(cols))
         return assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -134,7 +134,7 @@ def read_postgres(
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
+        chunks = read_all(backend, len(cols), jobs, progress, _strings(cols), array_columns(cols))
         return assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:
