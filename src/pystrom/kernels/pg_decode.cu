@@ -454,8 +454,10 @@ extern "C" __global__ void pg_decode_rows(const long long* __restrict__ chunks, 
   }
 }
 
+// errors: as for pg_decode_rows (a list whose elements run past the column's counted elements, which
+// only a failure already reported there, or bytes the pump did not count, can cause).
 extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks, int nchunks, long long nrows,
-                                           const long long* __restrict__ desc, int ncols) {
+                                           const long long* __restrict__ desc, int ncols, long long* errors) {
   const long long stride = (long long)blockDim.x * gridDim.x;
   const long long first = chunks[2];
   int k = 0;
@@ -482,8 +484,12 @@ extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks,
         // stops at the first fault, writing only elements [off, off + count).
         const long long off = at<int>(d[1])[row];
         const ArrayHeader h = array_header(p, len);
-        if (h.failure == OK && h.element == array_oid(d[0]) && off >= 0 && off + h.count <= d[7]) {
-          walk_array(p, len, h, d, off, true);
+        if (h.failure == OK && h.element == array_oid(d[0])) {
+          if (off >= 0 && off + h.count <= d[7]) {
+            walk_array(p, len, h, d, off, true);
+          } else {
+            fail(errors + 3 * k, ARRAY_LENGTH, r, c);
+          }
         }
       }
       p += len;

@@ -2,7 +2,8 @@
 
 By the time the last stream ends the pump has counted every column's rows, NULLs and string bytes
 (and each array column's elements, NULL elements and least and greatest length, which settle it as
-list or fixed_size_list: :func:`.types.settle_arrays`), so the Table is allocated once at its final size (:func:`pystrom.interop.build.build_table_in_place`)
+list or fixed_size_list: :func:`.types.settle_arrays`), so the Table is allocated once at its final
+size (:func:`pystrom.interop.build.build_table_in_place`)
 and each chunk is decoded straight into its own row range (:mod:`.decode`). On a GPU the chunks'
 device copies made during streaming may take the room the table needs: they are dropped and the
 allocation tried once more, the decoder then copying from the pinned host buffers instead.

@@ -2,9 +2,9 @@
 
 The pump counted each chunk's rows, NULLs and string bytes (array elements) per column while it
 streamed; from those counts :func:`layout_chunks` gives every chunk its first table row and, per
-string (array) column, its first byte (element). :func:`descriptors` turns a column's place in the allocation into the decoders' per-column slots
-(csrc/pg_decode.hpp, kernels/pg_decode.cu), and :func:`decode_failure` a decoder's failure word into an
-error naming the column and the table row.
+string (array) column, its first byte (element). :func:`descriptors` turns a column's place in the
+allocation into the decoders' per-column slots (csrc/pg_decode.hpp, kernels/pg_decode.cu), and
+:func:`decode_failure` a decoder's failure word into an error naming the column and the table row.
 """
 
 from __future__ import annotations

@@ -102,5 +102,9 @@ def _decode_group(
         offs[first : first + 1].fill(start)
     if varlen:
         launch(
-            "pg_decode", "pg_copy_strings", backend.ordinal, nrows, (dtable, nchunks, np.int64(nrows), ddesc, ncols32)
+            "pg_decode",
+            "pg_copy_strings",
+            backend.ordinal,
+            nrows,
+            (dtable, nchunks, np.int64(nrows), ddesc, ncols32, errors[group[0] :]),
         )

@@ -61,7 +61,8 @@ FAILURES = {
     5: "a NULL the planner did not count",
     6: "a timestamp after 294247 AD, which int64 microseconds since 1970 cannot hold (filter or cast it)",
     7: "a vector whose dimension is not the column's",
-    8: "a multi-dimensional array; only one-dimensional arrays are read (flatten it in SQL, e.g. ARRAY(SELECT unnest(c)))",
+    8: "a multi-dimensional array; only one-dimensional arrays are read (flatten it in SQL, "
+    "e.g. ARRAY(SELECT unnest(c)))",
     9: "an array whose element type is not the column's",
     10: "an array whose length is not the column's fixed_size_list length, or more elements than were counted "
     "(did the rows change after their lengths were checked? then make the scan again)",

@@ -90,8 +90,11 @@ def read_postgres(
     Table
         Column types: bool, int2/4/8 -> int16/32/64, oid -> uint32, float4/8, numeric -> float64 or
         decimal128, date -> date32, timestamp -> timestamp[us], timestamptz -> timestamp[us, UTC],
-        text/varchar/bpchar/name -> string, bytea -> binary, uuid -> uuid. PostgreSQL's +-infinity
-        dates and timestamps become the type's largest and smallest values. Other types raise
+        text/varchar/bpchar/name -> string, bytea -> binary, uuid -> uuid; one-dimensional arrays
+        of bool/int2/int4/int8/float4/float8 -> fixed_size_list<T>[d] when every non-NULL array has
+        the same length d >= 1, else list<T> (decided from counts taken while streaming; lower bounds
+        ignored; multi-dimensional arrays raise naming the row). PostgreSQL's +-infinity dates and
+        timestamps become the type's largest and smallest values. Other types raise
         :class:`~pystrom.errors.UnsupportedTypeError` naming the column and the cast to add.
 
     Raises

@@ -147,14 +147,13 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
     return cols
 
 
-def _array_column(name: str, oid: int, pg_type: str, dim: int = 0) -> PgColumn:
-    """An array column: list<T>, or fixed_size_list<T>[dim] when dim >= 1."""
+def _array_column(name: str, oid: int, pg_type: str) -> PgColumn:
+    """An array column, list<T> until its rows (or the server) settle it."""
     import pyarrow as pa
 
     kind, element = _ARRAYS[oid]
-    child = getattr(pa, element)()
-    arrow = pa.list_(child, dim) if dim else pa.list_(child)
-    return PgColumn(name, pg_type, kind, column_type(arrow, name), dim=dim, lengths_open=True)
+    arrow = pa.list_(getattr(pa, element)())
+    return PgColumn(name, pg_type, kind, column_type(arrow, name), lengths_open=True)
 
 
 def array_columns(cols: Sequence[PgColumn]) -> list[int]:
@@ -190,9 +189,7 @@ def _server_lengths(conn: Any, select: Any, cols: list[PgColumn], run: Callable[
     parts = []
     for i in arrays:
         col = sql.SQL("_pystrom_q.{}").format(sql.Identifier(cols[i].name))
-        parts.append(
-            sql.SQL("min(cardinality({c})), max(cardinality({c})), max(array_ndims({c}))").format(c=col)
-        )
+        parts.append(sql.SQL("min(cardinality({c})), max(cardinality({c})), max(array_ndims({c}))").format(c=col))
     row = run(
         conn,
         "checking the lengths of the array columns",
