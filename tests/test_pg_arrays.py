@@ -10,6 +10,8 @@ ones included: they must report a failure naming the row, never write outside th
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -423,6 +425,11 @@ def test_arrow_round_trip_and_pg2arrow(pg, device, tmp_path):
     with pa.ipc.open_file(out) as reader:
         assert reader.num_record_batches == 4
         assert reader.read_all().sort_by("id").equals(to_host(t).sort_by("id"))
+    cli = str(tmp_path / "cli.arrow")
+    run = [sys.executable, "-m", "pystrom", "pg2arrow", "-d", pg.conninfo, "-o", cli, "-t", name]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert pa.ipc.open_file(cli).read_all().sort_by("id").equals(to_host(t).sort_by("id"))
 
 
 # -- the GPU kernels against their CPU twin -----------------------------------------------------------
