@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -133,26 +134,35 @@ PYBIND11_MODULE(_core, m) {
   m.def("pg_load_libpq", [](const std::string& path) { return pystrom::pg::load_libpq(path); });
 
   py::class_<pystrom::pg::CopyPump>(m, "CopyPump")
-      .def(py::init<uintptr_t, int>())
+      .def(py::init<uintptr_t, int, std::vector<uint8_t>>(), py::arg("pgconn"), py::arg("ncols"),
+           py::arg("arrays") = std::vector<uint8_t>{})
       .def("start",
            [](pystrom::pg::CopyPump& self, const std::string& sql) {
              py::gil_scoped_release nogil;
              self.start(sql);
            })
       .def("fill",
-           [](pystrom::pg::CopyPump& self, py::buffer buf, py::buffer offsets, py::buffer nulls, py::buffer bytes) {
+           [](pystrom::pg::CopyPump& self, py::buffer buf, py::buffer offsets, py::buffer nulls, py::buffer bytes,
+              std::optional<py::buffer> shape) {
              Bytes b = request(buf, true, "buf");
              Bytes o = request(offsets, true, "offsets");
              Bytes n = request(nulls, true, "nulls");
              Bytes s = request(bytes, true, "bytes");
+             Bytes a{nullptr, 0};
+             if (shape) a = request(*shape, true, "shape");
+             if (n.size != s.size || (a.ptr != nullptr && a.size != 3 * s.size)) {
+               throw std::invalid_argument("fill: nulls and bytes need one int64 per column, shape three");
+             }
              pystrom::pg::FillResult r;
              {
                py::gil_scoped_release nogil;
                r = self.fill(b.ptr, b.size, reinterpret_cast<int64_t*>(o.ptr), o.size / sizeof(int64_t),
-                             reinterpret_cast<int64_t*>(n.ptr), reinterpret_cast<int64_t*>(s.ptr));
+                             reinterpret_cast<int64_t*>(n.ptr), reinterpret_cast<int64_t*>(s.ptr),
+                             reinterpret_cast<int64_t*>(a.ptr));
              }
              return py::make_tuple(r.nbytes, r.nrows, r.done, r.need);
-           })
+           },
+           py::arg("buf"), py::arg("offsets"), py::arg("nulls"), py::arg("bytes"), py::arg("shape") = py::none())
       .def("abort",
            [](pystrom::pg::CopyPump& self) {
              py::gil_scoped_release nogil;

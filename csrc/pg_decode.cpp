@@ -205,11 +205,60 @@ inline T* at(int64_t address) {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(address));
 }
 
+// Array kinds: element width in the table and element type OID (bool, int2, int4, int8, float4, float8).
+constexpr int kArrayWidth[6] = {1, 2, 4, 8, 4, 8};
+constexpr uint32_t kArrayOid[6] = {16, 21, 23, 20, 700, 701};
+inline bool is_array(int64_t kind) { return kind >= ARRAY_BOOL && kind <= ARRAY_FLOAT8; }
+
+// Element `index` of an array column from its big-endian bytes (nullptr: zero, for a NULL).
+inline void put_element(const int64_t* d, int width, int64_t index, const uint8_t* e) {
+  uint8_t* out = at<uint8_t>(d[3]) + index * width;
+  switch (width) {
+    case 1: out[0] = e != nullptr && e[0] != 0; break;
+    case 2: { const uint16_t v = e ? be16(e) : 0; std::memcpy(out, &v, 2); break; }
+    case 4: { const uint32_t v = e ? be32(e) : 0; std::memcpy(out, &v, 4); break; }
+    default: { const uint64_t v = e ? be64(e) : 0; std::memcpy(out, &v, 8); break; }
+  }
+}
+
+// One array value (len bytes at p) into elements [first, first + count) of its column, checking everything
+// before it writes there: its header, element type and count (d of a fixed_size_list; within the
+// column's counted elements for a list), each element's length and the bytes' end.
+int64_t decode_array(const uint8_t* p, int32_t len, const int64_t* d, int64_t first, int64_t* count) {
+  const ArrayHeader h = array_header(p, len);
+  if (h.failure != OK) return h.failure;
+  const int k = static_cast<int>(d[0] - ARRAY_BOOL);
+  if (h.element != kArrayOid[k]) return ARRAY_ELEMENT;
+  if (d[6] != 0 ? h.count != d[6] : h.count > d[7] - first) return ARRAY_LENGTH;
+  const int width = kArrayWidth[k];
+  const uint8_t* e = p + h.body;
+  const uint8_t* end = p + len;
+  for (int64_t i = 0; i < h.count; ++i) {
+    if (end - e < 4) return ARRAY_BAD;
+    const int32_t elen = static_cast<int32_t>(be32(e));
+    e += 4;
+    if (elen == -1) {
+      if (!h.has_null) return ARRAY_BAD;
+      if (d[5] == 0) return UNEXPECTED_NULL;
+      clear_bit(at<uint8_t>(d[5]), first + i);
+      put_element(d, width, first + i, nullptr);
+      continue;
+    }
+    if (elen != width) return BAD_LENGTH;
+    if (end - e < width) return ARRAY_BAD;
+    put_element(d, width, first + i, e);
+    e += width;
+  }
+  if (e != end) return ARRAY_BAD;
+  *count = h.count;
+  return OK;
+}
+
 }  // namespace
 
 DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrows, int64_t row_base,
                         const int64_t* desc, int ncols) {
-  // String columns: bytes written so far in this chunk, per column.
+  // String columns: bytes written so far in this chunk, per column (list columns: elements).
   int64_t written[1664] = {0};
   for (int64_t r = 0; r < nrows; ++r) {
     const uint8_t* p = buf + offsets[r] + 2;  // skip the field count (checked by the pump)
@@ -231,6 +280,14 @@ DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrow
           case VARLEN: at<int32_t>(d[1])[row] = static_cast<int32_t>(d[4] + written[c]); break;
           case VECTOR_F4: std::memset(at<uint8_t>(d[1]) + row * d[6] * 4, 0, static_cast<std::size_t>(d[6] * 4)); break;
           case VECTOR_F2: std::memset(at<uint8_t>(d[1]) + row * d[6] * 2, 0, static_cast<std::size_t>(d[6] * 2)); break;
+          default:
+            if (!is_array(kind)) break;
+            if (d[6] == 0) {  // a list: empty
+              at<int32_t>(d[1])[row] = static_cast<int32_t>(d[4] + written[c]);
+            } else {  // a fixed_size_list row keeps its d slots: zeros
+              const int width = kArrayWidth[kind - ARRAY_BOOL];
+              std::memset(at<uint8_t>(d[3]) + row * d[6] * width, 0, static_cast<std::size_t>(d[6] * width));
+            }
         }
         continue;
       }
@@ -303,17 +360,30 @@ DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrow
           written[c] += len;
           break;
         }
-        default:
-          failure = BAD_LENGTH;
+        default: {
+          if (!is_array(kind)) {
+            failure = BAD_LENGTH;
+            break;
+          }
+          const int64_t first = d[6] == 0 ? d[4] + written[c] : row * d[6];
+          int64_t count = 0;
+          failure = decode_array(p, len, d, first, &count);
+          if (failure == OK && d[6] == 0) {
+            at<int32_t>(d[1])[row] = static_cast<int32_t>(first);
+            written[c] += count;
+          }
+        }
       }
       if (failure != OK) return {failure, r, c};
       p += len;
     }
   }
-  // Close each string column's offsets: the row after this chunk starts where this chunk ended.
+  // Close each string (and list) column's offsets: the row after this chunk starts where this chunk ended.
   for (int c = 0; c < ncols; ++c) {
     const int64_t* d = desc + c * kDescSlots;
-    if (d[0] == VARLEN) at<int32_t>(d[1])[row_base + nrows] = static_cast<int32_t>(d[4] + written[c]);
+    if (d[0] == VARLEN || (is_array(d[0]) && d[6] == 0)) {
+      at<int32_t>(d[1])[row_base + nrows] = static_cast<int32_t>(d[4] + written[c]);
+    }
   }
   return {OK, 0, 0};
 }

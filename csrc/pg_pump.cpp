@@ -1,5 +1,7 @@
 #include "pg_pump.hpp"
 
+#include "pg_decode.hpp"
+
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -34,6 +36,30 @@ std::size_t header_size(const uint8_t* msg, std::size_t len) {
   return 19 + static_cast<std::size_t>(ext);
 }
 
+// An array field's elements, NULL elements and length into the counts (CopyPump::fill). Its header is
+// read as the decoder reads it, so both agree on every array the decoder accepts.
+void count_array(const uint8_t* a, int32_t len, int64_t* elements, int64_t* shape) {
+  const ArrayHeader h = array_header(a, len);
+  if (h.failure != OK) return;  // the decoder refuses it, naming the row
+  *elements += h.count;
+  shape[1] = std::min(shape[1], h.count);
+  shape[2] = std::max(shape[2], h.count);
+  if (!h.has_null) return;
+  const uint8_t* e = a + h.body;
+  const uint8_t* end = a + len;
+  for (int64_t i = 0; i < h.count && end - e >= 4; ++i) {
+    const int32_t elen = be32(e);
+    e += 4;
+    if (elen == -1) {
+      ++shape[0];
+    } else if (elen < 0 || elen > end - e) {
+      return;  // malformed: the decoder refuses it
+    } else {
+      e += elen;
+    }
+  }
+}
+
 struct Parsed {
   std::size_t rows;
   bool trailer;  // the bytes ended with the trailer (its 2 bytes are the last ones)
@@ -42,7 +68,8 @@ struct Parsed {
 // Walk the rows in m[0, n): write each row's start (base + its offset in m) to offsets[0, ...),
 // add each column's NULLs and field bytes to nulls/bytes, and check every length against n.
 Parsed parse_rows(const uint8_t* __restrict__ m, std::size_t n, int ncols, int64_t base, int64_t* __restrict__ offsets,
-                  int64_t* __restrict__ nulls, int64_t* __restrict__ bytes) {
+                  int64_t* __restrict__ nulls, int64_t* __restrict__ bytes, const uint8_t* arrays,
+                  int64_t* __restrict__ shape) {
   Parsed r{0, false};
   std::size_t p = 0;
   while (p < n) {
@@ -67,7 +94,11 @@ Parsed parse_rows(const uint8_t* __restrict__ m, std::size_t n, int ncols, int64
       } else if (flen < 0 || std::size_t(flen) > n - p) {
         throw ProtocolError("field length out of range");
       } else {
-        bytes[c] += flen;
+        if (arrays != nullptr && arrays[c]) {
+          count_array(m + p, flen, bytes + c, shape + 3 * c);
+        } else {
+          bytes[c] += flen;
+        }
         p += static_cast<std::size_t>(flen);
       }
     }
@@ -77,10 +108,15 @@ Parsed parse_rows(const uint8_t* __restrict__ m, std::size_t n, int ncols, int64
 
 }  // namespace
 
-CopyPump::CopyPump(uintptr_t pgconn, int ncols) : conn_(reinterpret_cast<void*>(pgconn)), ncols_(ncols) {
+CopyPump::CopyPump(uintptr_t pgconn, int ncols, std::vector<uint8_t> arrays)
+    : conn_(reinterpret_cast<void*>(pgconn)), ncols_(ncols), arrays_(std::move(arrays)) {
   libpq();  // throws when not resolved yet
   if (conn_ == nullptr) throw std::invalid_argument("null PGconn pointer");
   if (ncols < 0 || ncols > 1664) throw std::invalid_argument("column count out of range");
+  if (!arrays_.empty() && arrays_.size() != static_cast<std::size_t>(ncols)) {
+    throw std::invalid_argument("one array flag per column");
+  }
+  if (std::find(arrays_.begin(), arrays_.end(), 1) == arrays_.end()) arrays_.clear();
 }
 
 CopyPump::~CopyPump() {
@@ -151,7 +187,8 @@ void CopyPump::release_pending() noexcept {
 }
 
 FillResult CopyPump::fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, std::size_t max_rows, int64_t* nulls,
-                          int64_t* bytes) {
+                          int64_t* bytes, int64_t* shape) {
+  if (!arrays_.empty() && shape == nullptr) throw std::invalid_argument("array columns need the shape counts");
   FillResult out{0, 0, false, 0};
   if (!active_) {
     out.done = true;
@@ -198,7 +235,8 @@ FillResult CopyPump::fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, 
       uint8_t* dst = buf + out.nbytes;
       std::memcpy(dst, msg + body, size);
       const Parsed r =
-          parse_rows(dst, size, ncols_, static_cast<int64_t>(out.nbytes), offsets + out.nrows, nulls, bytes);
+          parse_rows(dst, size, ncols_, static_cast<int64_t>(out.nbytes), offsets + out.nrows, nulls, bytes,
+                     arrays_.empty() ? nullptr : arrays_.data(), shape);
       out.nrows += r.rows;
       out.nbytes += r.trailer ? size - 2 : size;  // the trailer is not kept
       trailer = r.trailer;

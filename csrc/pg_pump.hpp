@@ -29,7 +29,8 @@ struct FillResult {
 
 class CopyPump {
  public:
-  CopyPump(uintptr_t pgconn, int ncols);
+  // `arrays`: one flag per column, set for array columns (empty: none), whose elements the pump counts.
+  CopyPump(uintptr_t pgconn, int ncols, std::vector<uint8_t> arrays = {});
   ~CopyPump();
   CopyPump(const CopyPump&) = delete;
   CopyPump& operator=(const CopyPump&) = delete;
@@ -38,12 +39,15 @@ class CopyPump {
   void start(const std::string& sql);
 
   // Append whole rows to buf[0, capacity) and their start offsets (relative to buf) to offsets,
-  // adding per-column NULL counts and field bytes to nulls[ncols] / bytes[ncols]. Stops before a
+  // adding per-column NULL counts and field bytes to nulls[ncols] / bytes[ncols]. For array columns
+  // bytes counts elements instead, and shape[3 c .. 3 c + 2] (may be null without array columns) gets
+  // their NULL elements added and the least / greatest element count of a non-NULL array folded in
+  // (the caller starts them at INT64_MAX / -1); arrays the decoder will refuse count nothing. Stops before a
   // message that might not fit: more bytes than are left, or more than (max_rows - rows written)
   // * (2 + 4 ncols) bytes (the smallest row). Blocks on the network; call without the GIL.
   // On TCP the socket's SO_RCVLOWAT is raised while the COPY runs and restored when it ends.
   FillResult fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, std::size_t max_rows, int64_t* nulls,
-                  int64_t* bytes);
+                  int64_t* bytes, int64_t* shape = nullptr);
 
   // Ask the server to cancel, then drain what is left so the connection is usable (or clearly
   // failed) afterwards. Never throws.
@@ -61,6 +65,7 @@ class CopyPump {
 
   void* conn_;
   int ncols_;
+  std::vector<uint8_t> arrays_;  // per column (empty: no array column)
   bool active_ = false;
   bool header_seen_ = false;
   bool trailer_seen_ = false;

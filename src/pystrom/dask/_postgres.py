@@ -164,7 +164,8 @@ def read_postgres(
     try:
         main = snapshot.conn
         plan = compose(main, query, table, columns, where, params)
-        plan, cols = describe_read(main, plan, numeric, run_sql)
+        # one schema for every partition: array columns are settled by asking the server, on the snapshot
+        plan, cols = describe_read(main, plan, numeric, run_sql, arrays="server")
         if partition_on is not None:
             check_partition_key(cols, partition_on)
             if not any(c.name == partition_on for c in cols):

@@ -52,6 +52,7 @@ def read_pg_range(
     from ..io.postgres.assemble import assemble
     from ..io.postgres.session import connect, join_snapshot, run_sql
     from ..io.postgres.stream import read_all
+    from ..io.postgres.types import array_columns
 
     snapshot_id = getattr(snapshot, "id", snapshot)
     backend = resolve_device(device)
@@ -67,7 +68,7 @@ def read_pg_range(
                 f"partition lost with its worker cannot be read again on it: read the table again ({exc})"
             ) from exc
         try:
-            chunks = read_all(backend, len(cols), ([conn], [statement], [hint]), False)
+            chunks = read_all(backend, len(cols), ([conn], [statement], [hint]), False, arrays=array_columns(cols))
         except PostgresError as exc:
             raise PostgresError(f"{what}: {exc}") from exc
         with backend.activate():

@@ -2,20 +2,25 @@
 // (same descriptors and failure codes; the tests compare the two on the same staged bytes).
 //
 // Descriptor: 8 long longs per column: kind, values/offsets address, validity address (0: none),
-// string data address, this chunk's first string byte (CPU decoder only), decimal scale, unused, unused.
+// string data address, this chunk's first string byte (CPU decoder only), decimal scale, vector
+// dimension, string data bytes. Array columns: kind, int32 offsets address (list; 0 for
+// fixed_size_list), validity address, element values address, (CPU only), element validity address
+// (0: none), d (fixed_size_list; 0 for list), the column's element count.
 // Chunk table: 3 long longs per staged chunk: its bytes' address, its row starts' address, its first
 // table row (ascending). One launch decodes the table rows [first row of chunk 0, + nrows) of any
 // number of chunks (a read of 16 connections leaves ~100), so the decode after the last byte costs
 // one launch instead of one per chunk; each thread finds its row's chunk by binary search.
 // Strings take two launches: pg_decode_rows writes each row's length at offsets[row + 1], the host
-// scans them into offsets, then pg_copy_strings copies the bytes. pgvector columns are checked by
-// pg_decode_rows and copied by pg_copy_vectors, one warp per row: a thread per row writing 768
-// floats left each load instruction touching 32 rows' cache lines.
+// scans them into offsets, then pg_copy_strings copies the bytes. Arrays read as list<T> do the same
+// with element counts (pg_decode_rows checks the whole array first, pg_copy_strings writes its
+// elements); fixed_size_list<T>[d] rows are checked and written by pg_decode_rows alone. pgvector
+// columns are checked by pg_decode_rows and copied by pg_copy_vectors, one warp per row: a thread
+// per row writing 768 floats left each load instruction touching 32 rows' cache lines.
 
 enum Kind { BOOL = 0, INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC_F64, NUMERIC_DEC128, DATE, TIMESTAMP, VARLEN, UUID,
-            OID, VECTOR_F4, VECTOR_F2 };
+            OID, VECTOR_F4, VECTOR_F2, ARRAY_BOOL, ARRAY_INT2, ARRAY_INT4, ARRAY_INT8, ARRAY_FLOAT4, ARRAY_FLOAT8 };
 enum Failure { OK = 0, BAD_LENGTH, DECIMAL_OVERFLOW, DECIMAL_SPECIAL, DECIMAL_SCALE, UNEXPECTED_NULL, TIMESTAMP_RANGE,
-               VECTOR_DIM };
+               VECTOR_DIM, ARRAY_NDIM, ARRAY_ELEMENT, ARRAY_LENGTH, ARRAY_BAD };
 
 __device__ __forceinline__ unsigned int be16(const unsigned char* p) { return (p[0] << 8) | p[1]; }
 __device__ __forceinline__ unsigned int be32(const unsigned char* p) {
@@ -211,6 +216,88 @@ __device__ __forceinline__ T* at(long long address) {
   return (T*)address;
 }
 
+// -- arrays (csrc/pg_decode.hpp: array_header; csrc/pg_decode.cpp: decode_array) ---------------------
+
+__device__ __forceinline__ bool is_array(long long kind) { return kind >= ARRAY_BOOL && kind <= ARRAY_FLOAT8; }
+__device__ __forceinline__ int array_width(long long kind) {
+  const int w[6] = {1, 2, 4, 8, 4, 8};
+  return w[kind - ARRAY_BOOL];
+}
+__device__ __forceinline__ unsigned int array_oid(long long kind) {
+  const unsigned int o[6] = {16, 21, 23, 20, 700, 701};
+  return o[kind - ARRAY_BOOL];
+}
+
+// An array's header (as array_header in the C++ twin): failure, element count, first element's offset.
+struct ArrayHeader {
+  int failure;
+  long long count;
+  int body;
+  unsigned int element;
+  bool has_null;
+};
+
+__device__ __forceinline__ ArrayHeader array_header(const unsigned char* p, int len) {
+  ArrayHeader h = {ARRAY_BAD, 0, 12, 0, false};
+  if (len < 12) return h;
+  const int ndim = (int)be32(p);
+  const unsigned int flag = be32(p + 4);
+  h.element = be32(p + 8);
+  h.has_null = flag != 0;
+  if (ndim < 0 || flag > 1) return h;
+  if (ndim > 1) {
+    h.failure = ARRAY_NDIM;
+    return h;
+  }
+  if (ndim == 1) {
+    if (len < 20) return h;
+    const int size = (int)be32(p + 12);
+    if (size < 0 || size > (len - 20) / 4) return h;
+    h.count = size;
+    h.body = 20;
+  }
+  h.failure = OK;
+  return h;
+}
+
+// Element `index` of an array column from its big-endian bytes (0: zero, for a NULL).
+__device__ __forceinline__ void put_element(const long long* d, int width, long long index, const unsigned char* e) {
+  switch (width) {
+    case 1: at<unsigned char>(d[3])[index] = e != 0 && e[0] != 0; break;
+    case 2: at<unsigned short>(d[3])[index] = e ? (unsigned short)be16(e) : 0; break;
+    case 4: at<unsigned int>(d[3])[index] = e ? be32(e) : 0u; break;
+    default: at<unsigned long long>(d[3])[index] = e ? be64(e) : 0ULL; break;
+  }
+}
+
+// Check one array value (len bytes at p) whose header is h and, with `write`, put its elements at
+// [first, first + h.count) (the caller has checked that range); stops at the first fault.
+__device__ int walk_array(const unsigned char* p, int len, const ArrayHeader& h, const long long* d, long long first,
+                          bool write) {
+  const int width = array_width(d[0]);
+  const unsigned char* e = p + h.body;
+  const unsigned char* end = p + len;
+  for (long long i = 0; i < h.count; ++i) {
+    if (end - e < 4) return ARRAY_BAD;
+    const int elen = (int)be32(e);
+    e += 4;
+    if (elen == -1) {
+      if (!h.has_null) return ARRAY_BAD;
+      if (d[5] == 0) return UNEXPECTED_NULL;
+      if (write) {
+        clear_bit(at<unsigned char>(d[5]), first + i);
+        put_element(d, width, first + i, 0);
+      }
+      continue;
+    }
+    if (elen != width) return BAD_LENGTH;
+    if (end - e < width) return ARRAY_BAD;
+    if (write) put_element(d, width, first + i, e);
+    e += width;
+  }
+  return e == end ? OK : ARRAY_BAD;
+}
+
 // Where table row `row` starts (its first field): k, its chunk, is found by binary search unless the
 // previous answer still holds (usually, since a thread's rows ascend); r becomes its index in the chunk.
 __device__ __forceinline__ const unsigned char* locate(const long long* __restrict__ chunks, int nchunks, long long row,
@@ -252,6 +339,14 @@ __device__ __forceinline__ void decode_row(const unsigned char* p, long long r, 
         case VARLEN: at<int>(d[1])[row + 1] = 0; break;  // a NULL string is empty
         case VECTOR_F4: { unsigned int* o = at<unsigned int>(d[1]) + row * d[6]; for (long long j = 0; j < d[6]; ++j) o[j] = 0; break; }
         case VECTOR_F2: { unsigned short* o = at<unsigned short>(d[1]) + row * d[6]; for (long long j = 0; j < d[6]; ++j) o[j] = 0; break; }
+        default:
+          if (!is_array(kind)) break;
+          if (d[6] == 0) {
+            at<int>(d[1])[row + 1] = 0;  // a NULL list is empty
+          } else {
+            const int width = array_width(kind);
+            for (long long j = 0; j < d[6]; ++j) put_element(d, width, row * d[6] + j, 0);
+          }
       }
       continue;
     }
@@ -317,8 +412,24 @@ __device__ __forceinline__ void decode_row(const unsigned char* p, long long r, 
         }
         break;
       }
-      default:
-        failure = BAD_LENGTH;
+      default: {
+        if (!is_array(kind)) {
+          failure = BAD_LENGTH;
+          break;
+        }
+        const ArrayHeader h = array_header(p, len);
+        if (h.failure != OK) {
+          failure = h.failure;
+        } else if (h.element != array_oid(kind)) {
+          failure = ARRAY_ELEMENT;
+        } else if (d[6] != 0) {  // fixed_size_list: d elements, checked as they are written
+          failure = h.count != d[6] ? ARRAY_LENGTH : walk_array(p, len, h, d, row * d[6], true);
+        } else {  // list: checked now, its count at offsets[row + 1]; pg_copy_strings writes it
+          failure = h.count > d[7] ? ARRAY_LENGTH : walk_array(p, len, h, d, 0, false);
+          if (failure == OK) at<int>(d[1])[row + 1] = (int)h.count;
+        }
+        break;
+      }
     }
     if (failure != OK) { fail(error, failure, r, c); return; }
     p += len;
@@ -339,8 +450,10 @@ extern "C" __global__ void pg_decode_rows(const long long* __restrict__ chunks, 
   }
 }
 
+// errors: as for pg_decode_rows (a list whose elements run past the column's counted elements, which
+// only a failure already reported there, or bytes the pump did not count, can cause).
 extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks, int nchunks, long long nrows,
-                                           const long long* __restrict__ desc, int ncols) {
+                                           const long long* __restrict__ desc, int ncols, long long* errors) {
   const long long stride = (long long)blockDim.x * gridDim.x;
   const long long first = chunks[2];
   int k = 0;
@@ -361,6 +474,18 @@ extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks,
         if (off >= 0 && off + len <= d[7]) {
           unsigned char* dst = at<unsigned char>(d[3]) + off;
           for (int b = 0; b < len; ++b) dst[b] = p[b];
+        }
+      } else if (is_array(d[0]) && d[6] == 0) {
+        // A list's elements, inside the column's elements (slot 7) for the same reason; walk_array
+        // stops at the first fault, writing only elements [off, off + count).
+        const long long off = at<int>(d[1])[row];
+        const ArrayHeader h = array_header(p, len);
+        if (h.failure == OK && h.element == array_oid(d[0])) {
+          if (off >= 0 && off + h.count <= d[7]) {
+            walk_array(p, len, h, d, off, true);
+          } else {
+            fail(errors + 3 * k, ARRAY_LENGTH, r, c);
+          }
         }
       }
       p += len;

@@ -1,7 +1,9 @@
 """One Table from every partition's staged COPY chunks.
 
-By the time the last stream ends the pump has counted every column's rows, NULLs and string bytes,
-so the Table is allocated once at its final size (:func:`pystrom.interop.build.build_table_in_place`)
+By the time the last stream ends the pump has counted every column's rows, NULLs and string bytes
+(and each array column's elements, NULL elements and least and greatest length, which settle it as
+list or fixed_size_list: :func:`.types.settle_arrays`), so the Table is allocated once at its final
+size (:func:`pystrom.interop.build.build_table_in_place`)
 and each chunk is decoded straight into its own row range (:mod:`.decode`). On a GPU the chunks'
 device copies made during streaming may take the room the table needs: they are dropped and the
 allocation tried once more, the decoder then copying from the pinned host buffers instead.
@@ -20,8 +22,8 @@ from ...errors import CapacityError, OutOfMemoryError, PostgresError
 from ...interop.build import build_table_in_place
 from .chunks import ChunkLayout, layout_chunks
 from .decode import decode_into
-from .pump import Staged, drop_device_copies
-from .types import PgColumn
+from .pump import Kind, Staged, drop_device_copies
+from .types import PgColumn, settle_arrays
 
 __all__ = ["assemble"]
 
@@ -31,6 +33,7 @@ _INT32_MAX = 2**31 - 1
 def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged]]) -> Any:
     """One Table from all partitions' staged chunks, decoded in place."""
     lay = layout_chunks(parts, len(cols))
+    cols = settle_arrays(cols, lay.shape[:, 1], lay.shape[:, 2])
     try:
         try:
             return _build(backend, cols, lay)
@@ -53,14 +56,27 @@ def _build(backend: Any, cols: Sequence[PgColumn], lay: ChunkLayout) -> Any:
                 f"column {col.name!r} ({col.pg_type}) holds {size:,} bytes of strings, more than the 2 GiB "
                 f"that 32-bit offsets address: read it in parts (where=) or leave it out"
             )
-        specs.append(ColumnSpec(col.name, col.type, lay.nrows, int(lay.nulls[i]), size))
+        child_nulls = 0
+        if col.kind in Kind.ARRAYS:  # the pump counted elements (not bytes) and NULL elements
+            child_nulls = int(lay.shape[i, 0])
+            elements = int(lay.nbytes[i])
+            if col.type.layout == Layout.LIST:
+                if elements > _INT32_MAX:
+                    raise CapacityError(
+                        f"column {col.name!r} ({col.pg_type}) holds {elements:,} array elements, more than the "
+                        f"{_INT32_MAX:,} that 32-bit list offsets address: read it in parts (where=) or leave it out"
+                    )
+                size = elements * col.type.storage.itemsize
+        specs.append(ColumnSpec(col.name, col.type, lay.nrows, int(lay.nulls[i]), size, child_nulls))
     fields = [pa.field(c.name, c.type.arrow, nullable=True) for c in cols]
 
     def fill(block: Any, plan: TablePlan) -> None:
         for cp in plan.columns:  # NULLs clear their bit; a column of strings starts at byte 0
             if cp.validity is not None:
                 block.array(cp.validity.offset, np.uint8, (cp.validity.size,)).fill(0xFF)
-            if cp.type.layout == Layout.VARBINARY:
+            if cp.child_validity is not None:
+                block.array(cp.child_validity.offset, np.uint8, (cp.child_validity.size,)).fill(0xFF)
+            if cp.type.layout in (Layout.VARBINARY, Layout.LIST):
                 block.array(cp.values.offset, np.int32, (1,)).fill(0)
         decode_into(backend, block, plan, cols, lay)
         for cp, col in zip(plan.columns, cols):

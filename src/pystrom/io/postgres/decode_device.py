@@ -2,8 +2,9 @@
 
 Most chunks are on the device already: :class:`.stream.Uploader` copied each one from the reader thread
 that filled it while the other streams still read. One launch then decodes every chunk, one thread per
-row writing its values into the table; strings take a length pass, a scan and a copy pass, pgvector
-columns a copy pass with a warp per row. Chunks left
+row writing its values into the table; strings take a length pass, a scan and a copy pass, and so do
+arrays read as list<T> (an element count pass, then the elements); pgvector columns take a copy pass
+with a warp per row. Chunks left
 on the host (no room for their copy) are copied, decoded and freed one at a time. The CPU twin is the
 C++ decoder (``_core.pg_decode``, called by :mod:`.decode`)."""
 
@@ -30,7 +31,8 @@ def decode_chunks(backend: Any, block: Any, plan: TablePlan, cols: Sequence[PgCo
     if not lay.chunks:
         return
     cp = backend.xp
-    varlen = [i for i, c in enumerate(cols) if c.kind == Kind.VARLEN]
+    # Strings and list arrays: their offsets come from a scan of the lengths/counts the first pass wrote.
+    varlen = [i for i, c in enumerate(cols) if c.kind == Kind.VARLEN or (c.kind in Kind.ARRAYS and c.dim == 0)]
     vectors = any(c.kind in (Kind.VECTOR_F4, Kind.VECTOR_F2) for c in cols)
     if all(c.device is not None for c in lay.chunks):
         groups = [range(len(lay.chunks))]
@@ -95,7 +97,7 @@ def _decode_group(
         nrows,
         (dtable, nchunks, np.int64(nrows), ddesc, ncols32, errors[group[0] :]),
     )
-    for c in varlen:  # lengths sit at offsets[row + 1]: scan them into offsets from the group's first byte
+    for c in varlen:  # lengths sit at offsets[row + 1]: scan them into offsets from the group's first byte (element)
         offs = block.array(plan.columns[c].values.offset, np.int32, (lay.nrows + 1,))
         start = int(lay.data_bases[group[0], c])
         seg = offs[first + 1 : first + nrows + 1]
@@ -103,7 +105,11 @@ def _decode_group(
         offs[first : first + 1].fill(start)
     if varlen:
         launch(
-            "pg_decode", "pg_copy_strings", backend.ordinal, nrows, (dtable, nchunks, np.int64(nrows), ddesc, ncols32)
+            "pg_decode",
+            "pg_copy_strings",
+            backend.ordinal,
+            nrows,
+            (dtable, nchunks, np.int64(nrows), ddesc, ncols32, errors[group[0] :]),
         )
     if vectors:  # a warp per row (32 work items each)
         args = (dtable, nchunks, np.int64(nrows), ddesc, ncols32)

@@ -19,7 +19,7 @@ import numpy as np
 from ... import _core
 from ...errors import PostgresError
 
-__all__ = ["Kind", "Staged", "CopyStream", "decode_cpu", "drop_device_copies", "DESC_SLOTS", "FAILURES"]
+__all__ = ["Kind", "Staged", "CopyStream", "decode_cpu", "drop_device_copies", "new_shape", "DESC_SLOTS", "FAILURES"]
 
 DESC_SLOTS = 8  # int64 slots per column descriptor (csrc/pg_decode.hpp, kernels/pg_decode.cu)
 
@@ -42,6 +42,14 @@ class Kind:
     OID = 12
     VECTOR_F4 = 13
     VECTOR_F2 = 14
+    # one-dimensional arrays -> list<T> or fixed_size_list<T>[d] (descriptor slot 6 = d)
+    ARRAY_BOOL = 15
+    ARRAY_INT2 = 16
+    ARRAY_INT4 = 17
+    ARRAY_INT8 = 18
+    ARRAY_FLOAT4 = 19
+    ARRAY_FLOAT8 = 20
+    ARRAYS = range(15, 21)
 
 
 # Decoder failure codes (csrc/pg_decode.hpp) and what they mean to a user.
@@ -53,6 +61,12 @@ FAILURES = {
     5: "a NULL the planner did not count",
     6: "a timestamp after 294247 AD, which int64 microseconds since 1970 cannot hold (filter or cast it)",
     7: "a vector whose dimension is not the column's",
+    8: "a multi-dimensional array; only one-dimensional arrays are read (flatten it in SQL, "
+    "e.g. ARRAY(SELECT unnest(c)))",
+    9: "an array whose element type is not the column's",
+    10: "an array whose length is not the column's fixed_size_list length, or more elements than were counted "
+    "(did the rows change after their lengths were checked? then make the scan again)",
+    11: "a malformed array (its dimensions, NULL flag or element lengths do not match its bytes)",
 }
 
 
@@ -84,7 +98,8 @@ class Staged:
     offsets: np.ndarray  # int64: row starts inside buf
     nrows: int
     nulls: np.ndarray  # int64 per column
-    bytes: np.ndarray  # int64 per column: field bytes (the string bytes of text columns)
+    bytes: np.ndarray  # int64 per column: field bytes (the string bytes of text columns); array columns: elements
+    shape: np.ndarray | None = None  # int64 [column, 3] of array columns: NULL elements, least and greatest length
     device: Any = None  # on a GPU: (bytes, row starts, event) copied to the device while others still stream
 
 
@@ -118,13 +133,25 @@ class CopyStream:
     returns or raises.
     """
 
-    def __init__(self, conn: Any, ncols: int, allocate: Callable[[int], np.ndarray], chunk_bytes: int):
+    def __init__(
+        self,
+        conn: Any,
+        ncols: int,
+        allocate: Callable[[int], np.ndarray],
+        chunk_bytes: int,
+        arrays: Sequence[int] = (),
+    ):
+        """``arrays``: the indices of the array columns, whose elements the pump counts (Staged.shape)."""
         _load_libpq()
         self._conn = conn
         self._ncols = ncols
         self._allocate = allocate
         self._chunk_bytes = chunk_bytes
-        self._pump = _core.CopyPump(conn.pgconn.pgconn_ptr, ncols)
+        flags = [0] * ncols
+        for i in arrays:
+            flags[i] = 1
+        self._arrays = bool(arrays)
+        self._pump = _core.CopyPump(conn.pgconn.pgconn_ptr, ncols, flags if arrays else [])
 
     def read(
         self, sql: str, on_chunk: Callable[[Staged], None] | None = None, size_hint: int | None = None
@@ -143,9 +170,10 @@ class CopyStream:
                 offsets = self._allocate(8 * max(1, size // min_row + 1)).view(np.int64)
                 nulls = np.zeros(self._ncols, dtype=np.int64)
                 nbytes_col = np.zeros(self._ncols, dtype=np.int64)
-                nbytes, nrows, done, need = self._pump.fill(buf, offsets, nulls, nbytes_col)
+                shape = new_shape(self._ncols) if self._arrays else None
+                nbytes, nrows, done, need = self._pump.fill(buf, offsets, nulls, nbytes_col, shape)
                 if nrows:
-                    chunk = Staged(buf, nbytes, offsets, nrows, nulls, nbytes_col)
+                    chunk = Staged(buf, nbytes, offsets, nrows, nulls, nbytes_col, shape)
                     chunks.append(chunk)
                     if on_chunk is not None:
                         on_chunk(chunk)
@@ -164,6 +192,14 @@ class CopyStream:
 
     def abort(self) -> None:
         self._pump.abort()
+
+
+def new_shape(ncols: int) -> np.ndarray:
+    """Array counts before any row (Staged.shape): no NULL elements, least length INT64_MAX, greatest -1."""
+    shape = np.zeros((ncols, 3), dtype=np.int64)
+    shape[:, 1] = np.iinfo(np.int64).max
+    shape[:, 2] = -1
+    return shape
 
 
 def decode_cpu(chunk: Staged, row_base: int, desc: np.ndarray) -> tuple[int, int, int]:

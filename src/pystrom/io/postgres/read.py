@@ -21,7 +21,7 @@ from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import check_read_arguments, compose
 from .stream import read_all
-from .types import PgColumn, check_partition_key, describe_read
+from .types import PgColumn, array_columns, check_partition_key, describe_read
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
 
@@ -90,8 +90,11 @@ def read_postgres(
     Table
         Column types: bool, int2/4/8 -> int16/32/64, oid -> uint32, float4/8, numeric -> float64 or
         decimal128, date -> date32, timestamp -> timestamp[us], timestamptz -> timestamp[us, UTC],
-        text/varchar/bpchar/name -> string, bytea -> binary, uuid -> uuid. PostgreSQL's +-infinity
-        dates and timestamps become the type's largest and smallest values. Other types raise
+        text/varchar/bpchar/name -> string, bytea -> binary, uuid -> uuid; one-dimensional arrays
+        of bool/int2/int4/int8/float4/float8 -> fixed_size_list<T>[d] when every non-NULL array has
+        the same length d >= 1, else list<T> (decided from counts taken while streaming; lower bounds
+        ignored; multi-dimensional arrays raise naming the row). PostgreSQL's +-infinity dates and
+        timestamps become the type's largest and smallest values. Other types raise
         :class:`~pystrom.errors.UnsupportedTypeError` naming the column and the cast to add.
 
     Raises
@@ -114,7 +117,7 @@ def read_postgres(
             plan = compose(conninfo, query, table, columns, where, params)
             plan, cols = describe_read(conninfo, plan, numeric, run_sql)
             jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
-            chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
+            chunks = read_all(backend, len(cols), jobs, progress, _strings(cols), array_columns(cols))
         return assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -134,7 +137,7 @@ def read_postgres(
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = read_all(backend, len(cols), jobs, progress, _strings(cols))
+        chunks = read_all(backend, len(cols), jobs, progress, _strings(cols), array_columns(cols))
         return assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:

@@ -51,7 +51,7 @@ from .session import (
 )
 from .statement import check_read_arguments, compose
 from .stream import CopyReader
-from .types import PgColumn, check_partition_key, describe, describe_read
+from .types import PgColumn, array_columns, check_partition_key, describe, describe_read
 
 __all__ = ["scan_postgres", "PostgresScan", "PostgresScanStats"]
 
@@ -154,7 +154,8 @@ class PostgresScan:
             if table is not None and columns is not None:
                 self._read_columns = _with_where_columns(conn, query, table, sql_where, params, columns, where)
             self._plan = compose(conn, query, table, self._read_columns, sql_where, params)
-            self._plan, self._cols = describe_read(conn, self._plan, numeric, run_sql)
+            # one schema for every batch: array columns are settled by asking the server now
+            self._plan, self._cols = describe_read(conn, self._plan, numeric, run_sql, arrays="server")
         finally:
             conn.close()
         if partition_on is not None:
@@ -242,7 +243,7 @@ class PostgresScan:
         try:
             run_sql(conn, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cols = describe(conn, self._plan.select, self._numeric, run_sql)
-            if [(c.name, c.type.arrow) for c in cols] != [(c.name, c.type.arrow) for c in self._cols]:
+            if [_described(c) for c in cols] != [_described(c) for c in self._cols]:
                 raise SchemaMismatchError(
                     f"the result's columns changed since the scan was made: {_names(self._cols)} then, "
                     f"{_names(cols)} now; make the scan again"
@@ -256,7 +257,7 @@ class PostgresScan:
         statements, hints = batch
         strings = {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(self._cols) if c.kind == Kind.VARLEN}
         with self.backend.activate():
-            reader = CopyReader(self.backend, len(self._cols), report, strings)
+            reader = CopyReader(self.backend, len(self._cols), report, strings, array_columns(self._cols))
             chunks = reader.read_all(conns[: len(statements)], statements, hints)
             nbytes = sum(c.nbytes for part in chunks for c in part)
             table = assemble(self.backend, self._cols, chunks)
@@ -352,6 +353,12 @@ def _named(conninfo: str) -> str:
     if "application_name" in params or os.environ.get("PGAPPNAME"):
         return conninfo
     return psycopg.conninfo.make_conninfo(conninfo, application_name=_APPLICATION_NAME)
+
+
+def _described(col: PgColumn) -> tuple:
+    """A column as :func:`.types.describe` sees it: an array column by its kind (its list or
+    fixed_size_list type was settled from the rows when the scan was made)."""
+    return (col.name, col.kind) if col.kind in Kind.ARRAYS else (col.name, col.type.arrow)
 
 
 def _names(cols: Sequence[PgColumn]) -> list[str]:

@@ -75,7 +75,8 @@ class CopyReader:
     """Runs the COPY streams of one read and cancels them all when one fails or the caller is interrupted.
 
     ``strings`` maps the index of each string column to its name for messages: a column whose bytes,
-    summed over every stream, pass STRING_COLUMN_LIMIT stops the read with CapacityError at once."""
+    summed over every stream, pass STRING_COLUMN_LIMIT stops the read with CapacityError at once.
+    ``arrays``: the indices of the array columns, whose elements the pump counts."""
 
     def __init__(
         self,
@@ -83,7 +84,9 @@ class CopyReader:
         ncols: int,
         progress: Callable[[int], None] | None,
         strings: Mapping[int, str] | None = None,
+        arrays: Sequence[int] = (),
     ):
+        self._arrays = list(arrays)
         self._allocate = _staging_allocator(backend)
         self._upload = Uploader(backend) if backend.kind == "cuda" else None
         self._ncols = ncols
@@ -112,7 +115,7 @@ class CopyReader:
                 self._progress(self._rows)
 
     def read(self, conn: Any, sql_text: str, size_hint: int | None = None) -> list[Staged]:
-        stream = CopyStream(conn, self._ncols, self._allocate, defaults.pg_staging_chunk)
+        stream = CopyStream(conn, self._ncols, self._allocate, defaults.pg_staging_chunk, self._arrays)
         lock = getattr(conn, "lock", None)  # psycopg's own lock: nobody else uses the connection meanwhile
         if lock is None:
             return stream.read(sql_text, self._on_chunk, size_hint)
@@ -183,12 +186,17 @@ class CopyReader:
 
 
 def read_all(
-    backend: Any, ncols: int, jobs: tuple, progress: Any, strings: Mapping[int, str] | None = None
+    backend: Any,
+    ncols: int,
+    jobs: tuple,
+    progress: Any,
+    strings: Mapping[int, str] | None = None,
+    arrays: Sequence[int] = (),
 ) -> list[list[Staged]]:
     """jobs: (connections or SnapshotJoiners, COPY statements, their size hints); strings: the string
-    columns' indices and names (their bytes are counted as they arrive)."""
+    columns' indices and names (their bytes are counted as they arrive); arrays: the array columns' indices."""
     with reporter(progress, unit="rows", desc="read_postgres") as report:
-        return CopyReader(backend, ncols, report if report.active else None, strings).read_all(*jobs)
+        return CopyReader(backend, ncols, report if report.active else None, strings, arrays).read_all(*jobs)
 
 
 def _staging_allocator(backend: Any) -> Callable[[int], Any]:

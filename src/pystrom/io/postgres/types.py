@@ -3,6 +3,12 @@
 :func:`describe` runs the statement with ``LIMIT 0``, reads each result column's type OID and typmod,
 names every type in one round trip (for messages) and maps each column to the decoder's kind and the
 Table's Arrow type, or refuses it naming the column and the cast to add.
+
+Arrays of bool, int2, int4, int8, float4 and float8 become ``list<T>``, or ``fixed_size_list<T>[d]``
+when every non-NULL array of the column has the same length d >= 1. Which one is known only from the
+rows: ``read_postgres`` decides after streaming, from the lengths the COPY pump counted anyway
+(:func:`settle_arrays`, free); readers that need one schema before reading (``scan_postgres``,
+``pystrom.dask.read_postgres``) ask the server first (``describe_read(..., arrays="server")``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from ...errors import ColumnNotFoundError, SchemaMismatchError, UnsupportedTypeE
 from .pump import Kind
 from .statement import Plan, cast_to_text
 
-__all__ = ["PgColumn", "describe", "describe_read", "check_partition_key"]
+__all__ = ["PgColumn", "describe", "describe_read", "check_partition_key", "array_columns", "settle_arrays"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,21 @@ class PgColumn:
     type: ColumnType
     scale: int = 0
     text_cast: bool = False  # read through ``::text`` in the SELECT (statement.cast_to_text)
-    dim: int = 0  # elements of a pgvector vector/halfvec column
+    dim: int = 0  # elements of a pgvector vector/halfvec column, or d of an array read as fixed_size_list
+    lengths_open: bool = False  # an array column whose list/fixed_size_list choice waits for the rows
+
+
+# One-dimensional arrays the decoders read: array type OID -> (kind, element type). Any lower bound.
+_ARRAYS = {
+    1000: (Kind.ARRAY_BOOL, "bool_"),
+    1005: (Kind.ARRAY_INT2, "int16"),
+    1007: (Kind.ARRAY_INT4, "int32"),
+    1016: (Kind.ARRAY_INT8, "int64"),
+    1021: (Kind.ARRAY_FLOAT4, "float32"),
+    1022: (Kind.ARRAY_FLOAT8, "float64"),
+}
+# Casts that make other arrays readable (else their text).
+_ARRAY_CASTS = {1231: "::float8[]", 1028: "::int8[]"}  # numeric[], oid[]
 
 
 def _arrow_for(oid: int) -> tuple[int, Any] | None:
@@ -99,12 +119,13 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
     pg_types = run(
         conn,
         "naming the types",
-        "SELECT format_type(o, m), typtype, typname FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) "
+        "SELECT format_type(o, m), typtype, typname, typcategory "
+        "FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) "
         "LEFT JOIN pg_type ON pg_type.oid = t.o ORDER BY i",
         (oids, [m if m >= 0 else None for m in typmods]),
     ).fetchall()
     cols = []
-    for name, oid, typmod, (pg_type, typtype, typname) in zip(names, oids, typmods, pg_types):
+    for name, oid, typmod, (pg_type, typtype, typname, category) in zip(names, oids, typmods, pg_types):
         if typname in _PGVECTOR:  # the extension's types have no fixed OIDs: known by name
             dim = typmod if typmod > 0 else _vector_dimension(conn, select, name, pg_type, run)
             cols.append(_vector_column(name, pg_type, typname, dim))
@@ -113,9 +134,74 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
                 f"column {name!r} has type {pg_type}: sparse vectors are not read; cast it to a dense one, "
                 f"e.g. {_quoted(name)}::vector"
             )
+        elif oid in _ARRAYS:
+            cols.append(_array_column(name, oid, pg_type))
+        elif category in ("A", b"A"):
+            raise UnsupportedTypeError(
+                f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), an array whose elements read_postgres "
+                "cannot decode (arrays of bool, int2, int4, int8, float4 and float8 are read): add a cast in SQL, "
+                f"e.g. {_quoted(name)}{_ARRAY_CASTS.get(oid, '::text')}"
+            )
         else:
             cols.append(_map(name, oid, typmod, pg_type, numeric, typtype))
     return cols
+
+
+def _array_column(name: str, oid: int, pg_type: str) -> PgColumn:
+    """An array column, list<T> until its rows (or the server) settle it."""
+    import pyarrow as pa
+
+    kind, element = _ARRAYS[oid]
+    arrow = pa.list_(getattr(pa, element)())
+    return PgColumn(name, pg_type, kind, column_type(arrow, name), lengths_open=True)
+
+
+def array_columns(cols: Sequence[PgColumn]) -> list[int]:
+    """The indices of the array columns (the COPY pump counts their elements)."""
+    return [i for i, c in enumerate(cols) if c.kind in Kind.ARRAYS]
+
+
+def _settled(col: PgColumn, least: int | None, greatest: int | None) -> PgColumn:
+    """An array column as fixed_size_list<T>[d] when its non-NULL arrays all have d >= 1 elements, else list<T>."""
+    import pyarrow as pa
+
+    dim = int(least) if least is not None and least == greatest and least >= 1 else 0
+    child = col.type.arrow.value_type
+    arrow = pa.list_(child, dim) if dim else pa.list_(child)
+    return PgColumn(col.name, col.pg_type, col.kind, column_type(arrow, col.name), dim=dim)
+
+
+def settle_arrays(cols: Sequence[PgColumn], least: Sequence[int], greatest: Sequence[int]) -> list[PgColumn]:
+    """The columns with each open array column settled from the lengths the pump counted (least and
+    greatest over its non-NULL arrays; greatest < 0: none)."""
+    return [_settled(c, int(least[i]), int(greatest[i])) if c.lengths_open else c for i, c in enumerate(cols)]
+
+
+def _server_lengths(conn: Any, select: Any, cols: list[PgColumn], run: Callable[..., Any]) -> list[PgColumn]:
+    """Settle the array columns before reading, by one scan of the result on the server (the least and
+    greatest cardinality and the most dimensions of each): for readers whose batches or partitions
+    must all have one schema."""
+    from psycopg import sql
+
+    arrays = array_columns(cols)
+    if not arrays:
+        return cols
+    parts = []
+    for i in arrays:
+        col = sql.SQL("_pystrom_q.{}").format(sql.Identifier(cols[i].name))
+        parts.append(sql.SQL("min(cardinality({c})), max(cardinality({c})), max(array_ndims({c}))").format(c=col))
+    row = run(
+        conn,
+        "checking the lengths of the array columns",
+        sql.SQL("SELECT {} FROM ({}) AS _pystrom_q").format(sql.SQL(", ").join(parts), select),
+    ).fetchone()
+    out = list(cols)
+    for j, i in enumerate(arrays):
+        least, greatest, ndims = row[3 * j : 3 * j + 3]
+        if ndims is not None and ndims > 1:
+            least = greatest = None  # the decoder refuses them, naming the row
+        out[i] = _settled(cols[i], least, greatest)
+    return out
 
 
 # pgvector's dense types -> (decoder kind, element type)
@@ -154,10 +240,16 @@ def _vector_column(name: str, pg_type: str, typname: str, dim: int) -> PgColumn:
     return PgColumn(name, pg_type, getattr(Kind, kind), column_type(arrow, name), dim=dim)
 
 
-def describe_read(conn: Any, plan: Plan, numeric: str, run: Callable[..., Any]) -> tuple[Plan, list[PgColumn]]:
+def describe_read(
+    conn: Any, plan: Plan, numeric: str, run: Callable[..., Any], arrays: str = "rows"
+) -> tuple[Plan, list[PgColumn]]:
     """:func:`describe` of ``plan``'s SELECT, and the plan that reads it: with ``::text`` on the columns
-    whose type is read as its text (jsonb, inet, cidr, macaddr, macaddr8)."""
+    whose type is read as its text (jsonb, inet, cidr, macaddr, macaddr8). ``arrays``: ``"rows"`` leaves
+    the array columns' list/fixed_size_list choice to the rows read (:func:`settle_arrays`);
+    ``"server"`` settles it now by asking the server (one scan of the result, only with array columns)."""
     cols = describe(conn, plan.select, numeric, run)
+    if arrays == "server":
+        cols = _server_lengths(conn, plan.select, cols, run)
     return cast_to_text(plan, [c.name for c in cols], [c.text_cast for c in cols]), cols
 
 
