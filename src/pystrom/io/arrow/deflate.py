@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..._settings import defaults
+from ...errors import InvalidArgumentError
 
 __all__ = ["CODECS", "UNCOMPRESSED", "check_compression", "deflate", "Deflater"]
 
@@ -33,20 +34,21 @@ UNCOMPRESSED = -1  # the length prefix of a buffer stored raw
 
 
 def check_compression(compression: Any, level: Any) -> tuple[str | None, int | None]:
-    """Validate ``write_arrow``'s ``compression`` and ``compression_level``; errors name the argument."""
+    """Validate ``write_arrow``'s ``compression`` and ``compression_level``: InvalidArgumentError (a
+    ValueError) naming the argument."""
     if compression is not None and not isinstance(compression, str):
-        raise TypeError(f"compression must be None, 'lz4' or 'zstd'; got {type(compression).__name__}")
+        raise InvalidArgumentError(f"compression must be None, 'lz4' or 'zstd'; got {type(compression).__name__}")
     if isinstance(compression, str) and compression not in CODECS:
-        raise ValueError(f"compression must be None, 'lz4' or 'zstd'; got {compression!r}")
+        raise InvalidArgumentError(f"compression must be None, 'lz4' or 'zstd'; got {compression!r}")
     if level is None:
         return compression, None
     if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"compression_level must be an int or None; got {type(level).__name__}")
+        raise InvalidArgumentError(f"compression_level must be an int or None; got {type(level).__name__}")
     if compression is None:
-        raise ValueError(f"compression_level={level} given without compression ('lz4' or 'zstd')")
+        raise InvalidArgumentError(f"compression_level={level} given without compression ('lz4' or 'zstd')")
     lo, hi = pa.Codec.minimum_compression_level(compression), pa.Codec.maximum_compression_level(compression)
     if not lo <= level <= hi:
-        raise ValueError(f"compression_level for {compression!r} must be in {lo}..{hi}; got {level}")
+        raise InvalidArgumentError(f"compression_level for {compression!r} must be in {lo}..{hi}; got {level}")
     return compression, level
 
 
@@ -89,7 +91,7 @@ class Deflater:
     def __init__(self, codec: str, level: int | None = None, threads: int = 0) -> None:
         codec, level = check_compression(codec, level)
         if codec is None:
-            raise ValueError("Deflater needs a codec: 'lz4' or 'zstd'")
+            raise InvalidArgumentError("Deflater needs a codec: 'lz4' or 'zstd'")
         self.codec = codec
         self._codec = pa.Codec(codec, compression_level=level)
         self.threads = threads or defaults.compress_threads or os.cpu_count() or 1
