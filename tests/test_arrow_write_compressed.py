@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.ipc as ipc
 import pytest
-from datagen import TYPES, make_array
 from test_lists import _table as _list_table
 
 import pystrom
@@ -26,6 +25,8 @@ from pystrom.io.arrow import format as fmt
 from pystrom.io.arrow.deflate import Deflater, check_compression, deflate
 from pystrom.io.arrow.file_writer import write_ipc_file
 from pystrom.testing import to_host
+
+from datagen import TYPES, make_array
 
 CODECS = ["lz4", "zstd"]
 
@@ -232,6 +233,41 @@ def test_pystrom_tables_and_scans_compress_too(tmp_path, device):
     with pytest.warns(pystrom.PerformanceWarning, match="compressed"):  # reading it: the host path today
         pystrom.write_arrow(pystrom.scan_arrow(path, batch_rows=15, device=device), again, compression="lz4")
     assert ipc.open_file(again).read_all().equals(table.to_arrow())
+
+
+def test_batches_held_ahead_stay_bounded(tmp_path):
+    # 40 batches of 4 MB from pyarrow's pool: the writer holds 64 MiB of them ahead (2 threads), not all,
+    # and their frames (pyarrow's codec allocates each at its largest possible size, about the input's).
+    schema = pa.schema([("x", pa.float64())])
+    peak = []
+
+    def gen():
+        for i in range(40):
+            arr = pa.compute.add(pa.array(np.arange(500_000, dtype=np.float64)), i)  # pool-allocated
+            peak.append(pa.total_allocated_bytes())
+            yield pa.RecordBatch.from_arrays([arr], schema=schema)
+
+    start = pa.total_allocated_bytes()
+    with pystrom.defaults.set(compress_threads=2):
+        write_ipc_file(tmp_path / "s.arrow", schema, gen(), compression="lz4")
+    assert max(peak) - start < 2 * (64 << 20) + 4 * 4_000_000
+    assert ipc.open_file(tmp_path / "s.arrow").num_record_batches == 40
+
+
+def test_a_failure_mid_stream_leaves_no_file(tmp_path):
+    schema = pa.schema([("a", pa.int64())])
+    path = tmp_path / "f.arrow"
+    path.write_bytes(b"previous contents")
+
+    def gen():
+        for _ in range(5):
+            yield pa.record_batch([pa.array(np.zeros(100_000, dtype=np.int64))], schema=schema)
+        raise RuntimeError("source broke")
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        write_ipc_file(path, schema, gen(), compression="zstd")
+    assert path.read_bytes() == b"previous contents"
+    assert os.listdir(tmp_path) == ["f.arrow"]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -56,7 +56,8 @@ MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
 _ZEROS = bytes(ALIGNMENT)
 _IOV_MAX = 512  # well under Linux's 1024 iovecs per writev
-# Compressed writes hold batches ahead while they total under this (and 16 MiB per compressing thread)
+# Compressed writes hold batches ahead while they total under this (and 16 MiB per compressing thread),
+# their frames too: about twice as much memory at most
 _AHEAD_BYTES = 64 << 20
 _AHEAD_BYTES_PER_THREAD = 16 << 20
 
