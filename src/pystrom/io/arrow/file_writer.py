@@ -274,7 +274,7 @@ def write_ipc_file(
         footer_entries: list[list] = [[] for _ in cols]  # by position: names may repeat
         num_rows = 0
 
-        def write_batch(length: int, found: list[Any], nodes: list, pieces: list, packed: Any, _: int) -> None:
+        def write_batch(length: int, found: list[Any], nodes: list, pieces: list, packed: Any) -> None:
             per_batch: dict[str, str] = {}
             for j, (col, future) in enumerate(zip(cols, found)):
                 st = future.result()
@@ -301,15 +301,16 @@ def write_ipc_file(
                 nodes, pieces = batch_buffers(cols, batch)
                 nbytes = sum(memoryview(p).nbytes for p in pieces)
                 packed = None if deflater is None else deflater.submit(pieces)
-                pending.append((batch.num_rows, found, nodes, pieces, packed, nbytes))
+                pending.append((nbytes, (batch.num_rows, found, nodes, pieces, packed)))
                 held += nbytes
                 num_rows += batch.num_rows
                 del batch, found, nodes, pieces, packed
                 while len(pending) > 1 and (deflater is None or held > ahead):
-                    held -= pending[0][-1]
-                    write_batch(*pending.popleft())
+                    nbytes, args = pending.popleft()
+                    held -= nbytes
+                    write_batch(*args)
             while pending:  # stream: nothing of a written batch is kept
-                write_batch(*pending.popleft())
+                write_batch(*pending.popleft()[1])
         sink.write([_CONTINUATION, b"\0\0\0\0"])
         footer_specs = []
         for spec, entries in zip(specs, footer_entries):
