@@ -115,8 +115,8 @@ def _write_with_nodes(monkeypatch, path, table, nodes_fn) -> None:
     """A file by our writer whose record batch nodes ((length, null_count) per column) are rewritten."""
     encode = fmt.encode_batch_message
 
-    def forged(length, nodes, buffers, body_length, custom_metadata=()):
-        return encode(length, nodes_fn(list(nodes)), buffers, body_length, custom_metadata)
+    def forged(length, nodes, buffers, body_length, custom_metadata=(), compression=None):
+        return encode(length, nodes_fn(list(nodes)), buffers, body_length, custom_metadata, compression)
 
     monkeypatch.setattr(fmt, "encode_batch_message", forged)
     write_ipc_file(path, table.schema, table.to_batches(), stats=False)

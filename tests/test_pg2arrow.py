@@ -81,3 +81,28 @@ def test_cli_pg2arrow(pg, source, tmp_path):
     assert pa.ipc.open_file(path).read_all().num_rows == 2500
     bad = subprocess.run([*run, "-c", "SELECT nope FROM nowhere"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "pystrom pg2arrow: error:" in bad.stderr and "nowhere" in bad.stderr
+
+
+def test_compressed_pg2arrow(pg, source, tmp_path):
+    expected = pystrom.read_postgres(pg.conninfo, table=source, device="cpu").to_arrow()
+    plain = tmp_path / "plain.arrow"
+    pystrom.postgres_to_arrow(pg.conninfo, plain, table=source, batch_rows=1000)
+    path = tmp_path / "zstd.arrow"
+    summary = pystrom.postgres_to_arrow(pg.conninfo, path, table=source, batch_rows=1000, compression="zstd")
+    assert summary.num_batches == 3 and summary.bytes_written < plain.stat().st_size
+    with pa.ipc.open_file(path) as reader:
+        assert reader.read_all().sort_by("id").equals(expected.sort_by("id"))
+        assert "min_max_stats.id" in _meta(reader.get_batch_with_custom_metadata(0))
+    # the command line: --compression and --compression-level, refused levels in one line
+    path = tmp_path / "cli.arrow"
+    run = [sys.executable, "-m", "pystrom", "pg2arrow", "-d", pg.conninfo, "-t", source, "-o", str(path)]
+    done = subprocess.run([*run, "--compression", "lz4", "--compression-level", "9"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with pa.ipc.open_file(path) as reader:
+        assert reader.read_all().sort_by("id").equals(expected.sort_by("id"))
+    with open(path, "rb") as f:
+        assert b"min_max_stats.id" in f.read()
+    bad = subprocess.run([*run, "--compression", "zstd", "--compression-level", "99"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "pystrom pg2arrow: error: compression_level for 'zstd' must be in" in bad.stderr
+    bad = subprocess.run([*run, "--compression", "gzip"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice: 'gzip'" in bad.stderr

@@ -90,6 +90,13 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 0,
         "Threads reading files (KvikIO's pool on a GPU unless KVIKIO_NTHREADS is set); 0 picks the CPU count.",
     ),
+    "compress_threads": _Option(
+        "PYSTROM_COMPRESS_THREADS",
+        int,
+        0,
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "Threads compressing record batch buffers in write_arrow(compression=...); 0 picks the CPU count.",
+    ),
     "io_task_size": _Option(
         "PYSTROM_IO_TASK_SIZE",
         int,

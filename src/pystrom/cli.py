@@ -105,6 +105,8 @@ def _pg2arrow(args: argparse.Namespace) -> int:
         numeric=args.numeric,
         stats=not args.no_stats,
         progress=args.progress,
+        compression=args.compression,
+        compression_level=args.compression_level,
     )
     print(
         f"{summary.path}: {summary.num_rows:,} rows in {summary.num_batches} record batch(es), "
@@ -179,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     pg2arrow.add_argument("--partition-on", default=None, help="integer column splitting --query over connections")
     pg2arrow.add_argument("--numeric", choices=("float64", "decimal"), default="float64", help="numeric columns as")
     pg2arrow.add_argument("--no-stats", action="store_true", help="leave out the per-batch min/max statistics")
+    pg2arrow.add_argument(
+        "--compression", choices=("lz4", "zstd"), default=None, help="compress record batch bodies (default: none)"
+    )
+    pg2arrow.add_argument("--compression-level", type=int, default=None, help="the codec's level (default: its own)")
     add_progress_flag(pg2arrow, "read")
     pg2arrow.set_defaults(run=_pg2arrow)
     serve = sub.add_parser("serve", help="run the store daemon that keeps named tables in GPU memory")

@@ -13,7 +13,8 @@ every check and where it happens.
 
 Writing: :mod:`.write` (``write_arrow``) turns what the caller holds into record batches, and
 :mod:`.file_writer` writes them 64-byte aligned with their statistics, using the flatbuffer messages of
-:mod:`.format`.
+:mod:`.format`, the buffers :mod:`.write_columns` gives for each batch, compressed by :mod:`.deflate`
+when asked.
 """
 
 from .scan import ArrowScan, ScanStats, read_arrow, scan_arrow

@@ -1,4 +1,4 @@
-"""Write an uncompressed Arrow IPC file (Feather v2) whose every body buffer starts on a 64-byte file offset.
+"""Write an Arrow IPC file (Feather v2) whose every body buffer starts on a 64-byte file offset.
 
 Why our own writer: the reader (``read_arrow``) preads each buffer straight into device memory, and
 GPUDirect Storage and O_DIRECT-style reads are fastest on aligned offsets; pyarrow's writer pads to 8
@@ -16,10 +16,13 @@ File layout (Arrow columnar format, "IPC File Format")::
 Every message is encapsulated: ``FF FF FF FF``, int32 metadata length, flatbuffer, padding. We pad the
 metadata so that the body that follows starts on a multiple of 64, and pad every body buffer to 64, so
 all buffers land on 64-byte file offsets. Statistics are written per batch and in the footer (``_stats``).
+Which types are written and how a batch becomes buffers: :mod:`.write_columns`. With ``compression``
+each buffer is compressed on its own (:mod:`.deflate`) and the padding follows its compressed size.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import contextlib
 import os
@@ -29,13 +32,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.types as pt
 
-from ... import _core
-from ...errors import FileError, SchemaMismatchError, UnsupportedTypeError
+from ...errors import FileError, UnsupportedTypeError
 from . import format as fmt
+from .deflate import CODECS, Deflater, check_compression
 from .replace import replace_file
 from .stats import (
     FINGERPRINT_KEY,
@@ -46,6 +47,7 @@ from .stats import (
     column_stats,
     footer_lists,
 )
+from .write_columns import batch_buffers, check_batch, columns
 
 __all__ = ["write_ipc_file", "WriteSummary", "ALIGNMENT"]
 
@@ -54,11 +56,10 @@ MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
 _ZEROS = bytes(ALIGNMENT)
 _IOV_MAX = 512  # well under Linux's 1024 iovecs per writev
-_EXTENSION_KEYS = (b"ARROW:extension:name", b"ARROW:extension:metadata")
-# Footer statistics from an earlier file would describe other batches: never carried over.
-_STALE_KEYS = (FOOTER_MIN_KEY.encode(), FOOTER_MAX_KEY.encode())
-# C++ canonical extension types whose serialized metadata is empty (pyarrow does not expose it for them).
-_EMPTY_METADATA_EXTENSIONS = {"arrow.uuid", "arrow.json", "arrow.bool8"}
+# Compressed writes hold batches ahead while they total under this (and 16 MiB per compressing thread),
+# their frames too: about twice as much memory at most
+_AHEAD_BYTES = 64 << 20
+_AHEAD_BYTES_PER_THREAD = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -71,97 +72,12 @@ class WriteSummary:
     bytes_written: int
 
 
-@dataclass(frozen=True)
-class _Column:
-    name: str
-    storage: pa.DataType
-    layout: str  # "bool", "fixed" (width bytes per value), "var32" / "var64" (offsets + data), "list", "fixed_list"
-    width: int  # for lists: the element's width in bytes (0: bit-packed booleans)
-    spec: fmt.FieldSpec  # (name, storage type, nullable, field metadata) for the schema message
-
-
 def _pad(n: int) -> int:
     return -n % ALIGNMENT
 
 
 def _as_bytes(x: Any) -> bytes:
     return x if isinstance(x, bytes) else str(x).encode()
-
-
-def _unsupported(name: str, t: pa.DataType) -> UnsupportedTypeError:
-    hint = ""
-    if pt.is_dictionary(t):
-        hint = " (decode it first: arr.dictionary_decode())"
-    elif pt.is_list(t) or pt.is_fixed_size_list(t):
-        hint = " (lists are written with elements of bool, int8..64, uint8..64 or float16/32/64)"
-    elif pt.is_nested(t):
-        hint = " (nested types are not supported: flatten it into columns first)"
-    elif pt.is_decimal(t):
-        hint = " (only decimal128 is written: cast it to decimal128 with precision <= 38, or to float64)"
-    elif pt.is_string_view(t) or pt.is_binary_view(t):
-        hint = " (cast it to string/binary or large_string/large_binary)"
-    return UnsupportedTypeError(
-        f"cannot write column {name!r} of type {t} to an Arrow file{hint}; supported: bool, int8..64, "
-        "uint8..64, float16/32/64, date32/64, time32/64, timestamp, duration, decimal128, string, "
-        "large_string, binary, large_binary, fixed_size_binary, month_day_nano_interval, list and "
-        "fixed_size_list of bool/int/uint/float, and extension types over them (uuid)"
-    )
-
-
-def _layout(name: str, t: pa.DataType) -> tuple[str, int]:
-    if pt.is_boolean(t):
-        return "bool", 0
-    if pt.is_integer(t) or pt.is_floating(t):
-        return "fixed", t.bit_width // 8
-    if pt.is_date(t) or pt.is_time(t) or pt.is_timestamp(t) or pt.is_duration(t):
-        return "fixed", t.bit_width // 8
-    if pt.is_decimal128(t):
-        return "fixed", 16
-    if pt.is_fixed_size_binary(t):
-        return "fixed", t.byte_width
-    if t == pa.month_day_nano_interval():
-        return "fixed", 16
-    if pt.is_list(t) or pt.is_fixed_size_list(t):
-        child = t.value_type
-        if pt.is_boolean(child):
-            width = 0
-        elif pt.is_integer(child) or pt.is_floating(child):
-            width = child.bit_width // 8
-        else:
-            raise _unsupported(name, t)
-        return ("list" if pt.is_list(t) else "fixed_list"), width
-    if t in (pa.string(), pa.binary()):
-        return "var32", 4
-    if t in (pa.large_string(), pa.large_binary()):
-        return "var64", 8
-    raise _unsupported(name, t)
-
-
-def _columns(schema: pa.Schema) -> list[_Column]:
-    """Check every field is writable; describe how each one is laid out and encoded."""
-    cols = []
-    for field in schema:
-        t = field.type
-        meta = [(k, v) for k, v in (field.metadata or {}).items() if k not in _EXTENSION_KEYS + _STALE_KEYS]
-        if isinstance(t, pa.BaseExtensionType):
-            storage = t.storage_type
-            if hasattr(t, "__arrow_ext_serialize__"):
-                serialized = t.__arrow_ext_serialize__()
-            elif t.extension_name in _EMPTY_METADATA_EXTENSIONS:
-                serialized = b""
-            else:
-                raise UnsupportedTypeError(
-                    f"cannot write column {field.name!r}: extension type {t.extension_name} does not expose "
-                    "its serialized metadata to Python; write its storage type instead"
-                )
-            meta += [(_EXTENSION_KEYS[0], t.extension_name.encode()), (_EXTENSION_KEYS[1], serialized)]
-        else:
-            storage = t
-        if isinstance(storage, pa.BaseExtensionType) or pt.is_dictionary(storage):
-            raise _unsupported(field.name, t)
-        layout, width = _layout(field.name, storage)
-        cols.append(_Column(field.name, storage, layout, width, (field.name, storage, field.nullable, meta)))
-    return cols
 
 
 class _Sink:
@@ -208,133 +124,36 @@ class _Sink:
         return fmt.Block(start, meta_len, body_length)
 
 
-def _bits(buf: pa.Buffer, bit_offset: int, count: int) -> Any:
-    """``count`` bits of an LSB bitmap starting at ``bit_offset``, moved to bit 0 (IPC arrays have offset 0)."""
-    nbytes = (count + 7) // 8
-    if bit_offset % 8 == 0:
-        return memoryview(buf)[bit_offset // 8 : bit_offset // 8 + nbytes]
-    out = np.zeros(nbytes, dtype=np.uint8)
-    _core.copy_bits(buf, bit_offset, out, 0, count)
-    return out
-
-
-def _list_buffers(col: _Column, arr: pa.Array, validity: Any) -> tuple[list[Any], list[tuple[int, int]]]:
-    """A list column's IPC buffers in pre-order (validity, [offsets], element validity, elements) and
-    its two field nodes (the list's, the elements')."""
-    n = len(arr)
-    if col.layout == "fixed_list":
-        d = col.storage.list_size
-        child = arr.values.slice(arr.offset * d, n * d)
-        parent = [validity]
-    else:
-        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4) if n else None
-        first, last = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
-        child = arr.values.slice(first, last - first)
-        rebased = offsets - np.int32(first) if first else offsets  # IPC list offsets start at 0
-        parent = [validity, rebased if n else np.zeros(1, dtype=np.int32)]
-    m, cnulls, cbufs = len(child), child.null_count, child.buffers()
-    child_validity = _bits(cbufs[0], child.offset, m) if cnulls and cbufs[0] is not None else b""
-    if col.width == 0:
-        values = _bits(cbufs[1], child.offset, m) if m else b""
-    else:
-        w = col.width
-        values = memoryview(cbufs[1])[child.offset * w : (child.offset + m) * w] if m else b""
-    return [*parent, child_validity, values], [(n, arr.null_count), (m, cnulls)]
-
-
-def _column_buffers(col: _Column, arr: pa.Array) -> tuple[list[Any], list[tuple[int, int]]]:
-    """The IPC buffers of one column of one batch (validity, [offsets], values) and its field nodes."""
-    if isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
-    n, off, nulls = len(arr), arr.offset, arr.null_count
-    bufs = arr.buffers()
-    validity = _bits(bufs[0], off, n) if nulls and bufs[0] is not None else b""
-    if col.layout in ("list", "fixed_list"):
-        return _list_buffers(col, arr, validity)
-    pieces, node = _flat_buffers(col, arr, validity)
-    return pieces, [node]
-
-
-def _flat_buffers(col: _Column, arr: pa.Array, validity: Any) -> tuple[list[Any], tuple[int, int]]:
-    n, off = len(arr), arr.offset
-    bufs = arr.buffers()
-    node = (n, arr.null_count)
-    if col.layout == "bool":
-        return [validity, _bits(bufs[1], off, n) if n else b""], node
-    if col.layout == "fixed":
-        w = col.width
-        return [validity, memoryview(bufs[1])[off * w : (off + n) * w] if n else b""], node
-    dtype = np.int32 if col.layout == "var32" else np.int64
-    if n == 0:
-        return [validity, np.zeros(1, dtype=dtype), b""], node
-    offsets = np.frombuffer(bufs[1], dtype=dtype, count=n + 1, offset=off * col.width)
-    first, last = int(offsets[0]), int(offsets[n])
-    if first:
-        offsets = offsets - offsets.dtype.type(first)  # IPC string offsets start at 0
-    data = memoryview(bufs[2])[first:last] if bufs[2] is not None and last > first else b""
-    return [validity, offsets, data], node
-
-
-def _check_batch(cols: list[_Column], schema: pa.Schema, batch: Any, index: int) -> None:
-    if not isinstance(batch, pa.RecordBatch):
-        raise UnsupportedTypeError(f"batch {index} is a {type(batch).__name__}, not a pyarrow.RecordBatch")
-    if batch.num_columns != len(cols):
-        raise SchemaMismatchError(
-            f"batch {index} has {batch.num_columns} columns, the schema {len(cols)}: {batch.schema.names} vs "
-            f"{schema.names}"
-        )
-    for i, (col, field) in enumerate(zip(cols, batch.schema)):
-        if field.name != col.name or field.type != schema.field(i).type:
-            raise SchemaMismatchError(
-                f"batch {index} column {i} is {field.name!r} of type {field.type}; the schema has "
-                f"{col.name!r} of type {schema.field(i).type}"
-            )
-        arr = batch.column(i)
-        try:
-            # Cheap structural checks (buffer sizes); a malformed array would otherwise be cut short
-            # silently by the slicing below and give a corrupt file.
-            (arr.storage if isinstance(arr, pa.ExtensionArray) else arr).validate()
-        except pa.ArrowException as e:
-            raise SchemaMismatchError(f"batch {index} column {col.name!r} is not a valid Arrow array: {e}") from e
-        if col.layout == "list" and len(arr):
-            storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
-            ends = np.frombuffer(storage.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=storage.offset * 4)
-            first, last = int(ends[0]), int(ends[-1])
-            if not 0 <= first <= last <= len(storage.values) or (ends[1:] < ends[:-1]).any():
-                raise SchemaMismatchError(
-                    f"batch {index} column {col.name!r}: its list offsets ({first}..{last}) decrease or fall outside "
-                    "its elements"
-                )
-        if col.layout in ("var32", "var64") and len(arr):
-            storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
-            bufs = storage.buffers()
-            dtype = np.int32 if col.layout == "var32" else np.int64
-            ends = np.frombuffer(bufs[1], dtype=dtype, count=len(arr) + 1, offset=storage.offset * col.width)
-            first, last = int(ends[0]), int(ends[-1])
-            if not 0 <= first <= last <= (bufs[2].size if bufs[2] is not None else 0) or (ends[1:] < ends[:-1]).any():
-                raise SchemaMismatchError(
-                    f"batch {index} column {col.name!r}: its offsets ({first}..{last}) decrease or fall outside "
-                    "its data buffer"
-                )
-
-
-def _encode_batch(cols: list[_Column], batch: pa.RecordBatch, stats: dict[str, str]) -> tuple[bytes, list, int]:
-    nodes, buffers, body = [], [], []
+def _encode_batch(
+    length: int,
+    nodes: list[tuple[int, int]],
+    pieces: list[Any],
+    packed: list[tuple[int, Any]] | None,
+    stats: dict[str, str],
+    codec: int | None,
+) -> tuple[bytes, list, int]:
+    """A batch's flatbuffer and body: every buffer padded to 64; with ``packed`` (the buffers compressed,
+    :mod:`.deflate`) each non-empty one is its int64 length prefix and payload instead of its bytes."""
+    buffers, body = [], []
     pos = 0
-    for col, arr in zip(cols, batch.columns):
-        pieces, column_nodes = _column_buffers(col, arr)
-        nodes.extend(column_nodes)
-        for piece in pieces:
+    for i, piece in enumerate(pieces):
+        if packed is None:
+            parts = [piece]
             size = memoryview(piece).nbytes
-            buffers.append((pos, size))
-            if size:
-                body.append(piece)
-                pad = _pad(size)
-                if pad:
-                    body.append(_ZEROS[:pad])
-                pos += size + pad
+        else:
+            length_prefix, payload = packed[i]
+            size = memoryview(payload).nbytes
+            parts = [struct.pack("<q", length_prefix), payload]
+            size += 8 if size else 0  # empty buffers stay empty, without a prefix
+        buffers.append((pos, size))
+        if size:
+            body.extend(parts)
+            pad = _pad(size)
+            if pad:
+                body.append(_ZEROS[:pad])
+            pos += size + pad
     meta = [(STATS_KEY_PREFIX + name, value) for name, value in stats.items()]
-    return fmt.encode_batch_message(batch.num_rows, nodes, buffers, pos, meta), body, pos
+    return fmt.encode_batch_message(length, nodes, buffers, pos, meta, compression=codec), body, pos
 
 
 class _Done:
@@ -353,6 +172,10 @@ def _stats_threads(stats: bool) -> Any:
     return cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="pystrom-stats")
 
 
+def _deflater(compression: str | None, level: int | None) -> Any:
+    return contextlib.nullcontext(None) if compression is None else Deflater(compression, level)
+
+
 def _temp_name(path: str) -> str:
     directory, base = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".{base}.{uuid.uuid4().hex[:12]}.pystrom-tmp")
@@ -366,8 +189,10 @@ def write_ipc_file(
     stats: bool = True,
     metadata: Mapping[str, str] | None = None,
     footer_stats: bool = True,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> WriteSummary:
-    """Write ``batches`` to an uncompressed Arrow IPC file with every body buffer 64-byte aligned.
+    """Write ``batches`` to an Arrow IPC file with every body buffer 64-byte aligned.
 
     Parameters
     ----------
@@ -391,6 +216,12 @@ def write_ipc_file(
         PG-Strom (master of 2026-08-21, d54af89) reads only these when a file has them and then ignores
         the per-batch keys, so string ranges (which that format cannot hold) reach PG-Strom only with
         ``footer_stats=False``.
+    compression : None, "lz4" or "zstd"
+        Compress every body buffer (Arrow's ``BodyCompression``: LZ4 frame or Zstandard, one frame per
+        buffer; a buffer that does not shrink is stored raw, length prefix -1) on
+        ``pystrom.defaults.compress_threads`` threads. Buffers still start on 64-byte offsets.
+    compression_level : int, optional
+        The codec's level (None: its default; zstd -131072..22, lz4 1..12 as pyarrow reports).
 
     Returns
     -------
@@ -416,7 +247,9 @@ def write_ipc_file(
         raise UnsupportedTypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
     if isinstance(dest, bytes):
         dest = os.fsdecode(dest)
-    cols = _columns(schema)
+    compression, compression_level = check_compression(compression, compression_level)
+    codec = None if compression is None else CODECS[compression]
+    cols = columns(schema)
     schema_meta = dict(schema.metadata or {})
     for k, v in (metadata or {}).items():
         schema_meta[_as_bytes(k)] = _as_bytes(v)
@@ -441,33 +274,43 @@ def write_ipc_file(
         footer_entries: list[list] = [[] for _ in cols]  # by position: names may repeat
         num_rows = 0
 
-        def write_batch(batch: pa.RecordBatch, found: list[Any]) -> None:
+        def write_batch(length: int, found: list[Any], nodes: list, pieces: list, packed: Any) -> None:
             per_batch: dict[str, str] = {}
             for j, (col, future) in enumerate(zip(cols, found)):
                 st = future.result()
                 if st is not None and col.name in keyed:
                     per_batch[col.name] = st.per_batch
                 footer_entries[j].append(st.footer if st is not None else None)
-            flatbuffer, body, body_length = _encode_batch(cols, batch, per_batch)
+            packed = None if packed is None else packed.result()
+            flatbuffer, body, body_length = _encode_batch(length, nodes, pieces, packed, per_batch, codec)
             blocks.append(sink.message(flatbuffer, body, body_length))
 
         # Statistics (NumPy/pyarrow reductions, which release the GIL) of batch k run on the stats
-        # threads, a column per task, while batch k-1 is written: one batch is held ahead, no more.
-        pending = None
-        with _stats_threads(stats) as pool:
+        # threads, a column per task, while batch k-1 is written: one batch is held ahead. Compressed,
+        # batches are held ahead (their buffers compressing on the deflater's threads, GIL released
+        # too) while they total under ``ahead`` bytes, so that every thread has a buffer to work on.
+        pending: collections.deque = collections.deque()
+        held = 0
+        with _stats_threads(stats) as pool, _deflater(compression, compression_level) as deflater:
+            ahead = 0 if deflater is None else max(_AHEAD_BYTES, deflater.threads * _AHEAD_BYTES_PER_THREAD)
             for index, batch in enumerate(batches):
-                _check_batch(cols, schema, batch, index)
+                check_batch(cols, schema, batch, index)
                 found = [
                     pool.submit(column_stats, f.type, a) if stats else _NONE for f, a in zip(schema, batch.columns)
                 ]
-                if pending is not None:
-                    write_batch(*pending)
-                pending = (batch, found)
+                nodes, pieces = batch_buffers(cols, batch)
+                nbytes = sum(memoryview(p).nbytes for p in pieces)
+                packed = None if deflater is None else deflater.submit(pieces)
+                pending.append((nbytes, (batch.num_rows, found, nodes, pieces, packed)))
+                held += nbytes
                 num_rows += batch.num_rows
-                del batch
-            if pending is not None:
-                write_batch(*pending)
-                pending = None  # stream: nothing of a written batch is kept
+                del batch, found, nodes, pieces, packed
+                while len(pending) > 1 and (deflater is None or held > ahead):
+                    nbytes, args = pending.popleft()
+                    held -= nbytes
+                    write_batch(*args)
+            while pending:  # stream: nothing of a written batch is kept
+                write_batch(*pending.popleft()[1])
         sink.write([_CONTINUATION, b"\0\0\0\0"])
         footer_specs = []
         for spec, entries in zip(specs, footer_entries):

@@ -35,6 +35,7 @@ _TYPE_DATE, _TYPE_TIME, _TYPE_TIMESTAMP = 8, 9, 10
 _TYPE_FIXED_SIZE_BINARY, _TYPE_DURATION, _TYPE_LARGE_BINARY, _TYPE_LARGE_UTF8 = 15, 18, 19, 20
 _TYPE_INTERVAL, _TYPE_LIST, _TYPE_FIXED_SIZE_LIST = 11, 12, 16
 _INTERVAL_MONTH_DAY_NANO = 2  # IntervalUnit: YEAR_MONTH = 0, DAY_TIME = 1, MONTH_DAY_NANO = 2
+_BODY_COMPRESSION_BUFFER = 0  # BodyCompressionMethod: each buffer compressed on its own
 # union MessageHeader (Message.fbs)
 _HEADER_SCHEMA, _HEADER_RECORD_BATCH = 1, 3
 
@@ -219,9 +220,11 @@ def encode_batch_message(
     buffers: Sequence[tuple[int, int]],
     body_length: int,
     custom_metadata: Sequence[tuple[str | bytes, str | bytes]] | Mapping = (),
+    compression: int | None = None,
 ) -> bytes:
     """The flatbuffer of a RecordBatch message: ``nodes`` (length, null_count) per column,
-    ``buffers`` (body offset, length) in pre-order."""
+    ``buffers`` (body offset, length) in pre-order; ``compression`` the CompressionType of a
+    compressed body (LZ4_FRAME = 0, ZSTD = 1; every buffer compressed on its own, method BUFFER)."""
     b = _builder(256 + 32 * len(buffers) + 64 * len(custom_metadata))
     pairs = list(custom_metadata.items()) if isinstance(custom_metadata, Mapping) else list(custom_metadata)
     meta = _key_values(b, pairs)
@@ -237,10 +240,18 @@ def encode_batch_message(
         b.PrependInt64(null_count)
         b.PrependInt64(node_length)
     nodes_off = b.EndVector()
+    body_compression = None
+    if compression is not None:
+        b.StartObject(2)  # table BodyCompression { codec: CompressionType; method: BodyCompressionMethod; }
+        b.PrependInt8Slot(0, compression, 0)
+        b.PrependInt8Slot(1, _BODY_COMPRESSION_BUFFER, 0)
+        body_compression = b.EndObject()
     b.StartObject(5)  # table RecordBatch: length, nodes, buffers, compression, variadicBufferCounts
     b.PrependInt64Slot(0, length, 0)
     b.PrependUOffsetTRelativeSlot(1, nodes_off, 0)
     b.PrependUOffsetTRelativeSlot(2, buffers_off, 0)
+    if body_compression is not None:
+        b.PrependUOffsetTRelativeSlot(3, body_compression, 0)
     batch = b.EndObject()
     return _message(b, _HEADER_RECORD_BATCH, batch, body_length, meta)
 

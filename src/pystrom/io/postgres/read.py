@@ -15,6 +15,7 @@ from ..._backend import resolve_device
 from ..._progress import check_progress
 from ...errors import InvalidArgumentError, PostgresError
 from ...table import Table
+from ..arrow.deflate import check_compression
 from ..arrow.write import write_arrow
 from .assemble import assemble
 from .pump import Kind
@@ -164,6 +165,8 @@ def postgres_to_arrow(
     numeric: str = "float64",
     stats: bool = True,
     progress: bool | Callable[[int], None] | None = None,
+    compression: str | None = None,
+    compression_level: int | None = None,
 ) -> Any:
     """Write a PostgreSQL query result or table to an Arrow IPC file (PG-Strom's ``pg2arrow``).
 
@@ -183,6 +186,8 @@ def postgres_to_arrow(
         Rows per record batch (the granularity of the statistics).
     stats
         Write the per-batch min/max statistics.
+    compression, compression_level
+        As for :func:`pystrom.write_arrow`: None, ``"lz4"`` or ``"zstd"`` record batch bodies.
 
     Returns
     -------
@@ -190,6 +195,7 @@ def postgres_to_arrow(
         path, num_rows, num_batches, bytes_written.
     """
 
+    check_compression(compression, compression_level)  # before the read, not after it
     result = read_postgres(
         conninfo,
         query,
@@ -204,4 +210,11 @@ def postgres_to_arrow(
         progress=progress,
     )
     with result:
-        return write_arrow(result, path, batch_rows=batch_rows, stats=stats)
+        return write_arrow(
+            result,
+            path,
+            batch_rows=batch_rows,
+            stats=stats,
+            compression=compression,
+            compression_level=compression_level,
+        )
