@@ -105,7 +105,9 @@ def compressed_layouts(
         if ctype is None:
             continue
         j = names.index(name)
-        chunks = _column(file, name, ctype, nodes, node_first[j], buffers, buf_first[j], rows, bodies, codecs, packed_at)
+        chunks = _column(
+            file, name, ctype, nodes, node_first[j], buffers, buf_first[j], rows, bodies, codecs, packed_at
+        )
         for out, chunk in zip(per_batch, chunks):
             out[name] = chunk
     return [BatchLayout(i, int(n), chunks) for i, (n, chunks) in enumerate(zip(rows.tolist(), per_batch))]
@@ -145,7 +147,9 @@ def _column(file, name, ctype, nodes, nn, buffers, nb, rows, bodies, codecs, pac
         raise _bad(file, i, f"column {name!r}", why)
     if layout == Layout.FIXED_LIST and (child_n < n * ctype.list_size).any():
         i = int(np.flatnonzero(child_n < n * ctype.list_size)[0])
-        raise _bad(file, i, f"column {name!r}", f"{int(child_n[i])} elements for {int(n[i])} lists of {ctype.list_size}")
+        raise _bad(
+            file, i, f"column {name!r}", f"{int(child_n[i])} elements for {int(n[i])} lists of {ctype.list_size}"
+        )
     roles = _ROLES[layout]
     bits = (n + 7) // 8
     item = ctype.storage.itemsize if nested else 0
@@ -165,10 +169,13 @@ def _column(file, name, ctype, nodes, nn, buffers, nb, rows, bodies, codecs, pac
     for k, (role, _) in enumerate(roles):
         ranges[role] = _ranges(file, name, role, nb + k, buffers[:, nb + k], needs[role],
                                used.get(role), bodies, codecs, packed_at)  # fmt: skip
+    values_role = {Layout.FIXED_LIST: "elements", Layout.VARBINARY: "offsets", Layout.LIST: "offsets"}.get(
+        layout, "values"
+    )
+    data = ranges.get("data", ranges.get("elements") if layout == Layout.LIST else None)
     out = []
     for i in range(len(rows)):
-        values = ranges["elements"][i] if layout == Layout.FIXED_LIST else ranges["offsets" if "offsets" in ranges else "values"][i]
-        data = ranges.get("data", ranges.get("elements") if layout == Layout.LIST else None)
+        values = ranges[values_role][i]
         out.append(ChunkLayout(
             int(n[i]), int(nulls[i]), ranges["validity"][i], values, data[i] if data is not None else None,
             int(child_n[i]), int(child_nulls[i]), ranges["element validity"][i] if nested else None,
@@ -190,7 +197,9 @@ def _ranges(file, name, role, k, bufs, need, used, bodies, codecs, packed_at) ->
 
     if (stored & (length < 8)).any():
         i = int(np.flatnonzero(stored & (length < 8))[0])
-        raise _bad(file, i, what(i), f"{int(length[i])} bytes cannot hold the 8-byte length prefix of a compressed buffer")
+        raise _bad(
+            file, i, what(i), f"{int(length[i])} bytes cannot hold the 8-byte length prefix of a compressed buffer"
+        )
     prefix = np.zeros(len(bufs), dtype=np.int64)
     at = np.flatnonzero(stored)
     if len(at):
@@ -211,8 +220,9 @@ def _ranges(file, name, role, k, bufs, need, used, bodies, codecs, packed_at) ->
     over = packed & (prefix > limit)
     if over.any():
         i = int(np.flatnonzero(over)[0])
+        frame = f"a {int(length[i]) - 8:,}-byte {CODECS[int(codecs[i])]} frame"
         raise _bad(file, i, what(i), f"its length prefix claims {int(prefix[i]):,} bytes, more than it can hold "
-                   f"(at most {int(limit[i]):,} from a {int(length[i]) - 8:,}-byte {CODECS[int(codecs[i])]} frame)")  # fmt: skip
+                   f"(at most {int(limit[i]):,} from {frame})")  # fmt: skip
     out: list[Range | None] = []
     for i, (ok, p, start, n) in enumerate(zip(live.tolist(), prefix.tolist(), body.tolist(), length.tolist())):
         if not ok:

@@ -239,7 +239,9 @@ def _read_column(
     return fixup
 
 
-def _read_bitmaps(reader: RangeReader | InflatingReader, xp: Any, batches: Sequence[BatchLayout], name: str, which, count=None) -> tuple:
+def _read_bitmaps(
+    reader: RangeReader | InflatingReader, xp: Any, batches: Sequence[BatchLayout], name: str, which, count=None
+) -> tuple:
     """Read one bitmap per batch into a scratch array; (scratch, per-batch position or -1).
     ``count(chunk)``: the bits of a batch's bitmap (default: its rows)."""
     sizes = []

@@ -37,7 +37,17 @@ from ...errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError,
 from .format import MAX_FOOTER_BYTES, FooterError, read_footer
 from .stats import FINGERPRINT_KEY, FOOTER_MAX_KEY, FOOTER_MIN_KEY, BlocksFingerprint
 
-__all__ = ["Range", "Packed", "PACKED_BASE", "ChunkLayout", "BatchLayout", "ArrowFile", "open_arrow_file", "ARROW_ERRORS", "check_types"]
+__all__ = [
+    "Range",
+    "Packed",
+    "PACKED_BASE",
+    "ChunkLayout",
+    "BatchLayout",
+    "ArrowFile",
+    "open_arrow_file",
+    "ARROW_ERRORS",
+    "check_types",
+]
 
 _FILE_MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
