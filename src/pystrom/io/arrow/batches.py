@@ -6,15 +6,19 @@ batch on the 2-core test machine): for a file written by pyarrow (64K-row batche
 that was a fifth of read_arrow. Here, in order:
 
 1. decline (None: the caller takes pyarrow's path, which raises the errors it always raised) unless
-   the file is a file, not a stream, little-endian, its footer lists no dictionaries, and every
-   field of its schema is a column type whose file layout is pystrom's (no dictionaries, nested or
-   view types: their nodes and buffers would need the whole type tree);
+   the file is a file, not a stream, little-endian, and every field's FieldNodes and Buffers follow
+   from its type (:func:`.compressed.field_counts`: not view or run-end encoded types); an
+   uncompressed batch is taken only when the footer lists no dictionaries and every field of the
+   schema is a flat column type whose file layout is pystrom's;
 2. the footer's Blocks (:func:`.format.read_footer`, bounds-checked) and, per Block, the message
    prefix (continuation marker, a flatbuffer length that fills the Block's metadata length), the message
    through pyarrow's flatbuffer verifier (``ipc.read_message``: no arrays built, the body untouched),
    then the Message and RecordBatch tables (bounds-checked reads only: :class:`.format._Reader`): a record
-   batch header, metadata version V5, no compression, the Block's body length, one FieldNode per
-   field and 2 (3 for strings) Buffers per field;
+   batch header, metadata version V5, the Block's body length, the FieldNodes and Buffers the schema
+   implies, the compression (a codec id other than LZ4_FRAME/ZSTD or a method other than BUFFER is a
+   FileFormatError) and the batch's custom metadata;
+   a file whose batches are all compressed continues in :func:`.compressed.compressed_layouts` (its
+   own checks, raising FileFormatError: pyarrow's path would inflate the whole file on the host);
 3. with NumPy over all batches and fields: the body inside the file, each buffer inside its body and
    8-byte aligned, row counts equal to the batch's, NULL counts in [0, rows], a validity bitmap
    wherever there are NULLs, every buffer as long as its row count needs (the checks of

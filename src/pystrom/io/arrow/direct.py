@@ -15,10 +15,13 @@ Per column, the batches land one after the other:
 - the NULLs in the unpacked validity bitmaps are counted on the device and compared with the counts
   the metadata claimed (read back once, after every column is in place).
 
-Columns whose file layout is not pystrom's (dictionaries, large or view strings, lists of booleans) and files with
-compressed bodies go through pyarrow on the host (:mod:`.host`, validated there) and the common table
-builder instead. Everything else the read relies on (row counts, null counts, buffer ranges inside
-the file and long enough) was checked by :mod:`.file` from the metadata.
+Compressed buffers (:class:`.file.Packed` ranges) are served by :class:`.inflating.InflatingReader`,
+which has the range reader's interface: the steps above run unchanged on the decompressed bytes.
+Columns whose file layout is not pystrom's (dictionaries, large or view strings, lists of booleans) and
+files whose bodies pyarrow must rewrite (compressed streams, big-endian) go through pyarrow on the host
+(:mod:`.host`, validated there) and the common table builder instead. Everything else the read
+relies on (row counts, null counts, buffer ranges inside the file and long enough) was checked from
+the metadata by :mod:`.file`, :mod:`.batches` or :mod:`.compressed`.
 """
 
 from __future__ import annotations

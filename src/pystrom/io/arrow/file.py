@@ -6,7 +6,9 @@ buffer's file offset. Only the metadata pages are touched on the host: the data 
 by KvikIO (or threaded ``pread`` on the CPU backend) straight to their place in the table.
 
 A compressed (or big-endian: pyarrow swaps it) body cannot be sliced like that (pyarrow writes it
-into fresh memory): such a file is marked ``compressed`` and read on the host (:mod:`.host`). IPC
+into fresh memory): where this path meets one, the file is marked ``compressed`` and read on the host
+(:mod:`.host`). Compressed files normally never get here: :mod:`.batches` and :mod:`.compressed` lay
+them out from the raw messages (:class:`Packed` ranges). IPC
 stream files (no footer), also the pre-0.15 "legacy" streams without the continuation marker, are
 walked message by message in the same way.
 

@@ -345,7 +345,9 @@ def read_arrow(
     ----------
     path : str or path
         The file. Uncompressed files are read by KvikIO directly into the table (GPUDirect Storage
-        where available); compressed ones are inflated on the host, with a ``PerformanceWarning``.
+        where available); LZ4/ZSTD-compressed files are read the same way and decompressed in
+        batches before the same checks; compressed IPC streams and big-endian files are rewritten by
+        pyarrow on the host, with a ``PerformanceWarning``.
     columns : list of str, optional
         Read only these columns (only their bytes are read from the file).
     where : str, optional
