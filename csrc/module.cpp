@@ -12,6 +12,7 @@
 #include "arrow_keep.hpp"
 #include "bits.hpp"
 #include "gather.hpp"
+#include "lz4_size.hpp"
 #include "pg_copy_in.hpp"
 #include "pg_encode.hpp"
 #include "pg_decode.hpp"
@@ -76,6 +77,12 @@ PYBIND11_MODULE(_core, m) {
     check_range(s, src_offset, count, "src");
     py::gil_scoped_release nogil;
     return pystrom::count_bits(s.ptr, s.size, src_offset, count);
+  });
+
+  m.def("lz4_frame_size", [](py::buffer src) {
+    Bytes s = request(src, false, "src");
+    py::gil_scoped_release nogil;
+    return pystrom::lz4_frame_size(s.ptr, s.size);
   });
 
   m.def("gather_varbinary", [](py::buffer src_offsets, py::buffer src_data, py::buffer rows, py::buffer dst_offsets,

@@ -103,10 +103,20 @@ def test_stream_format_is_read_sequentially(tmp_path, device):
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])
-def test_compressed_file_is_exact_and_warns(tmp_path, device, codec):
+def test_compressed_file_is_exact_without_warning(tmp_path, device, codec, recwarn):
     table = _mixed_table(True)
     path = tmp_path / f"{codec}.arrow"
     _write(path, table, compression=codec)
+    got = pystrom.read_arrow(path, device=device)  # inflated by pystrom (io/arrow/inflating.py), no warning
+    assert not [w for w in recwarn if issubclass(w.category, pystrom.PerformanceWarning)]
+    _assert_same(got, _expected(path))
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_compressed_stream_is_exact_and_warns(tmp_path, device, codec):
+    table = _mixed_table(True)
+    path = tmp_path / f"{codec}.arrows"
+    _write(path, table, stream=True, compression=codec)
     with pytest.warns(pystrom.PerformanceWarning, match="compressed"):
         got = pystrom.read_arrow(path, device=device)
     _assert_same(got, _expected(path))

@@ -8,8 +8,6 @@ must give -1 or some size, never a fault or a write outside the frame's output.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -42,20 +40,19 @@ def _payloads() -> list[bytes]:
 
 
 def _frames(cp, payloads, compressed):
+    from pystrom.io.arrow.inflate import Frames
+
     src_sizes = np.array([len(c) for c in compressed], dtype=np.int64)
     src_offsets = np.concatenate([[0], np.cumsum(src_sizes)[:-1]]).astype(np.int64)
     dst_sizes = np.array([len(p) for p in payloads], dtype=np.int64)
     dst_offsets = np.concatenate([[0], np.cumsum((dst_sizes + 63) // 64 * 64)[:-1]]).astype(np.int64)
     src = cp.asarray(np.frombuffer(b"".join(compressed), dtype=np.uint8).copy())
     dst = cp.full(int(dst_offsets[-1] + dst_sizes[-1]) + 64, 0xEE, dtype=cp.uint8)
-    return types.SimpleNamespace(
-        codec="lz4_frame", src=src, src_offsets=src_offsets, src_sizes=src_sizes,
-        dst=dst, dst_offsets=dst_offsets, dst_sizes=dst_sizes,
-    )  # fmt: skip
+    return Frames("lz4_frame", src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes)
 
 
 def test_kernel_matches_liblz4(gpu_backend):
-    from pystrom.io.arrow.inflate_device import inflate_device
+    from pystrom.io.arrow.inflate import inflate
 
     cp = gpu_backend.xp
     codec = pa.Codec("lz4")
@@ -63,7 +60,7 @@ def test_kernel_matches_liblz4(gpu_backend):
     compressed = [codec.compress(p, asbytes=True) for p in payloads]
     frames = _frames(cp, payloads, compressed)
     with gpu_backend.activate():
-        produced = inflate_device(gpu_backend, frames)
+        produced = inflate(gpu_backend, frames)
         dst = frames.dst.get()
     assert produced.tolist() == [len(p) for p in payloads]
     for p, off in zip(payloads, frames.dst_offsets.tolist()):
@@ -75,20 +72,20 @@ def test_kernel_matches_liblz4(gpu_backend):
 
 
 def test_output_capacity_is_never_exceeded(gpu_backend):
-    from pystrom.io.arrow.inflate_device import inflate_device
+    from pystrom.io.arrow.inflate import inflate
 
     cp = gpu_backend.xp
     payload = bytes(range(256)) * 2000
     compressed = [pa.Codec("lz4").compress(payload, asbytes=True)]
     frames = _frames(cp, [payload[:1000]], compressed)  # the claimed size is too small
     with gpu_backend.activate():
-        produced = inflate_device(gpu_backend, frames)
+        produced = inflate(gpu_backend, frames)
         assert produced.tolist() == [-1]
         assert (frames.dst[1000:].get() == 0xEE).all()
 
 
 def test_corrupt_frames_never_fault(gpu_backend):
-    from pystrom.io.arrow.inflate_device import inflate_device
+    from pystrom.io.arrow.inflate import inflate
 
     cp = gpu_backend.xp
     rng = np.random.default_rng(11)
@@ -104,14 +101,14 @@ def test_corrupt_frames_never_fault(gpu_backend):
         payloads.append(base)
     frames = _frames(cp, payloads, compressed)
     with gpu_backend.activate():
-        produced = inflate_device(gpu_backend, frames)
+        produced = inflate(gpu_backend, frames)
         cp.cuda.get_current_stream().synchronize()
     assert ((produced == -1) | ((produced >= 0) & (produced <= len(base)))).all()
     assert (produced == -1).any()
 
 
 def test_zstd_batch_matches_libzstd(gpu_backend):
-    from pystrom.io.arrow.inflate_device import inflate_device
+    from pystrom.io.arrow.inflate import inflate
 
     cp = gpu_backend.xp
     codec = pa.Codec("zstd")
@@ -120,7 +117,7 @@ def test_zstd_batch_matches_libzstd(gpu_backend):
     frames = _frames(cp, payloads, compressed)
     frames.codec = "zstd"
     with gpu_backend.activate():
-        produced = inflate_device(gpu_backend, frames)
+        produced = inflate(gpu_backend, frames)
         dst = frames.dst.get()
     assert produced.tolist() == [len(p) for p in payloads]
     for p, off in zip(payloads, frames.dst_offsets.tolist()):
@@ -133,6 +130,6 @@ def test_zstd_batch_matches_libzstd(gpu_backend):
     frames = _frames(cp, payloads, compressed)
     frames.codec = "zstd"
     with gpu_backend.activate():
-        produced = inflate_device(gpu_backend, frames)
+        produced = inflate(gpu_backend, frames)
     assert produced[5] != len(payloads[5])
     assert [int(x) for i, x in enumerate(produced) if i != 5] == [len(p) for i, p in enumerate(payloads) if i != 5]

@@ -11,6 +11,9 @@ def unpack_bits(src: Buffer, src_offset: int, dst: Buffer, count: int) -> None:
 def count_bits(src: Buffer, src_offset: int, count: int) -> int:
     """Set bits among ``count`` bits from ``src_offset``."""
 
+def lz4_frame_size(src: Buffer) -> int:
+    """Bytes the one LZ4 frame in ``src`` decompresses to (its blocks and sequences walked), -1 if malformed."""
+
 def gather_varbinary(
     src_offsets: Buffer, src_data: Buffer, rows: Buffer, dst_offsets: Buffer, dst_data: Buffer
 ) -> None:

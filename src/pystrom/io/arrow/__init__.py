@@ -5,8 +5,10 @@
 2. :mod:`.file` - the file's metadata: the schema and where each requested column's buffers sit.
 3. :mod:`.direct` - those byte ranges read straight into one Table allocation, through :mod:`.ranges`
    (KvikIO on a GPU, threaded ``pread`` on the CPU), string offsets checked by :mod:`.offsets` before
-   use; columns that cannot be read that way (compressed, big-endian, dictionary-encoded, large
-   strings) go through pyarrow on the host, validated first, in :mod:`.host`.
+   use; compressed bodies are laid out by :mod:`.compressed` and inflated a bounded slice at a time by
+   :mod:`.inflating` (:mod:`.inflate`), under the same column readers; columns that cannot be read
+   that way (dictionary-encoded, large strings, big-endian bodies, compressed streams) go through
+   pyarrow on the host, validated first, in :mod:`.host`.
 
 Nothing from the file is followed unchecked: docs/arrow-files.md ("Corrupt and hostile files") lists
 every check and where it happens.

@@ -6,15 +6,19 @@ batch on the 2-core test machine): for a file written by pyarrow (64K-row batche
 that was a fifth of read_arrow. Here, in order:
 
 1. decline (None: the caller takes pyarrow's path, which raises the errors it always raised) unless
-   the file is a file, not a stream, little-endian, its footer lists no dictionaries, and every
-   field of its schema is a column type whose file layout is pystrom's (no dictionaries, nested or
-   view types: their nodes and buffers would need the whole type tree);
+   the file is a file, not a stream, little-endian, and every field's FieldNodes and Buffers follow
+   from its type (:func:`.compressed.field_counts`: not view or run-end encoded types); an
+   uncompressed batch is taken only when the footer lists no dictionaries and every field of the
+   schema is a flat column type whose file layout is pystrom's;
 2. the footer's Blocks (:func:`.format.read_footer`, bounds-checked) and, per Block, the message
    prefix (continuation marker, a flatbuffer length that fills the Block's metadata length), the message
    through pyarrow's flatbuffer verifier (``ipc.read_message``: no arrays built, the body untouched),
    then the Message and RecordBatch tables (bounds-checked reads only: :class:`.format._Reader`): a record
-   batch header, metadata version V5, no compression, the Block's body length, one FieldNode per
-   field and 2 (3 for strings) Buffers per field;
+   batch header, metadata version V5, the Block's body length, the FieldNodes and Buffers the schema
+   implies, the compression (a codec id other than LZ4_FRAME/ZSTD or a method other than BUFFER is a
+   FileFormatError) and the batch's custom metadata;
+   a file whose batches are all compressed continues in :func:`.compressed.compressed_layouts` (its
+   own checks, raising FileFormatError: pyarrow's path would inflate the whole file on the host);
 3. with NumPy over all batches and fields: the body inside the file, each buffer inside its body and
    8-byte aligned, row counts equal to the batch's, NULL counts in [0, rows], a validity bitmap
    wherever there are NULLs, every buffer as long as its row count needs (the checks of
@@ -34,8 +38,11 @@ import numpy as np
 import pyarrow.ipc as ipc
 
 from ..._types import ColumnType, Layout
+from ...errors import FileFormatError
+from .compressed import compressed_layouts, field_counts
 from .file import ARROW_ERRORS, ArrowFile, BatchLayout, ChunkLayout, Range, direct_types
-from .format import MAX_FOOTER_BYTES, METADATA_V5, FooterError, _Reader, read_footer
+from .format import MAX_FOOTER_BYTES, METADATA_V5, FooterError, _Reader, read_footer, read_key_values
+from .inflate import CODECS
 
 __all__ = ["batch_layouts", "parse_batches"]
 
@@ -59,6 +66,8 @@ def parse_batches(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout] 
     """Every batch's layout from the raw metadata (steps 1-4 above), or None where pyarrow's path must decide."""
     try:
         return _parse(file, columns)
+    except FileFormatError:
+        raise  # a compressed body's buffers, refused by :mod:`.compressed` (pyarrow's path would inflate them)
     except (_Decline, FooterError, struct.error, *ARROW_ERRORS):
         return None
 
@@ -70,11 +79,15 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
     if len(set(names)) != len(names) or not set(columns) <= set(names):
         raise _Decline
     types = direct_types(file.schema, names)
-    if any(t is None for t in types.values()):
+    counts = [field_counts(f.type) for f in file.schema]
+    if any(c is None for c in counts):
         raise _Decline
-    layouts = [types[n].layout for n in names]
-    per_field = [3 if lay == Layout.VARBINARY else 2 for lay in layouts]
-    num_fields, num_buffers = len(names), sum(per_field)
+    # uncompressed batches are taken here only when every field is flat and direct; compressed ones
+    # whenever the fields' nodes and buffers can be counted (:mod:`.compressed`)
+    flat = all(t is not None and t.layout not in Layout.NESTED for t in types.values())
+    layouts = [types[n].layout if flat else None for n in names]
+    per_field = [c[1] for c in counts]
+    num_fields, num_buffers = sum(c[0] for c in counts), sum(per_field)
 
     whole = memoryview(file._whole)
     size = file.size
@@ -87,7 +100,7 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
     blocks, _ = read_footer(footer)
     if len(blocks) != file.num_batches:
         raise _Decline
-    _check_footer(footer)
+    flat = _check_footer(footer) and flat
     if not blocks:
         return []
 
@@ -95,6 +108,8 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
     bodies = np.empty((len(blocks), 2), dtype=np.int64)  # file offset, length
     nodes = np.empty((len(blocks), num_fields, 2), dtype=np.int64)  # length, null count
     buffers = np.empty((len(blocks), num_buffers, 2), dtype=np.int64)  # body offset, length
+    codecs = np.empty(len(blocks), dtype=np.int64)  # index into CODECS, -1: uncompressed
+    metadata = []
     for i, blk in enumerate(blocks):
         if blk.offset < 8 or blk.metadata_length < 8 or blk.offset + blk.metadata_length > footer_start:
             raise _Decline
@@ -115,15 +130,39 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
         if at is None or body_length != blk.body_length:
             raise _Decline
         batch = r.table(r.deref(at))
-        if r.field(batch, 3) is not None:  # compression: pyarrow inflates it
+        codecs[i] = _compression(file, r, batch, i)
+        if codecs[i] < 0 and not flat:
             raise _Decline
+        metadata.append(read_key_values(r, r.field(message, 4)))
         rows[i] = _scalar(r, batch, 0, "<q", 0)
         bodies[i] = blk.offset + blk.metadata_length, body_length
         nodes[i] = _structs(r, batch, 1, num_fields)
         buffers[i] = _structs(r, batch, 2, num_buffers)
 
+    if (codecs >= 0).any():
+        if (codecs < 0).any():
+            raise _Decline  # compressed and uncompressed batches in one file: pyarrow's path decides
+        out = compressed_layouts(file, columns, types, counts, rows, bodies, nodes, buffers, codecs)
+        file.batch_metadata = metadata  # pyarrow would inflate a whole batch to hand out its metadata
+        return out
     _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, [types[n] for n in names])
     return _layouts(rows, bodies, nodes, buffers, per_field, names, columns)
+
+
+def _compression(file: ArrowFile, r: _Reader, batch: tuple[int, int, int], index: int) -> int:
+    """The batch's codec (an index into CODECS), -1 when its body is not compressed."""
+    at = r.field(batch, 3)
+    if at is None:
+        return -1
+    body = r.table(r.deref(at))  # table BodyCompression { codec: CompressionType; method: BodyCompressionMethod; }
+    codec, method = _scalar(r, body, 0, "<b", 0), _scalar(r, body, 1, "<b", 0)
+    if not 0 <= codec < len(CODECS):
+        raise FileFormatError(f"{file.path!r}: record batch {index} is compressed with unknown codec id {codec} "
+                              "(Arrow knows 0: LZ4_FRAME, 1: ZSTD; corrupt file?)")  # fmt: skip
+    if method != 0:
+        raise FileFormatError(f"{file.path!r}: record batch {index} uses body compression method {method}; "
+                              "Arrow defines only 0 (BUFFER, each buffer compressed on its own)")  # fmt: skip
+    return codec
 
 
 def _scalar(r: _Reader, table: tuple[int, int, int], slot: int, fmt: str, default: int) -> int:
@@ -142,18 +181,19 @@ def _structs(r: _Reader, table: tuple[int, int, int], slot: int, count: int) -> 
     return np.frombuffer(r.buf, dtype="<i8", count=2 * n, offset=first).reshape(n, 2)
 
 
-def _check_footer(footer: memoryview) -> None:
-    """A little-endian schema and no dictionary Blocks (pyarrow reads those before the first batch)."""
+def _check_footer(footer: memoryview) -> bool:
+    """A little-endian schema (else decline); whether the footer lists no dictionary Blocks (the flat
+    path leaves those to pyarrow, which reads them before the first batch)."""
     r = _Reader(footer)
     root = r.table(r.deref(0))
     at = r.field(root, 2)
-    if at is not None and r.vector(at, 24)[1] != 0:
-        raise _Decline
+    no_dictionaries = at is None or r.vector(at, 24)[1] == 0
     at = r.field(root, 1)
     if at is None:
         raise _Decline
     if _scalar(r, r.table(r.deref(at)), 0, "<h", 0) != 0:  # Schema.endianness: 0 is Little
         raise _Decline
+    return no_dictionaries
 
 
 def _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, types) -> None:

@@ -15,10 +15,13 @@ Per column, the batches land one after the other:
 - the NULLs in the unpacked validity bitmaps are counted on the device and compared with the counts
   the metadata claimed (read back once, after every column is in place).
 
-Columns whose file layout is not pystrom's (dictionaries, large or view strings, lists of booleans) and files with
-compressed bodies go through pyarrow on the host (:mod:`.host`, validated there) and the common table
-builder instead. Everything else the read relies on (row counts, null counts, buffer ranges inside
-the file and long enough) was checked by :mod:`.file` from the metadata.
+Compressed buffers (:class:`.file.Packed` ranges) are served by :class:`.inflating.InflatingReader`,
+which has the range reader's interface: the steps above run unchanged on the decompressed bytes.
+Columns whose file layout is not pystrom's (dictionaries, large or view strings, lists of booleans) and
+files whose bodies pyarrow must rewrite (compressed streams, big-endian) go through pyarrow on the host
+(:mod:`.host`, validated there) and the common table builder instead. Everything else the read
+relies on (row counts, null counts, buffer ranges inside the file and long enough) was checked from
+the metadata by :mod:`.file`, :mod:`.batches` or :mod:`.compressed`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ...kernels import launch
 from ...table import Table
 from .file import ArrowFile, BatchLayout
 from .host import host_columns
+from .inflating import InflatingReader, packed_buffers
 from .offsets import check_offsets
 from .ranges import RangeReader, as_bytes
 
@@ -74,7 +78,9 @@ def read_batches(
     direct = [c for c in columns if types[c] is not None and not file.compressed]
     host = host_columns(file, batches, [c for c in columns if c not in direct])
 
-    with RangeReader(file.path, backend, progress) as reader, backend.activate():
+    with RangeReader(file.path, backend, progress) as files, backend.activate():
+        packed = packed_buffers(batches)
+        reader = InflatingReader(files, packed) if packed else files
         xp = backend.xp
         offset_columns = [n for n in direct if types[n].layout in (Layout.VARBINARY, Layout.LIST)]
         strings = _string_sizes(file, reader, xp, batches, offset_columns, types)
@@ -121,7 +127,7 @@ def read_batches(
 
 def _string_sizes(
     file: ArrowFile,
-    reader: RangeReader,
+    reader: RangeReader | InflatingReader,
     xp: Any,
     batches: Sequence[BatchLayout],
     names: Sequence[str],
@@ -182,7 +188,7 @@ def _check_null_counts(file: ArrowFile, backend: Backend, plan: Any, counted: li
 
 
 def _read_column(
-    reader: RangeReader,
+    reader: RangeReader | InflatingReader,
     block: Block,
     plan: ColumnPlan,
     batches: Sequence[BatchLayout],
@@ -236,7 +242,9 @@ def _read_column(
     return fixup
 
 
-def _read_bitmaps(reader: RangeReader, xp: Any, batches: Sequence[BatchLayout], name: str, which, count=None) -> tuple:
+def _read_bitmaps(
+    reader: RangeReader | InflatingReader, xp: Any, batches: Sequence[BatchLayout], name: str, which, count=None
+) -> tuple:
     """Read one bitmap per batch into a scratch array; (scratch, per-batch position or -1).
     ``count(chunk)``: the bits of a batch's bitmap (default: its rows)."""
     sizes = []

@@ -6,7 +6,9 @@ buffer's file offset. Only the metadata pages are touched on the host: the data 
 by KvikIO (or threaded ``pread`` on the CPU backend) straight to their place in the table.
 
 A compressed (or big-endian: pyarrow swaps it) body cannot be sliced like that (pyarrow writes it
-into fresh memory): such a file is marked ``compressed`` and read on the host (:mod:`.host`). IPC
+into fresh memory): where this path meets one, the file is marked ``compressed`` and read on the host
+(:mod:`.host`). Compressed files normally never get here: :mod:`.batches` and :mod:`.compressed` lay
+them out from the raw messages (:class:`Packed` ranges). IPC
 stream files (no footer), also the pre-0.15 "legacy" streams without the continuation marker, are
 walked message by message in the same way.
 
@@ -37,7 +39,17 @@ from ...errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError,
 from .format import MAX_FOOTER_BYTES, FooterError, read_footer
 from .stats import FINGERPRINT_KEY, FOOTER_MAX_KEY, FOOTER_MIN_KEY, BlocksFingerprint
 
-__all__ = ["Range", "ChunkLayout", "BatchLayout", "ArrowFile", "open_arrow_file", "ARROW_ERRORS", "check_types"]
+__all__ = [
+    "Range",
+    "Packed",
+    "PACKED_BASE",
+    "ChunkLayout",
+    "BatchLayout",
+    "ArrowFile",
+    "open_arrow_file",
+    "ARROW_ERRORS",
+    "check_types",
+]
 
 _FILE_MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
@@ -60,6 +72,21 @@ class Range:
 
     offset: int
     size: int
+
+
+@dataclass(frozen=True)
+class Packed(Range):
+    """A buffer stored compressed: ``offset`` is not a file offset but its place among the file's
+    decompressed buffers (at or above :data:`PACKED_BASE`, beyond any file), ``size`` its decompressed
+    length as the file claims it (checked against the column, and against what the frame produces,
+    by :mod:`.inflating`)."""
+
+    frame: Range  # the compressed bytes in the file (after the 8-byte length prefix)
+    codec: str  # "lz4_frame" or "zstd"
+    what: str  # "record batch i, column 'x', buffer k (values)", for errors
+
+
+PACKED_BASE = 1 << 56  # Packed offsets start here; file offsets stay below (no file is 64 PiB)
 
 
 @dataclass(frozen=True)
@@ -170,7 +197,10 @@ class ArrowFile:
             self.close()
             kind = "pre-0.15 legacy IPC stream" if self.legacy_stream else "Arrow IPC file"
             raise FileFormatError(f"{path!r} is not a readable {kind}: {type(exc).__name__}: {exc}") from None
-        self.compressed = False
+        self.compressed = False  # pyarrow inflated (or byte-swapped) a body: every column goes through the host
+        # each record batch's custom metadata where :mod:`.batches` parsed the messages itself (compressed
+        # files: asking pyarrow would inflate the whole batch to hand it out)
+        self.batch_metadata: list[dict[bytes, bytes]] | None = None
 
     # -- batches ---------------------------------------------------------------------------------
 
@@ -278,6 +308,8 @@ class ArrowFile:
         return BatchLayout(index, num_rows, chunks)
 
     def custom_metadata(self, index: int) -> Any:
+        if self.batch_metadata is not None:
+            return self.batch_metadata[index] or None
         return self.record_batch(index)[1]
 
     def host_batch(self, index: int, columns: Sequence[str]) -> pa.RecordBatch:

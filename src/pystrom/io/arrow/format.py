@@ -364,8 +364,12 @@ def read_footer(footer: bytes | memoryview) -> tuple[list[Block], dict[bytes, by
     if at is not None:
         first, count = r.vector(at, 24)  # the whole vector lies inside the footer
         blocks = [Block(*b) for b in struct.iter_unpack("<qi4xq", r.buf[first : first + 24 * count])]
+    return blocks, read_key_values(r, r.field(root, 4))
+
+
+def read_key_values(r: _Reader, at: int | None) -> dict[bytes, bytes]:
+    """The ``[KeyValue]`` vector whose offset sits at ``at`` (None: absent) of ``r``'s flatbuffer."""
     meta: dict[bytes, bytes] = {}
-    at = r.field(root, 4)
     if at is not None:
         first, count = r.vector(at, 4)
         if count > _MAX_KEY_VALUES:
@@ -375,4 +379,4 @@ def read_footer(footer: bytes | memoryview) -> tuple[list[Block], dict[bytes, by
             k, v = r.field(kv, 0), r.field(kv, 1)
             if k is not None and v is not None:
                 meta[r.string(k)] = r.string(v)
-    return blocks, meta
+    return meta

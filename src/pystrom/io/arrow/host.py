@@ -2,8 +2,9 @@
 
 Which columns: those whose file layout is not pystrom's (dictionary-encoded, large or view strings,
 lists of booleans, month_interval and day_time_interval, widened by :mod:`.intervals`)
-and every column of a file whose bodies pyarrow writes into fresh memory (compressed LZ4/ZSTD bodies,
-big-endian bodies it byte-swaps). In this order, per record batch:
+and every column of a file whose bodies pyarrow writes into fresh memory and pystrom does not lay out
+itself (compressed IPC streams, big-endian bodies it byte-swaps; compressed *files* are inflated by
+:mod:`.inflating` for the direct path). In this order, per record batch:
 
 1. pyarrow reads the batch (:meth:`.file.ArrowFile.host_batch`: inflating, byte-swapping);
 2. each column is checked with ``validate(full=True)``: pyarrow's IPC reader checks only the
@@ -14,8 +15,7 @@ big-endian bodies it byte-swaps). In this order, per record batch:
 
 Every error pyarrow raises on the way becomes a FileFormatError naming the file, the record batch and
 the column. The full validation reads every byte of these columns once more on the host; next to
-inflating a compressed body or decoding a dictionary that costs little. GPU decompression (nvCOMP)
-would replace step 1 for compressed bodies and feed the direct path's checks instead.
+inflating a compressed body or decoding a dictionary that costs little.
 """
 
 from __future__ import annotations

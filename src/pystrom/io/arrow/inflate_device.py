@@ -7,20 +7,26 @@
   (a corrupt frame, a frame it does not support), the frames go through the CPU codecs, which say
   exactly which frame is bad.
 
-The CPU twin for both is :func:`.inflate.inflate` on the CPU backend (liblz4 and libzstd through
-pyarrow); tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them.
+The CPU twin for both is :func:`.inflate_host.inflate_host` (liblz4 and libzstd through pyarrow);
+tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them. The contract of
+:func:`.inflate.inflate` holds: every frame's output at its ``dst_offsets``, the bytes each produced
+returned (-1 for a corrupt frame), nothing written outside ``[dst_offsets[i], + dst_sizes[i])``, and
+the work finished (LZ4: on the current stream, waited for by reading the sizes; nVCOMP: on its own
+stream, waited for) before this returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import numpy as np
 
 from ...kernels import launch
+from .inflate_host import inflate_host
 
-__all__ = ["inflate_device", "nvcomp_available"]
+__all__ = ["_inflate_device", "nvcomp_available"]
 
 
 @functools.cache
@@ -36,7 +42,7 @@ def nvcomp_available() -> bool:
     return _nvcomp() is not None
 
 
-def inflate_device(backend: Any, frames: Any) -> np.ndarray:
+def _inflate_device(backend: Any, frames: Any) -> np.ndarray:
     """Inflate ``frames`` (see :class:`.inflate.Frames`; ``src`` and ``dst`` device arrays) on the
     current stream; returns the bytes produced per frame, -1 where a frame is corrupt."""
     n = len(frames.src_offsets)
@@ -98,21 +104,19 @@ def _nvcomp_decode(backend: Any, nvcomp: Any, frames: Any, which: np.ndarray) ->
 
 
 def _on_host(backend: Any, frames: Any, which: np.ndarray) -> np.ndarray:
-    """Frames ``which`` through the CPU codecs: copied to host, inflated, copied back."""
-    from ..._backend import resolve_device
-    from .inflate import Frames, inflate
-
+    """Frames ``which`` through the CPU codecs: their bytes copied to host, inflated, copied back."""
     src_off = np.asarray(frames.src_offsets, dtype=np.int64)[which]
     src_len = np.asarray(frames.src_sizes, dtype=np.int64)[which]
     dst_off = np.asarray(frames.dst_offsets, dtype=np.int64)[which]
     dst_len = np.asarray(frames.dst_sizes, dtype=np.int64)[which]
-    src = np.concatenate([frames.src[o : o + s].get() for o, s in zip(src_off.tolist(), src_len.tolist())] or [[]])
-    src = np.ascontiguousarray(src, dtype=np.uint8)
+    pieces = [frames.src[o : o + s].get() for o, s in zip(src_off.tolist(), src_len.tolist())]
+    src = np.ascontiguousarray(np.concatenate(pieces) if pieces else np.zeros(0), dtype=np.uint8)
     new_src = np.concatenate([[0], np.cumsum(src_len)[:-1]]).astype(np.int64)
-    new_dst = np.concatenate([[0], np.cumsum(dst_len)[:-1]]).astype(np.int64)
-    dst = np.empty(int(dst_len.sum()), dtype=np.uint8)
-    host = Frames(frames.codec, src, new_src, src_len, dst, new_dst, dst_len)
-    produced = inflate(resolve_device("cpu"), host)
+    new_dst = np.concatenate([[0], np.cumsum((dst_len + 63) // 64 * 64)[:-1]]).astype(np.int64)
+    dst = np.empty(int(new_dst[-1] + dst_len[-1]) if len(which) else 0, dtype=np.uint8)
+    host = dataclasses.replace(frames, src=src, src_offsets=new_src, src_sizes=src_len, dst=dst,
+                               dst_offsets=new_dst, dst_sizes=dst_len)  # fmt: skip
+    produced = inflate_host(host)
     for k, o in enumerate(dst_off.tolist()):
         if produced[k] > 0:
             frames.dst[o : o + int(produced[k])].set(dst[new_dst[k] : new_dst[k] + int(produced[k])])

@@ -169,8 +169,8 @@ class ArrowScan:
             opened.append(file)
             self._check_schema(file)
             stats.files += 1
-            _warn_if_slow(file, self._read_columns)
             groups = list(self._groups(file, stats))  # metadata only
+            _warn_if_slow(file, self._read_columns, parsed=bool(self._read_columns))
             if not groups:
                 opened.remove(file)
                 file.close()
@@ -253,7 +253,8 @@ class ArrowScan:
             for i in indices:
                 if not 0 <= i < file.num_batches:
                     raise FileFormatError(f"{path!r} has {file.num_batches} record batches; batch {i} was asked for")
-            group = [file.layout(i, self._read_columns, types) for i in indices]
+            layouts = batch_layouts(file, self._read_columns, types)  # metadata only; compressed bodies too
+            group = [layouts[i] for i in indices]
             table, _ = self._load(file, group)
         return self._finish(table, ScanStats())
 
@@ -283,9 +284,11 @@ def _warn_if_slow(file: ArrowFile, columns: Sequence[str], parsed: bool = False)
         file.layout(0, columns, direct_types(file.schema, columns))
     if file.compressed:
         warnings.warn(
-            f"{file.path!r} has compressed record batches (LZ4/ZSTD): they are inflated on the host by pyarrow and "
-            "then copied, which is much slower than reading straight into GPU memory; write the file uncompressed "
-            "(pystrom.write_arrow does) for the fast path",
+            f"{file.path!r} has record batch bodies pyarrow must rewrite on the host (LZ4/ZSTD-compressed IPC "
+            "streams, compressed files mixing compressed and uncompressed batches or holding view or run-end "
+            "encoded columns, big-endian bodies): they are inflated or byte-swapped by pyarrow and then copied, "
+            "which is much slower than reading straight into GPU memory; write an IPC file (pystrom.write_arrow "
+            "does) for the fast path",
             PerformanceWarning,
             stacklevel=4,
         )
@@ -342,7 +345,9 @@ def read_arrow(
     ----------
     path : str or path
         The file. Uncompressed files are read by KvikIO directly into the table (GPUDirect Storage
-        where available); compressed ones are inflated on the host, with a ``PerformanceWarning``.
+        where available); LZ4/ZSTD-compressed files are read the same way and decompressed in
+        batches before the same checks; compressed IPC streams and big-endian files are rewritten by
+        pyarrow on the host, with a ``PerformanceWarning``.
     columns : list of str, optional
         Read only these columns (only their bytes are read from the file).
     where : str, optional

@@ -1,0 +1,93 @@
+// LZ4 frame format (lz4_Frame_format.md) and block format (lz4_Block_format.md), walked for lengths only.
+#include "lz4_size.hpp"
+
+namespace pystrom {
+
+namespace {
+
+uint32_t le32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+
+// The output of one compressed block src[0, n), or -1 when its sequences are malformed.
+int64_t block_size(const uint8_t* src, std::size_t n) {
+  std::size_t at = 0;
+  int64_t out = 0;
+  while (at < n) {
+    const uint8_t token = src[at++];
+    uint64_t literals = token >> 4;
+    if (literals == 15) {
+      uint8_t more;
+      do {
+        if (at >= n) return -1;
+        more = src[at++];
+        literals += more;
+      } while (more == 255);
+    }
+    if (literals > n - at) return -1;
+    at += literals;
+    out += static_cast<int64_t>(literals);
+    if (at == n) return out;  // the last sequence holds literals only
+    if (n - at < 2) return -1;
+    const uint32_t offset = static_cast<uint32_t>(src[at]) | static_cast<uint32_t>(src[at + 1]) << 8;
+    at += 2;
+    if (offset == 0) return -1;
+    uint64_t match = (token & 15) + 4;
+    if ((token & 15) == 15) {
+      uint8_t more;
+      do {
+        if (at >= n) return -1;
+        more = src[at++];
+        match += more;
+      } while (more == 255);
+    }
+    out += static_cast<int64_t>(match);
+    if (out > (int64_t{1} << 40)) return -1;  // far above any block's maximum: stop counting
+  }
+  return -1;  // a block ends with a literals-only sequence, never after a match
+}
+
+}  // namespace
+
+int64_t lz4_frame_size(const uint8_t* src, std::size_t size) {
+  if (size < 7 || le32(src) != 0x184D2204u) return -1;
+  const uint8_t flg = src[4], bd = src[5];
+  if ((flg >> 6) != 1 || (flg & 0x02) || (flg & 0x01)) return -1;  // version 01, reserved bit, dictionary id
+  if ((bd & 0x8F) != 0) return -1;
+  const unsigned block_id = (bd >> 4) & 7;
+  if (block_id < 4) return -1;
+  const int64_t block_max = int64_t{1} << (8 + 2 * block_id);  // 4: 64 KiB ... 7: 4 MiB
+  const bool block_checksum = flg & 0x10, content_size = flg & 0x08, content_checksum = flg & 0x04;
+  std::size_t at = 6 + (content_size ? 8 : 0) + 1;  // FLG BD [content size] HC
+  if (at > size) return -1;
+  int64_t out = 0;
+  while (true) {
+    if (size - at < 4) return -1;
+    const uint32_t word = le32(src + at);
+    at += 4;
+    if (word == 0) break;  // EndMark
+    const std::size_t n = word & 0x7FFFFFFFu;
+    if (static_cast<int64_t>(n) > block_max || n > size - at) return -1;
+    int64_t produced;
+    if (word & 0x80000000u) {
+      produced = static_cast<int64_t>(n);  // stored uncompressed
+    } else {
+      produced = block_size(src + at, n);
+      if (produced < 0 || produced > block_max) return -1;
+    }
+    out += produced;
+    at += n;
+    if (block_checksum) {
+      if (size - at < 4) return -1;
+      at += 4;
+    }
+  }
+  if (content_checksum) {
+    if (size - at < 4) return -1;
+    at += 4;
+  }
+  return at == size ? out : -1;
+}
+
+}  // namespace pystrom
