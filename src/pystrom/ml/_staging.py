@@ -261,12 +261,10 @@ class HostStaging:
             pieces = [(block.ptr + src, dst, size) for src, dst, size in layout.pieces]
             self._stats["direct_bytes"] += moved
         else:
+            self.ops.host_wait(slot.copied)  # the DMA out of this bounce buffer is done
             if slot.bounce is None or slot.bounce.size < slot.size:
-                self.ops.host_wait(slot.copied)
                 slot.bounce = None
                 slot.bounce = self.ops.pinned_buffer(slot.size)
-            else:
-                self.ops.host_wait(slot.copied)  # the DMA out of this bounce buffer is done
             host = block.read_host(0, block.nbytes)
             host_copy([(slot.bounce[dst : dst + size], host[src : src + size]) for src, dst, size in layout.pieces])
             lo = min(dst for _, dst, _ in layout.pieces)
