@@ -39,7 +39,7 @@ from .._layout import ColumnPlan, Span, align
 from .._transfer import host_copy
 from .._types import Layout
 
-__all__ = ["HostStaging", "CudaOps", "host_staging", "registered_ranges", "staging_stats"]
+__all__ = ["HostStaging", "CudaOps", "batch_layout", "host_staging", "registered_ranges", "staging_stats"]
 
 _lock = threading.Lock()
 _registered = 0  # host ranges registered by stagers and not yet unregistered (read by the tests)
