@@ -28,6 +28,7 @@ from ._pass import (
     layout_size,
     uses_kernel,
 )
+from ._staging import HostStaging
 
 __all__ = ["Source", "ArraySource", "ScanSource"]
 
@@ -119,6 +120,9 @@ class Source:
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the fit held for its passes (the fit calls it when it ends, also on an error)."""
+
     def counts(self) -> tuple[float, float]:
         """(rows of class 0, rows of class 1), weighted by sample_weight (as scikit-learn's 'balanced')."""
         raise NotImplementedError
@@ -165,17 +169,31 @@ class ArraySource(Source):
 
 
 class ScanSource(Source):
-    """A re-iterable of Tables: every pass iterates it again and streams the batches through
-    :func:`~pystrom.ml._data.prefetch` (fetch and transfer of batch k+1 overlap compute on batch k)."""
+    """A re-iterable of Tables: every pass iterates it again. Host Tables fitted on a GPU stream
+    through ``staging`` (:class:`~pystrom.ml._staging.HostStaging`: pinned memory, one async copy a
+    batch into reused device buffers); other scans through :func:`~pystrom.ml._data.prefetch` (fetch
+    and transfer of batch k+1 on a worker thread overlap compute on batch k)."""
 
     _batched = True
 
-    def __init__(self, scan: Iterable[Any], prepare: Callable[[Any], Batch], backend: Backend, first: Batch):
+    def __init__(
+        self,
+        scan: Iterable[Any],
+        prepare: Callable[[Any], Batch],
+        backend: Backend,
+        first: Batch,
+        staging: HostStaging | None = None,
+    ):
         self.scan = scan
         self.prepare = prepare
         self.backend = backend
         self.n_features = first.X.shape[1]
         self.names = first.names
+        self.staging = staging
+
+    def close(self) -> None:
+        if self.staging is not None:
+            self.staging.close()
 
     def batches(self) -> Iterable[Batch]:
         return prefetch(self.scan, self.prepare, self.backend)
@@ -185,10 +203,16 @@ class ScanSource(Source):
         total = None
         rows = skipped = 0
         stream_cm: Any = contextlib.nullcontext()
-        if backend.kind == "cuda":  # our kernels on a non-blocking stream, so the worker's copies overlap them
-            stream_cm = backend.xp.cuda.Stream(non_blocking=True)
-        with backend.activate(), stream_cm as stream:
-            for batch in self.batches():
+        wait_each = backend.kind == "cuda"
+        if self.staging is not None:  # the passes wait for the copies through events, on the staging's stream
+            stream_cm, wait_each = self.staging.compute_context(), False
+            batches: Any = self.staging.batches(self.scan, self.prepare)
+        else:
+            batches = self.batches()
+            if wait_each:  # our kernels on a non-blocking stream, so the worker's copies overlap them
+                stream_cm = backend.xp.cuda.Stream(non_blocking=True)
+        with backend.activate(), stream_cm, contextlib.closing(batches):
+            for batch in batches:
                 if batch.X.shape[1] != self.n_features:
                     raise DataError(
                         f"a batch of the scan has {batch.X.shape[1]} feature columns, the first had {self.n_features}"
@@ -200,8 +224,8 @@ class ScanSource(Source):
                     backend, batch.X, batch.y, batch.sw, self.class_weight, w, self._hessian, defaults.logit_chunk_rows
                 )
                 total = out if total is None else _combine_device(backend, total, out)
-                if stream is not None:
-                    stream.synchronize()  # the batch's memory may go back to the pool only after its kernels ran
+                if wait_each:  # the batch's memory may go back to the pool only after its kernels ran
+                    backend.synchronize()
                 del batch
             if total is None:
                 vec = np.zeros(layout_size(self.n_features))

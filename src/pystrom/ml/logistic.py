@@ -24,6 +24,7 @@ from ..errors import DataError, NotFittedError, SchemaMismatchError, Unsupported
 from ._data import is_scan, is_table, not_2d_message, prepare_array, prepare_table
 from ._irls import IRLSSolver, NumericalWarning
 from ._sources import ArraySource, ScanSource, Source
+from ._staging import host_staging
 from ._stats import Summary, compute_statistics
 
 __all__ = ["LogisticRegression", "logregr_train", "logregr_predict", "logregr_predict_prob"]
@@ -180,6 +181,12 @@ class LogisticRegression:
         if isinstance(y, str) and target is None and (is_table(X) or is_scan(X)):
             target, y = y, None
         source, classes = self._source(X, y, sample_weight, columns, target)
+        try:
+            return self._solve(source, classes, rule, intercept_at)
+        finally:
+            source.close()  # a streamed fit's pinned memory and device buffers, also after an error
+
+    def _solve(self, source: Source, classes: np.ndarray, rule: str, intercept_at: int) -> LogisticRegression:
         cw = self._class_weights(classes, source)
         source.class_weight = cw
         k = source.n_features
@@ -247,7 +254,9 @@ class LogisticRegression:
             batch0 = prepare(first)
             self.feature_names_in_ = np.array(batch0.names, dtype=object)
             self._names_from_frame = False
-            return ScanSource(X, prepare, backend, batch0), np.array([False, True])
+            read = None if columns is None else [*batch0.names, target] + ([weight] if weight else [])
+            staging = host_staging(backend, first, read)
+            return ScanSource(X, prepare, backend, batch0, staging), np.array([False, True])
         if columns is not None or target is not None:
             raise DataError("columns= and target= apply to Tables; for arrays pass fit(X, y)")
         if hasattr(self, "feature_names_in_"):
