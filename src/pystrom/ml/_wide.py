@@ -3,7 +3,7 @@
 CuPy's version of :func:`._pass.xp_pass` upcasts every chunk to float64 and spends a dozen elementwise
 launches around a float32 syrk; here one kernel makes each row's values (eta in float64, its weight and
 residual, the row scaled by sqrt(r) in float32), one kernel sums X^T [resid, r] in float64, and cuBLAS
-forms Z^T Z: ssyrk, or with ``pystrom.defaults.logit_hessian = "tf32"`` a GEMM on the TF32 tensor cores
+forms Z^T Z: a float32 GEMM, or with ``pystrom.defaults.logit_hessian = "tf32"`` one on the TF32 tensor cores
 (twice the multiplications at several times the rate; 10-bit mantissas, which the solver's guard
 allows for as for float32, :func:`._pass.gram32_rounding`). Kernels: :file:`kernels/logistic_wide.cu`;
 CPU twin: ``xp_pass(..., hessian="float32")``, which the tests compare.
@@ -34,7 +34,7 @@ def wide_pass(
 ) -> Any:
     """The flat float64 vector of :func:`._pass.xp_pass` (layout in :mod:`._pass`) on the current
     stream, not synchronised; the features' Hessian block by ``hessian``: "float64" (the scaled rows in
-    float64, DGEMM), "float32" (ssyrk) or "tf32" (a GEMM on the TF32 tensor cores)."""
+    float64, DGEMM), "float32" (a float32 GEMM) or "tf32" (a GEMM on the TF32 tensor cores)."""
     import cupy
 
     from ..kernels import kernel, sm_count
@@ -112,18 +112,16 @@ def _gram32(cupy: Any, Z: Any, out: Any, tf32: bool) -> None:
         _gram32_call(cublas, handle, Z, out, m, k, tf32)
     finally:
         cublas.setPointerMode(handle, mode)
-    if not tf32:  # ssyrk wrote one triangle (column-major upper = row-major lower): mirrored
-        lower = cupy.tril(out)
-        out[...] = lower + lower.T - cupy.diag(cupy.diag(out))
+    # the GEMM's two triangles may differ in their last bits (tiles summed in other orders): one mirrored
+    lower = cupy.tril(out)
+    out[...] = lower + lower.T - cupy.diag(cupy.diag(out))
 
 
 def _gram32_call(cublas: Any, handle: int, Z: Any, out: Any, m: int, k: int, tf32: bool) -> None:
     one = np.array(1.0, dtype=np.float32)
     zero = np.array(0.0, dtype=np.float32)
     # Z is row-major (m x k): to column-major cuBLAS it is Zc = Z^T (k x m, ld k); Z^T Z = Zc Zc^T.
-    if tf32:
-        cublas.gemmEx(handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T, k, k, m, one.ctypes.data, Z.data.ptr, 0, k,
-                      Z.data.ptr, 0, k, zero.ctypes.data, out.data.ptr, 0, k, 77, -1)  # fmt: skip
-        return  # 0: CUDA_R_32F; 77: CUBLAS_COMPUTE_32F_FAST_TF32; -1: CUBLAS_GEMM_DEFAULT
-    cublas.ssyrk(handle, cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_N, k, m, one.ctypes.data, Z.data.ptr, k,
-                 zero.ctypes.data, out.data.ptr, k)  # fmt: skip
+    # A GEMM, not ssyrk: cuBLAS's ssyrk took 80 ms a pass at 1M x 256 on an H100 (the GEMM: ~3 ms in
+    # float32, well under 1 in TF32). 0: CUDA_R_32F; 68: CUBLAS_COMPUTE_32F; 77: ..._32F_FAST_TF32.
+    cublas.gemmEx(handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T, k, k, m, one.ctypes.data, Z.data.ptr, 0, k,
+                  Z.data.ptr, 0, k, zero.ctypes.data, out.data.ptr, 0, k, 77 if tf32 else 68, -1)  # fmt: skip

@@ -2,10 +2,10 @@
 
 - LZ4_FRAME: :file:`kernels/lz4.cu`, one warp per frame. nvCOMP's LZ4 decodes independent raw
   blocks, and Arrow's writer links the blocks of a frame (LZ4F's default), so nvCOMP cannot take them.
-- ZSTD: nvCOMP's batched decoder (``nvidia-nvcomp-cu12``/``-cu13``, RAW bitstreams are standard zstd
-  frames), straight into the group's output buffer. Without nvCOMP, or where it refuses the batch
-  (a corrupt frame, a frame it does not support), the frames go through the CPU codecs, which say
-  exactly which frame is bad.
+- ZSTD: the CPU codecs for now (a host round trip). nvCOMP's batched decoder (RAW bitstreams are
+  standard zstd frames) decoded 1 GiB of 512 KiB frames at 28 GB/s on an H100, but a run of
+  tests/test_lz4_kernel.py's zstd test (tiny, empty and truncated frames) never returned: until that is
+  understood it stays off (``_NVCOMP_ZSTD``), since a file must not be able to hang the reader.
 
 The CPU twin for both is :func:`.inflate_host.inflate_host` (liblz4 and libzstd through pyarrow);
 tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them. The contract of
@@ -27,6 +27,8 @@ from ...kernels import launch
 from .inflate_host import inflate_host
 
 __all__ = ["_inflate_device", "nvcomp_available"]
+
+_NVCOMP_ZSTD = False  # see the module's docstring
 
 
 @functools.cache
@@ -70,7 +72,7 @@ def _zstd(backend: Any, frames: Any, n: int) -> np.ndarray:
     nvcomp = _nvcomp()
     sizes = np.asarray(frames.dst_sizes, dtype=np.int64)
     # nvCOMP wants room to write: an empty output goes through the CPU codec (a few bytes of input)
-    usable = np.flatnonzero(sizes > 0) if nvcomp is not None else np.zeros(0, dtype=np.int64)
+    usable = np.flatnonzero(sizes > 0) if nvcomp is not None and _NVCOMP_ZSTD else np.zeros(0, dtype=np.int64)
     produced = np.full(n, -1, dtype=np.int64)
     rest = np.setdiff1d(np.arange(n), usable)
     if len(usable):
