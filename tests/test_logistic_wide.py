@@ -259,6 +259,11 @@ def test_wide_kernels_against_the_numpy_twin(dtype, k, weighted):
     w[5] = 1.0
     ref = PassTotals.unpack(xp_pass(np, X, y, sw, (0.7, 1.3), w), k)
     tight = {"rtol": 1e-6, "atol": 1e-9} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    if dtype == np.float32:
+        # float32 sigmoids (CUDA's expf against NumPy's, each within an ulp) move every row's r and
+        # residual by ~2^-24 relative, independently: a feature's sums by ~sqrt(n) of that times its size
+        rms = np.sqrt(np.mean(X.astype(np.float64) ** 2, axis=0))
+        tight["atol"] = np.concatenate([2.0**-20 * np.sqrt(n) * rms, [2.0**-20 * np.sqrt(n)]])
     with backend.activate():
         dX, dy = cupy.asarray(X), cupy.asarray(y)
         dsw = cupy.asarray(sw) if weighted else None
