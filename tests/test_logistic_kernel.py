@@ -82,14 +82,18 @@ def assert_pass_close(got: np.ndarray, ref: np.ndarray, dtype: type, n: int, wha
     np.testing.assert_allclose(got[-6:], ref[-6:], rtol=1e-6, atol=1e-9, err_msg=what)  # log-lik., counts, margin
 
 
-@pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
+# the kernel as shipped, and its variants the benchmark's probe compiles (prefetched rows, R_ROWS)
+VARIANTS = {"shipped": "", "prefetch": "#define LOGIT_PREFETCH\n#define R_ROWS 2\n", "rows8": "#define R_ROWS 8\n"}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def emulated(tmp_path_factory, request):
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler to build the CPU emulation of the kernel")
     source = resources.files("pystrom.kernels").joinpath("logistic.cu").read_text(encoding="utf-8")
     work = tmp_path_factory.mktemp("logit_kernel")
-    (work / "k.cpp").write_text(SHIM + source + DRIVER)
+    (work / "k.cpp").write_text(SHIM + VARIANTS[request.param] + source + DRIVER)
     built = subprocess.run(
         [cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(work / "k.so"), str(work / "k.cpp")],
         capture_output=True,

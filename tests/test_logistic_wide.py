@@ -20,6 +20,7 @@ from test_logistic import RTOL, _host, assert_matches_statsmodels, on
 import pystrom
 from pystrom import Table
 from pystrom.ml import LogisticRegression, PerfectSeparationWarning
+from pystrom.ml._pass import PassTotals
 
 from conftest import needs_gpu
 
@@ -300,23 +301,43 @@ def test_settings_are_validated():
 
 
 def test_reduced_precision_guard_scales_with_the_rounding(monkeypatch):
-    """TF32 (CUPY_TF32=1 on a GPU) reports a coarser rounding, and the first pass's guard then admits
-    only better-conditioned problems; float32 on the CPU whatever the variable says."""
+    """TF32 reports a coarser rounding than float32, and the first pass's guard then admits only
+    better-conditioned problems; on a GPU "auto" offers TF32 then float32, the CPU float32 only."""
     from pystrom._backend import resolve_device
     from pystrom.ml._irls import IRLSSolver
-    from pystrom.ml._pass import gram32_rounding
+    from pystrom.ml._pass import reduced_hessians
 
     class FakeCuda:
         kind = "cuda"
 
-    monkeypatch.setenv("CUPY_TF32", "1")
-    assert gram32_rounding(FakeCuda()) == 2.0**-17
-    assert gram32_rounding(resolve_device("cpu")) == 2.0**-24
+    f32, tf32 = ("float32", 2.0**-24), ("tf32", 2.0**-17)
     monkeypatch.setenv("CUPY_TF32", "0")
-    assert gram32_rounding(FakeCuda()) == 2.0**-24
+    assert reduced_hessians(FakeCuda(), "auto") == (tf32, f32)
+    assert reduced_hessians(FakeCuda(), "float32") == (f32,)
+    assert reduced_hessians(FakeCuda(), "tf32") == (tf32,)
+    assert reduced_hessians(FakeCuda(), "float64") == ()
+    for mode in ("auto", "float32", "tf32"):
+        assert reduced_hessians(resolve_device("cpu"), mode) == (f32,)
+    monkeypatch.setenv("CUPY_TF32", "1")  # CuPy's float32 products are TF32 then
+    assert reduced_hessians(FakeCuda(), "float32") == (tf32,)
     H = np.diag([1.0, 1.0, 1.0])
     H[0, 1] = H[1, 0] = 0.999  # scaled condition ~2000 (pivots' estimate ~500)
     for unit, allowed in ((2.0**-24, True), (2.0**-17, False)):
         solver = IRLSSolver(lambda w, exact=True: None, 2, True, 0.0, 10, 1e-8, approximate=unit)
         solver.active = np.arange(3)
         assert solver.allow_approximate(H) is allowed
+    # offered both, the solver takes the cheapest the guard admits: float32 here, TF32 when well conditioned
+    evaluations = []
+
+    def evaluate(w, exact=True, rounding=0.0):
+        evaluations.append(0.0 if exact else rounding)
+        t = PassTotals(H.copy(), np.zeros(3), -1.0, 1.0, 0.5, 0, 0, -1.0)
+        t.exact_hessian = exact
+        return t
+
+    for hessian, want in ((H, 2.0**-24), (np.eye(3), 2.0**-17)):
+        H = hessian
+        evaluations.clear()
+        solver = IRLSSolver(evaluate, 2, True, 0.0, 2, 0.0, approximate=(2.0**-17, 2.0**-24))
+        solver.solve()
+        assert evaluations[0] == 0.0 and set(evaluations[1:-1]) == {want}, evaluations

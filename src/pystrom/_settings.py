@@ -111,7 +111,8 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: v in ("auto", "float32", "float64", "tf32"),
         "Logistic regression with more than 8 features: 'float32' forms the Hessian of each Newton step in "
         "float32 (the gradient, log-likelihood and statistics stay float64); 'tf32' likewise on a GPU's TF32 "
-        "tensor cores (float32 on the CPU); 'float64' forms every one in float64; 'auto' is 'float32'.",
+        "tensor cores (float32 on the CPU); 'float64' forms every one in float64; 'auto' is 'tf32' where the "
+        "problem's condition allows it, else 'float32' (the solver's guard decides at the first pass).",
     ),
     "logit_chunk_rows": _Option(
         "PYSTROM_LOGIT_CHUNK_ROWS",

@@ -39,7 +39,12 @@
 // the host reads the result after the stream's wait with no copy). One launch instead of a second
 // reduction kernel: an in-memory fit is ~20 passes of ~0.35 ms, and each launch costs the host ~6 us.
 
+#ifndef R_ROWS
 #define R_ROWS 4
+#endif
+// LOGIT_PREFETCH: the loads of a thread's next R_ROWS rows are issued before the current ones are
+// summed (registers double-buffered), so its bytes stay in flight while it computes. Compiled both
+// ways by benchmarks/bench_logistic.py's kernel probe; off until measured to pay.
 
 template <int K>
 struct Layout {
@@ -167,10 +172,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   for (int j = 0; j < P; ++j) wv[j] = w[j];
 
   const long long stride = (long long)blockDim.x * gridDim.x;
-  for (long long base = (long long)blockIdx.x * blockDim.x + threadIdx.x; base < n; base += stride * R_ROWS) {
-    T xv[R_ROWS][K];
-    unsigned char yv[R_ROWS];
-    double sv[R_ROWS];
+  auto load = [&](long long base, T (&xv)[R_ROWS][K], unsigned char (&yv)[R_ROWS], double (&sv)[R_ROWS]) {
 #pragma unroll
     for (int r = 0; r < R_ROWS; ++r) {
       const long long i = base + r * stride;
@@ -185,6 +187,9 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
         sv[r] = has_sw ? sw[i] : 1.0;
       }
     }
+  };
+  auto sum = [&](long long base, const T (&xv)[R_ROWS][K], const unsigned char (&yv)[R_ROWS],
+                 const double (&sv)[R_ROWS]) {
 #pragma unroll
     for (int r = 0; r < R_ROWS; ++r) {
       const long long i = base + r * stride;
@@ -224,7 +229,37 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       if (margin > 20.0) acc[NS - 1] += 1.0;
       min_margin = fmin(min_margin, margin);
     }
+  };
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+#ifdef LOGIT_PREFETCH
+  T xv[R_ROWS][K];
+  unsigned char yv[R_ROWS];
+  double sv[R_ROWS];
+  if (first < n) load(first, xv, yv, sv);
+  for (long long base = first; base < n; base += stride * R_ROWS) {
+    T xn[R_ROWS][K];
+    unsigned char yn[R_ROWS];
+    double sn[R_ROWS];
+    const long long next = base + stride * R_ROWS;
+    if (next < n) load(next, xn, yn, sn);
+    sum(base, xv, yv, sv);
+#pragma unroll
+    for (int r = 0; r < R_ROWS; ++r) {
+#pragma unroll
+      for (int j = 0; j < K; ++j) xv[r][j] = xn[r][j];
+      yv[r] = yn[r];
+      sv[r] = sn[r];
+    }
   }
+#else
+  for (long long base = first; base < n; base += stride * R_ROWS) {
+    T xv[R_ROWS][K];
+    unsigned char yv[R_ROWS];
+    double sv[R_ROWS];
+    load(base, xv, yv, sv);
+    sum(base, xv, yv, sv);
+  }
+#endif
 
   __shared__ double shared[32][M];
   block_reduce<NS>(acc, min_margin, shared, partials + (long long)blockIdx.x * M);
@@ -257,8 +292,11 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
 // The weights come as nine scalar arguments (P <= 9; the unused ones are 0), not as a device
 // array: a pass then needs no host-to-device copy before its launch.
 #define LOGIT_THREADS 128
+#ifndef LOGIT_MIN_BLOCKS
+#define LOGIT_MIN_BLOCKS(K) (K <= 4 ? 4 : (K <= 6 ? 3 : 2))
+#endif
 #define LOGIT_PASS(TNAME, T, K)                                                                              \
-  extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, (K <= 4 ? 4 : (K <= 6 ? 3 : 2)))             \
+  extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, LOGIT_MIN_BLOCKS(K))                          \
       logit_pass_##TNAME##_k##K(                                                                            \
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
       const double* __restrict__ sw, int has_sw, int vec, double cw0, double cw1, double w0, double w1,    \

@@ -22,14 +22,18 @@ a scan of many batches differ only in how that pass is made. Steps, in order (as
    steps 3 and 4 (which then use float64 Hessians only), so the final step and the statistics are
    the float64 fit's (:meth:`~IRLSSolver.exact_totals` guards the statistics' pass).
 
-Approximate Hessians (more than 8 features, ``evaluate(w, exact=False)``): the gradient and the
-log-likelihood of every pass stay float64, so the fixed point of the iteration, the line search and
-the stopping rules are those of the float64 fit; only the Newton step is computed with a Hessian that
-errs by about its condition number times float32's rounding, which turns Newton's quadratic
-convergence into a linear one with that ratio. The first pass is exact and is not used that way when
-its (diagonally scaled) condition is above :data:`APPROX_MAX_COND`; an iteration whose full step
-shrank the Newton decrement by less than :data:`APPROX_MIN_GAIN` near the optimum, or a float32
-Hessian that is not positive definite, turns them off for the rest of the fit.
+Approximate Hessians (more than 8 features, ``evaluate(w, exact=False, rounding=u)``): the gradient
+and the log-likelihood of every pass stay float64, so the fixed point of the iteration, the line
+search and the stopping rules are those of the float64 fit; only the Newton step is computed with a
+Hessian that errs by about its condition number times the rounding ``u``, which turns Newton's
+quadratic convergence into a linear one with that ratio. The source offers its reduced precisions
+cheapest first (on a GPU: TF32, then float32); the first pass is exact, and the cheapest precision
+whose guard its (diagonally scaled) condition passes (:data:`APPROX_MAX_COND`) drives the
+iterations. An iteration whose full step near the optimum shrank the Newton decrement by less than
+:data:`APPROX_MIN_GAIN` moves to the next precision (the last: float64); a decrement already at the
+log-likelihood's rounding floor keeps the precision (an exact Hessian cannot make it smaller: with
+``tol=0`` the iterations after convergence run there); a reduced-precision Hessian that is not
+positive definite turns them off for the rest of the fit.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ STEADY_STEPS = 3
 # below 1, so a Newton step keeps nearly all of its quadratic gain); turned off when a full step near
 # the optimum (decrement below APPROX_NEAR of the log-likelihood) shrinks the decrement less than
 # APPROX_MIN_GAIN times, where a float64 Newton step shrinks it quadratically.
-APPROX_MAX_COND = 1e4  # for float32's rounding (2^-24); scaled by the rounding the pass reports (TF32: 2^-11)
+APPROX_MAX_COND = 1e4  # for float32's rounding (2^-24); scaled by the rounding the pass reports (TF32: 2^-17)
 APPROX_NEAR = 1e-4
 APPROX_MIN_GAIN = 0.25
 
@@ -117,10 +121,10 @@ class IRLSSolver:
         ``() -> (rtol, atol)``: how exact a pass's log-likelihood is, relative to its size and per unit
         of row weight (0 for float64 per-row arithmetic); asked for after the first pass.
     approximate
-        0, or the unit rounding of a Hessian that ``evaluate(w, exact=False)`` may form in reduced
-        precision (2^-24 for float32, 2^-11 for TF32; ``PassTotals.exact_hessian`` says which a
-        pass was); the solver then asks for those in the iterations where :meth:`allow_approximate`
-        and its checks allow it.
+        0 or (), or the unit rounding(s) of the Hessians ``evaluate(w, exact=False, rounding=u)`` may
+        form in reduced precision, cheapest first (2^-17 for TF32, 2^-24 for float32;
+        ``PassTotals.exact_hessian`` says whether a pass was); the solver asks for the cheapest that
+        :meth:`allow_approximate` admits, in the iterations its checks allow.
     """
 
     def __init__(
@@ -133,7 +137,7 @@ class IRLSSolver:
         tol: float,
         ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
         rule: str = "pystrom",
-        approximate: float = 0.0,
+        approximate: float | tuple[float, ...] = 0.0,
     ):
         if rule not in ("pystrom", "madlib"):
             raise ValueError(f"rule must be 'pystrom' or 'madlib'; got {rule!r}")
@@ -149,8 +153,10 @@ class IRLSSolver:
         self.reach: float | None = None
         self._warned_fallback = False
         self._last_scale = 1.0
-        self.approximate = float(approximate)
-        self.approx = False  # float32 Hessians in use now (decided by setup, revoked by the checks)
+        levels = approximate if isinstance(approximate, tuple) else (approximate,) if approximate else ()
+        self.levels = tuple(float(u) for u in levels)
+        self.approximate = self.levels[0] if self.levels else 0.0  # the rounding in use (0: none)
+        self.approx = False  # reduced-precision Hessians in use now (decided by setup, revoked by the checks)
         self.approx_passes = 0
 
     # -- named steps ------------------------------------------------------------------------------
@@ -173,11 +179,15 @@ class IRLSSolver:
             base = H[self.k, self.k]
             scale = np.sqrt(np.clip(np.diag(H), 0.0, None) / base) if base > 0 else np.ones(self.k + 1)
         self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
-        self.approx = bool(self.approximate) and self.allow_approximate(H)
+        admitted = [u for u in self.levels if self.allow_approximate(H, u)]
+        self.levels = tuple(admitted)
+        self.approximate = admitted[0] if admitted else 0.0
+        self.approx = bool(admitted)
         return w, totals
 
-    def allow_approximate(self, H: np.ndarray) -> bool:
-        """Whether float32 Hessians may drive the steps: the free parameters' X^T A X of the first pass,
+    def allow_approximate(self, H: np.ndarray, unit: float | None = None) -> bool:
+        """Whether Hessians rounded to ``unit`` (default: the cheapest offered) may drive the steps: the
+        free parameters' X^T A X of the first pass,
         scaled to a unit diagonal (float32 rounds each column relative to its own size), has an
         estimated condition below :data:`APPROX_MAX_COND` (the squared ratio of the largest to the
         smallest pivot of its Cholesky factor: cheap, and a lower bound of the true condition)."""
@@ -191,7 +201,10 @@ class IRLSSolver:
             piv = np.diag(np.linalg.cholesky(Hf * root[:, None] * root[None, :]))
         except np.linalg.LinAlgError:
             return False
-        limit = APPROX_MAX_COND * 2.0**-24 / self.approximate
+        unit = self.approximate if unit is None else unit
+        if not unit:
+            return False
+        limit = APPROX_MAX_COND * 2.0**-24 / unit
         return bool(piv.min() > 0 and (piv.max() / piv.min()) ** 2 < limit)
 
     def objective(self, w: np.ndarray, t: PassTotals) -> float:
@@ -358,7 +371,7 @@ class IRLSSolver:
             w, t = w_new, t_new
             dec_old = dec
             step, dec = self.newton_direction(w, t)
-            self._watch_approximate(dec_old, dec, self.objective(w, t))
+            self._watch_approximate(dec_old, dec, self.objective(w, t), t)
             if self.check_convergence(f_old, self.objective(w, t), dec, t):
                 converged = True
                 break
@@ -413,19 +426,24 @@ class IRLSSolver:
             return t
         return self._pass(t.at)
 
-    def _watch_approximate(self, dec_old: float, dec: float, f: float) -> None:
-        """Turn float32 Hessians off where a full step near the optimum did not shrink the decrement
-        the way a Newton step does (quadratically): the Hessian's rounding then costs iterations."""
-        if self.approx and self._last_scale == 1.0 and 0.0 < dec_old <= APPROX_NEAR * max(1.0, abs(f)):
-            if dec > APPROX_MIN_GAIN * dec_old:
-                self.approx = False
+    def _watch_approximate(self, dec_old: float, dec: float, f: float, t: PassTotals) -> None:
+        """Move to the next precision (the last: float64) where a full step near the optimum did not
+        shrink the decrement the way a Newton step does (quadratically): the Hessian's rounding then
+        costs iterations. Not where the decrement is rounding already: no Hessian makes it smaller
+        (with tol=0, H100, 1M x 256: 13 of 21 passes had turned to float64 for nothing)."""
+        if not (self.approx and self._last_scale == 1.0 and 0.0 < dec_old <= APPROX_NEAR * max(1.0, abs(f))):
+            return
+        if dec > APPROX_MIN_GAIN * dec_old and dec > self._slack(f, t):
+            self.levels = self.levels[1:]
+            self.approximate = self.levels[0] if self.levels else 0.0
+            self.approx = bool(self.levels)
 
     def _pass(self, w: np.ndarray, exact: bool = True) -> PassTotals:
         self.passes += 1
         if exact or not self.approx:
             t = self.evaluate(w)
         else:
-            t = self.evaluate(w, exact=False)
+            t = self.evaluate(w, exact=False, rounding=self.approximate)
             self.approx_passes += not t.exact_hessian
         t.at = w.copy()
         return t

@@ -99,10 +99,11 @@ def xp_pass(
     ``hessian="float32"``: the features' block of X^T A X is formed in float32 (:func:`_gram32`); the
     gradient, the intercept's row and column of the Hessian, the log-likelihood and every total stay
     float64, so the pass's gradient (and with it the fixed point of Newton's iteration) is the float64
-    one. ``chunk_rows``: rows a chunk (0: by the device, :data:`_CHUNK_ELEMENTS`).
+    one. ``hessian="tf32"``: the same, as a general product (:func:`_cupy_syrk`; float32 on the CPU).
+    ``chunk_rows``: rows a chunk (0: by the device, :data:`_CHUNK_ELEMENTS`).
     """
-    if hessian not in ("float64", "float32"):
-        raise ValueError(f"hessian must be 'float64' or 'float32'; got {hessian!r}")
+    if hessian not in ("float64", "float32", "tf32"):
+        raise ValueError(f"hessian must be 'float64', 'float32' or 'tf32'; got {hessian!r}")
     n, k = X.shape
     p = k + 1
     nt = p * (p + 1) // 2
@@ -112,7 +113,7 @@ def xp_pass(
     min_margin = xp.full((), np.inf)
     wk = xp.asarray(w[:k], dtype=np.float64)
     b = float(w[k])
-    single = hessian == "float32"
+    single = hessian != "float64"
     chunk = int(chunk_rows) if chunk_rows else _chunk_rows(xp, k, single)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
@@ -142,7 +143,7 @@ def xp_pass(
         r = s * e * inv * inv
         resid = s * (yc - mu)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked on the totals (_sources.py)
-            H[:k, :k] += _gram32(xp, Xr, Xc, r) if single else _weighted_gram(xp, Xc, r)
+            H[:k, :k] += _gram32(xp, Xr, Xc, r, hessian == "tf32") if single else _weighted_gram(xp, Xc, r)
         # Both matrix-vector products in one read of the chunk (CuPy's axis-0 sum of X r was 20x slower)
         both = Xc.T @ xp.stack([r, resid], axis=1)
         H[:k, k] += both[:, 0]
@@ -189,7 +190,7 @@ def _weighted_gram(xp: Any, Xc: Any, r: Any) -> Any:
     return Xc.T @ (Xc * r[:, None])
 
 
-def _gram32(xp: Any, Xr: Any, Xc: Any, r: Any) -> Any:
+def _gram32(xp: Any, Xr: Any, Xc: Any, r: Any, general: bool = False) -> Any:
     """X^T diag(r) X in float32 (returned as float64): Z^T Z with Z = sqrt(r) X rounded to float32 once.
 
     Float32 input is scaled in float32 straight from the chunk as it is stored (the upcast copy
@@ -206,36 +207,45 @@ def _gram32(xp: Any, Xr: Any, Xc: Any, r: Any) -> Any:
         Z = (Xc * root[:, None]).astype(np.float32)
     if xp is np:
         return (Z.T @ Z).astype(np.float64)
-    return _cupy_syrk(xp, Z)
+    return _cupy_syrk(xp, Z, general)
 
 
-def gram32_rounding(backend: Any) -> float:
-    """The relative error of :func:`_gram32`'s entries on ``backend``, as the solver's guard reads it:
-    float32's unit rounding, or where TF32 is on (``CUPY_TF32=1`` for :func:`_cupy_syrk`,
-    ``defaults.logit_hessian = "tf32"`` for the wide kernels' GEMM, :mod:`._wide`), 2^-17:
-    TF32 rounds each input to 11 bits (2^-11), but an entry sums thousands of products in float32
-    whose independent roundings mostly cancel (an assumption the benchmark's iteration counts test)."""
-    return 2.0**-17 if backend.kind == "cuda" and _tf32() else 2.0**-24
+F32_ROUNDING = 2.0**-24
+# TF32 rounds each input to 11 bits (2^-11), but an entry sums thousands of products in float32 whose
+# independent roundings mostly cancel (an assumption the benchmark's iteration counts test)
+TF32_ROUNDING = 2.0**-17
 
 
-def _tf32() -> bool:
-    from .._settings import defaults
+def reduced_hessians(backend: Any, mode: str) -> tuple[tuple[str, float], ...]:
+    """The reduced precisions a wide pass may form the features' Hessian block in, cheapest first, each
+    with the relative error of its entries as the solver's guard reads it, for
+    ``defaults.logit_hessian = mode`` ("float64": none). On a GPU "auto" offers TF32 (the wide
+    kernels' GEMM on the tensor cores, :mod:`._wide`) then float32, so a fit whose condition TF32's
+    guard refuses still saves the float64 products; ``CUPY_TF32=1`` makes float32 TF32 (CuPy runs its
+    own float32 products there then). The CPU has float32 only."""
+    f32, tf32 = ("float32", F32_ROUNDING), ("tf32", TF32_ROUNDING)
+    if mode == "float64":
+        return ()
+    if backend.kind != "cuda":
+        return (f32,)
+    if mode == "tf32" or os.environ.get("CUPY_TF32", "0") == "1":
+        return (tf32,)
+    return (f32,) if mode == "float32" else (tf32, f32)
 
-    return os.environ.get("CUPY_TF32", "0") == "1" or defaults.logit_hessian == "tf32"
 
-
-def _cupy_syrk(cupy: Any, Z: Any) -> Any:
+def _cupy_syrk(cupy: Any, Z: Any, general: bool = False) -> Any:
     """Z^T Z (float32 Z, rows x k) by cuBLAS's ssyrk, as a full symmetric float64 matrix.
 
-    With ``CUPY_TF32=1`` (CuPy's opt-in to TF32 tensor cores for float32 products) the general product
-    instead, which CuPy then runs in TF32: twice the multiplications at several times the rate. Its
-    10-bit mantissa is coarser than float32's, which the solver's checks allow for as for float32.
+    ``general`` (a "tf32" pass): the general product instead, which CuPy runs in TF32 under
+    ``CUPY_TF32=1`` (its opt-in to the tensor cores for float32 products), else in float32: twice the
+    multiplications at several times the rate. TF32's 10-bit mantissa is coarser than float32's,
+    which the solver's checks allow for (:func:`reduced_hessians`).
     """
     try:
         from cupy import cublas
     except ImportError:  # a CuPy without the wrapper: the general product (twice the multiplications)
         cublas = None
-    if cublas is None or _tf32():
+    if cublas is None or general:
         return (Z.T @ Z).astype(np.float64)
     Z = cupy.ascontiguousarray(Z)
     k = Z.shape[1]
@@ -389,5 +399,5 @@ def batch_pass(
         from ._wide import uses_wide, wide_pass
 
         if uses_wide(backend, X):
-            return wide_pass(backend, X, y, sw, cw, w, "tf32" if hessian == "float32" and _tf32() else hessian)
+            return wide_pass(backend, X, y, sw, cw, w, hessian)
     return xp_pass(backend.xp, X, y, sw, cw, w, hessian, chunk_rows)

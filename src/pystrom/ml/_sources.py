@@ -24,8 +24,8 @@ from ._pass import (
     PassTotals,
     batch_pass,
     combine,
-    gram32_rounding,
     layout_size,
+    reduced_hessians,
     uses_kernel,
 )
 from ._staging import HostStaging
@@ -51,25 +51,29 @@ class Source:
     def batches(self) -> Iterable[Batch]:
         raise NotImplementedError
 
-    def approximate_hessian(self) -> float:
-        """0, or the unit rounding of the Hessians a pass may form in reduced precision (``evaluate(w,
-        exact=False)``): more than :data:`MAX_KERNEL_FEATURES` features (the fused narrow kernel's
-        float64 sums cost nothing extra), ``pystrom.defaults.logit_hessian`` "float32", "tf32" or
-        "auto" (on an H100, 1M x 256 float32, 20 iterations: the float64 DGEMM passes took 243 ms, the
-        wide kernels (ml/_wide.py) with a TF32 GEMM 127 ms, naive CuPy IRLS 155 ms), and a source that
-        makes its own passes (a dask source's workers always sum in float64)."""
-        mode = defaults.logit_hessian
-        if not (self._batched and self.n_features > MAX_KERNEL_FEATURES and mode != "float64"):
-            return 0.0
-        return gram32_rounding(self.backend)
+    def reduced_hessians(self) -> tuple[tuple[str, float], ...]:
+        """The reduced precisions a pass may form its Hessian in (``evaluate(w, exact=False,
+        rounding=u)``), cheapest first, with their unit roundings (:func:`._pass.reduced_hessians`):
+        none for :data:`MAX_KERNEL_FEATURES` features or fewer (the fused narrow kernel's float64
+        sums cost nothing extra), for ``pystrom.defaults.logit_hessian = "float64"``, and for a source
+        that makes its own passes (a dask source's workers always sum in float64)."""
+        if not (self._batched and self.n_features > MAX_KERNEL_FEATURES):
+            return ()
+        return reduced_hessians(self.backend, defaults.logit_hessian)
+
+    def approximate_hessian(self) -> tuple[float, ...]:
+        """The unit roundings of :meth:`reduced_hessians`, for the solver."""
+        return tuple(u for _, u in self.reduced_hessians())
 
     _batched = False  # the pass goes through batch_pass here (ArraySource, ScanSource)
 
-    def evaluate(self, w: np.ndarray, exact: bool = True) -> PassTotals:
-        """One pass at ``w``. ``exact=False`` allows a float32 Hessian where :meth:`approximate_hessian`."""
+    def evaluate(self, w: np.ndarray, exact: bool = True, rounding: float = 0.0) -> PassTotals:
+        """One pass at ``w``. ``exact=False`` forms the Hessian in the reduced precision of unit
+        ``rounding`` where :meth:`reduced_hessians` offers it."""
         first = self.passes == 0
         self.passes += 1
-        self._hessian = "float64" if exact or first or not self.approximate_hessian() else "float32"
+        modes = {u: mode for mode, u in self.reduced_hessians()}
+        self._hessian = "float64" if exact or first or rounding not in modes else modes[rounding]
         vec = self._run(w, first)
         totals = PassTotals.unpack(vec, self.n_features)
         totals.exact_hessian = self._hessian == "float64"

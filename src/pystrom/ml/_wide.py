@@ -3,10 +3,17 @@
 CuPy's version of :func:`._pass.xp_pass` upcasts every chunk to float64 and spends a dozen elementwise
 launches around a float32 syrk; here one kernel makes each row's values (eta in float64, its weight and
 residual, the row scaled by sqrt(r) in float32), one kernel sums X^T [resid, r] in float64, and cuBLAS
-forms Z^T Z: a float32 GEMM, or with ``pystrom.defaults.logit_hessian = "tf32"`` one on the TF32 tensor cores
-(twice the multiplications at several times the rate; 10-bit mantissas, which the solver's guard
-allows for as for float32, :func:`._pass.gram32_rounding`). Kernels: :file:`kernels/logistic_wide.cu`;
-CPU twin: ``xp_pass(..., hessian="float32")``, which the tests compare.
+forms Z^T Z: a float32 GEMM, or one on the TF32 tensor cores (``hessian="tf32"``: twice the
+multiplications of a syrk at several times the rate; 10-bit mantissas, which the solver's guard allows
+for, :func:`._pass.reduced_hessians`), or for the exact passes a DGEMM of the float64-scaled rows.
+
+The product is a strided batched GEMM over blocks of :data:`_SUB_ROWS` rows, each block's k x k result
+summed in float64: one GEMM of k x k from a million rows has only (k/128)^2 output tiles to spread over
+the GPU, and float32 would sum a million products per entry; blocks give the GPU thousands of tiles
+and keep float32 sums short.
+
+Kernels: :file:`kernels/logistic_wide.cu`; CPU twin: ``xp_pass(..., hessian="float32")``, which the
+tests compare.
 """
 
 from __future__ import annotations
@@ -18,7 +25,11 @@ import numpy as np
 __all__ = ["wide_pass", "uses_wide"]
 
 _THREADS = 256
-_Z_ELEMENTS = 1 << 27  # rows x features of the float32 scaled rows at a time (512 MiB)
+_Z_ELEMENTS = 1 << 27  # rows x features of the scaled rows at a time (512 MiB in float32)
+_SUB_ROWS = 4096  # rows summed by one GEMM of the batch (in its own precision; the blocks add in float64)
+# cudaDataType and cublasComputeType_t values
+_R_32F, _R_64F = 0, 1
+_COMPUTE = {"float32": 68, "tf32": 77, "float64": 70}  # CUBLAS_COMPUTE_32F, _32F_FAST_TF32, _64F
 
 
 def uses_wide(backend: Any, X: Any) -> bool:
@@ -50,11 +61,11 @@ def wide_pass(
     wd = cupy.asarray(np.asarray(w, dtype=np.float64))
     rr = cupy.empty(n, dtype=np.float64)
     resid = cupy.empty(n, dtype=np.float64)
-    # cuBLAS sums a chunk's float32 products over its rows in float32: 2^17 rows at most (as xp_pass)
-    chunk = max(1, min(n, _Z_ELEMENTS // k // (2 if exact else 1), 1 << 30 if exact else 1 << 17))
-    Z = cupy.empty((chunk, k), dtype=ztype)
+    chunk = max(1, min(n, _Z_ELEMENTS // k // (2 if exact else 1)))
+    blocks = -(-chunk // _SUB_ROWS)
+    Z = cupy.empty((blocks * _SUB_ROWS, k), dtype=ztype)  # whole blocks: a chunk's last one zero-padded
     gram = cupy.zeros((k, k), dtype=np.float64)
-    part = cupy.zeros((k, k), dtype=ztype)
+    parts = cupy.empty((blocks, k, k), dtype=ztype)
     sms = sm_count(backend.ordinal)
     row_blocks = max(1, min((chunk * 32 + _THREADS - 1) // _THREADS, sms * 8))
     totals = cupy.empty((row_blocks * ((n + chunk - 1) // chunk), 6), dtype=np.float64)
@@ -68,11 +79,14 @@ def wide_pass(
                 np.int32(has_sw), cw0, cw1, wd, rr[start:], resid[start:], Z,
                 totals[c * row_blocks :])  # fmt: skip
         rows_fn((row_blocks,), (_THREADS,), args)
-        if exact:
-            gram += Z[:m].T @ Z[:m]  # DGEMM (FP64 tensor cores)
-        else:
-            _gram32(cupy, Z[:m], part, hessian == "tf32")
-            gram += part
+        used = -(-m // _SUB_ROWS)
+        if used * _SUB_ROWS > m:
+            Z[m : used * _SUB_ROWS] = 0
+        _gram_blocks(cupy, Z, parts, used, _COMPUTE[hessian])
+        gram += parts[:used].sum(axis=0, dtype=np.float64)
+    # the GEMMs' two triangles may differ in their last bits (tiles summed in other orders): one mirrored
+    lower = cupy.tril(gram)
+    gram = lower + lower.T - cupy.diag(cupy.diag(gram))
     # X^T [resid, r] in float64: a thread per feature over slices of rows
     col_blocks = (k + _THREADS - 1) // _THREADS
     slices = max(1, min((n + 255) // 256, (sms * 16) // col_blocks))
@@ -99,29 +113,25 @@ def wide_pass(
     return out
 
 
-def _gram32(cupy: Any, Z: Any, out: Any, tf32: bool) -> None:
-    """out = Z^T Z (float32, k x k, full) by cuBLAS on the current stream."""
+def _gram_blocks(cupy: Any, Z: Any, parts: Any, used: int, compute: int) -> None:
+    """parts[b] = Z_b^T Z_b for the first ``used`` blocks of :data:`_SUB_ROWS` rows of Z, by one strided
+    batched GEMM on the current stream (Z's dtype in, Z's dtype out, ``compute`` as cuBLAS's)."""
     from cupy.cuda import cublas, device
 
-    m, k = Z.shape
+    k = Z.shape[1]
     handle = device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     mode = cublas.getPointerMode(handle)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    dtype, dt = (np.float64, _R_64F) if Z.dtype == np.float64 else (np.float32, _R_32F)
+    one, zero = np.array(1.0, dtype=dtype), np.array(0.0, dtype=dtype)
     try:
-        _gram32_call(cublas, handle, Z, out, m, k, tf32)
+        # Z is row-major (rows x k): to column-major cuBLAS it is Zc = Z^T (k x rows, ld k), so block b
+        # is Zc's columns [b S, (b + 1) S), and Z_b^T Z_b = Zc_b Zc_b^T. A GEMM, not ssyrk: cuBLAS's
+        # ssyrk took 80 ms a pass at 1M x 256 on an H100.
+        cublas.gemmStridedBatchedEx(handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T, k, k, _SUB_ROWS,
+                                    one.ctypes.data, Z.data.ptr, dt, k, _SUB_ROWS * k,
+                                    Z.data.ptr, dt, k, _SUB_ROWS * k,
+                                    zero.ctypes.data, parts.data.ptr, dt, k, k * k,
+                                    used, compute, -1)  # fmt: skip
     finally:
         cublas.setPointerMode(handle, mode)
-    # the GEMM's two triangles may differ in their last bits (tiles summed in other orders): one mirrored
-    lower = cupy.tril(out)
-    out[...] = lower + lower.T - cupy.diag(cupy.diag(out))
-
-
-def _gram32_call(cublas: Any, handle: int, Z: Any, out: Any, m: int, k: int, tf32: bool) -> None:
-    one = np.array(1.0, dtype=np.float32)
-    zero = np.array(0.0, dtype=np.float32)
-    # Z is row-major (m x k): to column-major cuBLAS it is Zc = Z^T (k x m, ld k); Z^T Z = Zc Zc^T.
-    # A GEMM, not ssyrk: cuBLAS's ssyrk took 80 ms a pass at 1M x 256 on an H100 (the GEMM: ~3 ms in
-    # float32, well under 1 in TF32). 0: CUDA_R_32F; 68: CUBLAS_COMPUTE_32F; 77: ..._32F_FAST_TF32.
-    cublas.gemmEx(handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T, k, k, m, one.ctypes.data, Z.data.ptr, 0, k,
-                  Z.data.ptr, 0, k, zero.ctypes.data, out.data.ptr, 0, k, 77 if tf32 else 68, -1)  # fmt: skip
