@@ -15,21 +15,24 @@ pipeline of slices:
    any other (a part of a buffer, an unaligned destination, a buffer two reads share) is inflated into
    a scratch ``dst`` and its reads copied out of it (a device-to-device copy on a GPU, a memcpy on the
    CPU), queued behind the inflation;
-3. the reads of slice i + 1 are issued into the second of two scratch ``src`` arrays before slice i is
-   inflated (one batched :func:`.inflate.inflate` call per codec), so the file and the decoder work at
-   once; before a ``src`` array is read into again, the inflation that read it is waited for (a CUDA
-   event: kernels run behind the host, and the file reader does not write in stream order);
+3. the reads of slice i + 1 are issued before slice i is inflated (one batched
+   :func:`.inflate.inflate` call per codec), so the file and the decoder work at once. They go into the
+   ``src`` array slice i - 2 was inflated from (three of them), after the kernel that read it is waited
+   for (a CUDA event: kernels run behind the host, and the file reader does not write in stream order):
+   with two, the host would wait for slice i - 1's kernel before launching slice i's, and the GPU idle
+   while the host prepares a launch;
 4. the sizes the frames produced are checked once, after the last slice (on a GPU: one synchronisation
    per wait, not per slice): a frame whose size differs from its claim is refused with a FileFormatError
    naming the record batch, the column and the buffer. Its destination may hold garbage then; the read
    fails.
 
 The slice size: a slice's frames are the LZ4 kernel's parallelism (one warp per frame) and its reads the
-file reader's (one task per ``io_task_size``), so it is large, 128 MiB at most; two of them (1/4 of
-:func:`pystrom._backend.stream_group_bytes` together) stay small beside the table, never the whole
-compressed file plus its inflated copy. The column readers wait twice (string offsets first, then the
-rest), so a frame is inflated when it is first needed, and the offsets of strings and lists are checked
-(:mod:`.offsets`) before their data is touched.
+file reader's (one task per ``io_task_size``), so it is large: an eighth of
+:func:`pystrom._backend.stream_group_bytes`, 128 MiB at most (on a GPU of 32 GiB or more); the three
+slices in flight stay small beside the table, never the whole compressed file plus its inflated copy.
+The column readers wait twice (string offsets first, then the rest), so a frame is inflated when it is
+first needed, and the offsets of strings and lists are checked (:mod:`.offsets`) before their data is
+touched.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ __all__ = ["InflatingReader", "packed_buffers", "scratch_bytes"]
 
 _ALIGN = 64
 _GAP = 64 << 10  # file bytes between two frames read and dropped rather than a read of their own
+_DEPTH = 3  # src arrays: slice i + 1 is read into the one slice i - 2 was inflated from (module docstring)
 
 
 def scratch_bytes(backend: Any) -> int:
-    """Scratch one slice of frames may take (module docstring); two slices are in use at a time."""
+    """Scratch one slice of frames may take (module docstring); three slices are in use at a time."""
     return max(16 << 20, min(128 << 20, stream_group_bytes(backend) // 8))
 
 
@@ -152,7 +156,8 @@ class InflatingReader:
         for k in needed:
             p = self._packed[k]
             start, n = p.frame.offset, p.frame.size
-            cost = 0 if self._in_place(p, reads[k]) is not None else _up(p.size)
+            whole = self._in_place(p, reads[k]) is not None
+            cost = 0 if whole else _up(p.size)
             s = out[-1] if out else None
             joins = s is not None and 0 <= start - end <= _GAP
             src_end = s.src_bytes + start - end + n if joins else _up(s.src_bytes if s else 0) + n
@@ -166,28 +171,29 @@ class InflatingReader:
                 s.runs.append((start, n, src_end - n))
             s.src_at.append(src_end - n)
             s.src_bytes, end = src_end, start + n
-            s.dst_at.append(-1 if cost == 0 else s.dst_bytes)
+            s.dst_at.append(-1 if whole else s.dst_bytes)
             s.dst_bytes += cost
             s.ks.append(k)
         return out
 
     def _pipeline(self, slices: list[_Slice], reads: dict[int, list[tuple[int, int, Any]]]) -> list[tuple]:
         """Steps 2 and 3: every slice read and inflated; its (slice, [(frames, produced sizes)]) per slice."""
-        xp = self.backend.xp
-        srcs = [xp.empty(max([1, *(s.src_bytes for s in slices[j::2])]), dtype=np.uint8) for j in range(2)]
-        read_by = [None, None]  # per src array: the event after the inflation that reads it (GPU)
+        xp, depth = self.backend.xp, min(_DEPTH, len(slices))
+        srcs = [xp.empty(max([1, *(s.src_bytes for s in slices[j::depth])]), dtype=np.uint8) for j in range(depth)]
+        read_by: list[Any] = [None] * depth  # per src array: the event after the inflation that read it (GPU)
         ticket = self._issue(slices[0], srcs[0])
         done = []
         for j, s in enumerate(slices):
             self._reader.wait(ticket)
             if j + 1 < len(slices):
-                if read_by[(j + 1) % 2] is not None:
-                    read_by[(j + 1) % 2].synchronize()
-                ticket = self._issue(slices[j + 1], srcs[(j + 1) % 2])
-            done.append((s, self._inflate(s, srcs[j % 2], reads)))
+                k = (j + 1) % depth
+                if read_by[k] is not None:
+                    read_by[k].synchronize()  # slice j + 1 - depth's kernel: long done, slice j - 1's may run on
+                ticket = self._issue(slices[j + 1], srcs[k])
+            done.append((s, self._inflate(s, srcs[j % depth], reads)))
             if self.backend.kind != "cpu":
-                read_by[j % 2] = xp.cuda.Event(disable_timing=True)
-                read_by[j % 2].record()
+                read_by[j % depth] = xp.cuda.Event(disable_timing=True)
+                read_by[j % depth].record()
         return done
 
     def _issue(self, s: _Slice, src: Any) -> int:
