@@ -190,16 +190,115 @@ def test_small_scratch_inflates_in_many_slices(tmp_path, device, codec, monkeypa
     path = tmp_path / "s.arrow"
     _write(path, table, codec, lengths=[250] * 12)
     served = []
-    original = inflating.InflatingReader._serve
+    original = inflating.InflatingReader._inflate
 
-    def count(self, piece, reads):
-        served.append(len(piece))
-        return original(self, piece, reads)
+    def count(self, piece, src, reads):
+        served.append(len(piece.ks))
+        return original(self, piece, src, reads)
 
     monkeypatch.setattr(inflating, "scratch_bytes", lambda backend: 1)  # every frame a slice of its own
-    monkeypatch.setattr(inflating.InflatingReader, "_serve", count)
+    monkeypatch.setattr(inflating.InflatingReader, "_inflate", count)
     _assert_same(_read_quietly(path, device=device), _reference(path))
     assert served and max(served) == 1 and len(served) > 100
+
+
+def _spy(monkeypatch) -> list:
+    """The InflatingReaders read_arrow makes (to read their counters)."""
+    seen = []
+    original = inflating.InflatingReader.wait
+
+    def wait(self):
+        seen.append(self)
+        return original(self)
+
+    monkeypatch.setattr(inflating.InflatingReader, "wait", wait)
+    return seen
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_whole_buffers_inflate_in_place(tmp_path, device, codec, monkeypatch):
+    # 512-row batches: every int64 / float64 column's batch starts 64-byte aligned in the table
+    rng = np.random.default_rng(4)
+    n = 4096
+    table = pa.table({"i": rng.integers(0, 1000, n), "f": pa.array(rng.standard_normal(n), mask=rng.random(n) < 0.2),
+                      "s": [f"s{i % 91}" for i in range(n)]})  # fmt: skip
+    path = tmp_path / "p.arrow"
+    _write(path, table, codec, lengths=[512] * 8)
+    seen = _spy(monkeypatch)
+    _assert_same(_read_quietly(path, device=device), _reference(path))
+    reader = seen[-1]
+    assert reader.frames_in_place >= 16  # the values of "i" and "f" in each of 8 batches at least
+    assert reader.frames_in_place < reader.frames_inflated  # the string bytes at unaligned places: scratch
+    if device == "cuda":  # CuPy's arrays start 256-byte aligned: offsets and bitmaps too (direct.py aligns them)
+        assert reader.frames_in_place >= reader.frames_inflated - 8
+
+
+def _aligned(xp, n: int, misalign: int = 0):
+    """``n`` bytes at a 64-byte aligned address plus ``misalign``, filled with 0xEE."""
+    buf = xp.full(n + 128, 0xEE, dtype=np.uint8)
+    ptr = buf.ctypes.data if isinstance(buf, np.ndarray) else buf.data.ptr
+    at = (-ptr) % 64 + misalign
+    return buf[at : at + n]
+
+
+def _plain(raw: bytes, p: Packed) -> bytes:
+    c = pa.Codec("lz4" if p.codec == "lz4_frame" else "zstd")
+    return c.decompress(raw[p.frame.offset : p.frame.offset + p.frame.size], decompressed_size=p.size, asbytes=True)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("scratch", [None, 1, 5000])
+def test_reader_in_place_partial_and_shared_reads(tmp_path, device, codec, scratch):
+    from pystrom.io.arrow.ranges import RangeReader
+
+    path, raw, packed = _hostile_file(tmp_path, codec)
+    raw = bytes(raw)
+    backend = resolve_device(device)
+    xp = backend.xp
+    big = [p for p in packed if p.size > 200]
+    assert len(big) >= 8
+    with RangeReader(str(path), backend) as files, backend.activate():
+        reader = inflating.InflatingReader(files, packed, scratch=scratch)
+        whole = [(p, _aligned(xp, p.size)) for p in big[0::4]]  # in place
+        skewed = [(p, _aligned(xp, p.size, 1)) for p in big[1::4]]  # unaligned: scratch
+        parts = [(p, _aligned(xp, p.size // 2)) for p in big[2::4]]  # the second half of each
+        halves = [(p, _aligned(xp, p.size // 2), _aligned(xp, p.size - p.size // 2)) for p in big[3::4]]
+        for p, dst in whole + skewed:
+            reader.read(p.offset, p.size, dst)
+        for p, dst in parts:
+            reader.read(p.offset + p.size - p.size // 2, p.size // 2, dst)
+        for p, a, b in halves:  # one buffer, two reads: through scratch
+            reader.read(p.offset + p.size // 2, p.size - p.size // 2, b)
+            reader.read(p.offset, p.size // 2, a)
+        reader.wait()
+        host = backend.to_host
+        for p, dst in whole + skewed:
+            assert host(dst).tobytes() == _plain(raw, p), p.what
+        for p, dst in parts:
+            assert host(dst).tobytes() == _plain(raw, p)[p.size - p.size // 2 :], p.what
+        for p, a, b in halves:
+            assert host(a).tobytes() + host(b).tobytes() == _plain(raw, p), p.what
+    assert reader.frames_inflated == len(whole) + len(skewed) + len(parts) + len(halves)
+    assert reader.frames_in_place == len(whole)
+    if scratch is None:
+        assert reader.slices == 1
+    elif scratch == 1:
+        assert reader.slices == reader.frames_inflated
+    else:
+        assert 1 < reader.slices < reader.frames_inflated
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_lie_in_a_later_slice_is_the_same_error(tmp_path, device, codec, monkeypatch):
+    path, raw, packed = _hostile_file(tmp_path, codec)
+    p = [q for q in packed if "(values)" in q.what][5]  # beyond the first slices when they are tiny
+    raw[p.frame.offset - 8 : p.frame.offset] = struct.pack("<q", p.size + 8)
+    path.write_bytes(bytes(raw))
+    whole = _refused(path, device, p.what, f"its length prefix claims {p.size + 8:,}")
+    seen = _spy(monkeypatch)
+    monkeypatch.setattr(inflating, "scratch_bytes", lambda backend: 1)  # every frame a slice of its own
+    assert _refused(path, device) == whole
+    assert seen[-1].slices > 5
 
 
 # -- the inflate interface -------------------------------------------------------------------------------
@@ -233,6 +332,31 @@ def test_inflate_reports_what_each_frame_produced(device, codec):
     assert produced[1] != claims[1] and produced[3] != claims[3]
     for i in (0, 2, 4):
         assert dst[frames.dst_offsets[i] : frames.dst_offsets[i] + claims[i]].tobytes() == pieces[i]
+
+
+@pytest.mark.parametrize("codec", ["lz4_frame", "zstd"])
+def test_inflate_into_arrays_of_their_own(device, codec):
+    backend = resolve_device(device)
+    xp = backend.xp
+    rng = np.random.default_rng(3)
+    pieces = [rng.integers(0, 9, n, dtype=np.uint8).tobytes() for n in (100, 70_000, 64, 3000)]
+    frames = _frames(codec, pieces, [len(p) for p in pieces], backend)
+    table = xp.full(80_000, 0xEE, dtype=np.uint8)  # frames 0 and 2 go here, backwards; 1 and 3 to dst
+    frames.dst_arrays = [table[70_016:], None, table[64:128], None]
+    with backend.activate():
+        produced = inflate(backend, frames)
+        got, dst = backend.to_host(table), backend.to_host(frames.dst)
+    assert produced.tolist() == [len(p) for p in pieces]
+    assert got[70_016:70_116].tobytes() == pieces[0] and got[64:128].tobytes() == pieces[2]
+    assert (got[:64] == 0xEE).all() and (got[128:70_016] == 0xEE).all() and (got[70_116:] == 0xEE).all()
+    for i in (1, 3):
+        assert dst[frames.dst_offsets[i] : frames.dst_offsets[i] + len(pieces[i])].tobytes() == pieces[i]
+    with pytest.raises(ValueError, match="overlap"):
+        frames.dst_arrays = [table[0:], None, table[64:], None]
+        inflate(backend, frames)
+    with pytest.raises(ValueError, match="frame 2"):
+        frames.dst_arrays = [None, None, table[64:100], None]  # 36 bytes for 64
+        inflate(backend, frames)
 
 
 def test_inflate_corrupt_frames_and_fallback(device):

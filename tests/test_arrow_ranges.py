@@ -92,3 +92,20 @@ def test_reads_queued_when_the_caller_fails_are_dropped_not_run(blob):
     with RangeReader(path, resolve_device("cpu")) as reader:  # closing without wait() still reads
         reader.read(0, 1000, dst)
     assert dst.tobytes() == data[:1000]
+
+
+def test_a_ticket_waits_for_the_reads_before_it(blob):
+    path, data = blob
+    first, second = np.zeros(200_000, np.uint8), np.zeros(90_000, np.uint8)
+    with pystrom.defaults.set(io_task_size=4096):
+        with RangeReader(path, resolve_device("cpu")) as reader:
+            reader.read(0, 200_000, first)
+            ticket = reader.submit()
+            reader.read(200_000, 90_000, second)
+            later = reader.submit()
+            reader.wait(ticket)
+            assert first.tobytes() == data[:200_000] and reader.bytes_read == 200_000
+            reader.wait(ticket)  # nothing left before it
+            reader.wait(later)
+            assert second.tobytes() == data[200_000:290_000] and reader.bytes_read == 290_000
+            reader.wait()

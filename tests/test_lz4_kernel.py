@@ -133,3 +133,34 @@ def test_zstd_batch_matches_libzstd(gpu_backend):
         produced = inflate(gpu_backend, frames)
     assert produced[5] != len(payloads[5])
     assert [int(x) for i, x in enumerate(produced) if i != 5] == [len(p) for i, p in enumerate(payloads) if i != 5]
+
+
+def test_frames_into_arrays_of_their_own(gpu_backend):
+    """Each frame to its own address (dst_arrays: how a column is inflated in place), in reverse
+    order through one buffer; nothing written between them; the sizes left on the device (wait=False)."""
+    from pystrom.io.arrow.inflate import inflate
+
+    cp = gpu_backend.xp
+    codec = pa.Codec("lz4")
+    payloads = _payloads()
+    compressed = [codec.compress(p, asbytes=True) for p in payloads]
+    frames = _frames(cp, payloads, compressed)
+    places = np.cumsum([0, *[(len(p) + 63) // 64 * 64 + 64 for p in payloads[::-1]]])[:-1][::-1]
+    table = cp.full(int(places[0]) + len(payloads[0]) + 64, 0xEE, dtype=cp.uint8)
+    frames.dst_arrays = [table[int(at) : int(at) + len(p)] for at, p in zip(places, payloads)]
+    frames.dst_arrays[1] = None  # one frame still to its place in dst
+    with gpu_backend.activate():
+        produced = inflate(gpu_backend, frames, wait=False)
+        assert isinstance(produced, cp.ndarray)
+        produced = produced.get()
+        got, dst = table.get(), frames.dst.get()
+    assert produced.tolist() == [len(p) for p in payloads]
+    written = np.zeros(len(got), dtype=bool)
+    for i, (p, at) in enumerate(zip(payloads, places.tolist())):
+        if i == 1:
+            off = int(frames.dst_offsets[1])
+            assert dst[off : off + len(p)].tobytes() == p
+            continue
+        assert got[at : at + len(p)].tobytes() == p
+        written[at : at + len(p)] = True
+    assert (got[~written] == 0xEE).all()

@@ -183,18 +183,20 @@ __device__ i64 lz4_frames_one(const u8* __restrict__ in, i64 n, u8* out, i64 cap
   return o;
 }
 
-// frames: 4 x nframes long longs: source offset, source size, output offset, output capacity.
+// frames: 4 x nframes long longs: source offset, source size, output address, output capacity. Each
+// frame has its own output address (a column's place in the table, or a place in a scratch array), so
+// frames of one launch may go anywhere; the frame writes only [address, address + capacity).
 // produced[f]: bytes written for frame f, or -1 where it is corrupt.
 extern "C" __global__ void lz4_frames(const u8* __restrict__ src, const i64* __restrict__ frames, int nframes,
-                                      u8* __restrict__ dst, i64* __restrict__ produced) {
+                                      i64* __restrict__ produced) {
   __shared__ __align__(16) u8 rings[WARPS_PER_BLOCK][RING];
   u8* ring = rings[threadIdx.x >> 5];
   const int lane = threadIdx.x & 31;
   const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
   for (i64 f = warp; f < nframes; f += warps) {
-    const i64 r = lz4_frames_one(src + frames[f], frames[nframes + f], dst + frames[2 * nframes + f],
-                                 frames[3 * nframes + f], ring, lane);
+    u8* out = (u8*)(unsigned long long)frames[2 * nframes + f];
+    const i64 r = lz4_frames_one(src + frames[f], frames[nframes + f], out, frames[3 * nframes + f], ring, lane);
     if (lane == 0) produced[f] = r;
   }
 }

@@ -139,7 +139,7 @@ def _string_sizes(
         return {}
     counts = np.array([[b.chunks[n].length for b in batches] for n in names], dtype=np.int64).reshape(-1)
     sizes = np.where(counts > 0, counts + 1, 0)
-    starts = np.cumsum(np.concatenate([[0], sizes]))
+    starts = np.cumsum(np.concatenate([[0], -(-sizes // 16) * 16]))  # 64-byte aligned: inflated in place
     scratch = xp.zeros(int(starts[-1]), dtype=xp.int32)
     raw = as_bytes(scratch)
     chunks = [b.chunks[n] for n in names for b in batches]
@@ -252,7 +252,7 @@ def _read_bitmaps(
         r = which(b.chunks[name])
         bits = b.chunks[name].length if count is None else count(b.chunks[name])
         sizes.append((bits + 7) // 8 if r is not None and bits else 0)
-    pos = np.cumsum([0] + sizes)
+    pos = np.cumsum([0] + [-(-n // 64) * 64 for n in sizes])  # 64-byte aligned: inflated in place
     scratch = xp.empty(max(int(pos[-1]), 1), dtype=np.uint8)
     where = []
     for b, p, size in zip(batches, pos[:-1], sizes):

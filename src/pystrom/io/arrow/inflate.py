@@ -1,19 +1,23 @@
 """Decompress the LZ4_FRAME / ZSTD buffers of Arrow IPC record batches into backend memory, in batches.
 
 The caller (:mod:`.inflating`) has read the compressed frames of a group of batches into one array
-``src`` and allocated one ``dst`` holding every frame's output at a 64-byte aligned offset; one call
-decompresses them all:
+``src``; each frame's output goes either to a 64-byte aligned offset of one scratch ``dst`` or to an
+array of its own (``dst_arrays``: a column's place in the table, decoded into without a copy); one
+call decompresses them all:
 
 - CPU: pyarrow's codecs on a thread pool (:mod:`.inflate_host`);
 - GPU: :func:`.inflate_device._inflate_device` (nvCOMP's batched decompression is meant to replace the
   host round trip it makes today).
 
 What comes back is the number of bytes each frame really produced, -1 where a frame is corrupt: the
-caller compares it with the length the file claimed, and refuses the file where they differ.
+caller compares it with the length the file claimed, and refuses the file where they differ. With
+``wait=False`` a GPU returns them on the device, ready when the current stream reaches this point: a
+caller inflating one slice after another reads them all back with one synchronisation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,25 +39,55 @@ class Frames:
     src: Any  # backend uint8 array: the compressed frames (prefix already stripped), as read
     src_offsets: np.ndarray  # int64, start of frame i in src
     src_sizes: np.ndarray  # int64
-    dst: Any  # backend uint8 array receiving the decompressed bytes
+    dst: Any  # backend uint8 array receiving the decompressed bytes (None if every frame has its own)
     dst_offsets: np.ndarray  # int64, where frame i's output starts in dst (64-byte aligned)
     dst_sizes: np.ndarray  # int64, the size the Arrow prefix claims
+    # per frame, None or its own 1-D contiguous uint8 backend array (64-byte aligned, at least dst_sizes[i]
+    # bytes): the output then starts there and dst_offsets[i] is unused
+    dst_arrays: Sequence[Any] | None = None
+
+    def out(self, i: int) -> Any:
+        """The array frame ``i``'s output fills (``dst_sizes[i]`` bytes)."""
+        own = self.dst_arrays[i] if self.dst_arrays is not None else None
+        at, size = int(self.dst_offsets[i]), int(self.dst_sizes[i])
+        return own[:size] if own is not None else self.dst[at : at + size]
 
 
-def inflate(backend: Any, frames: Frames) -> np.ndarray:
-    """Decompress every frame into its place in ``frames.dst``; the bytes each produced (int64), -1 where
-    a frame is corrupt. Output bytes of a frame whose count differs from ``dst_sizes`` are undefined."""
+def inflate(backend: Any, frames: Frames, wait: bool = True) -> Any:
+    """Decompress every frame into its place (:class:`Frames`); the bytes each produced (int64), -1 where
+    a frame is corrupt. Output bytes of a frame whose count differs from ``dst_sizes`` are undefined.
+    ``wait=False``: on a GPU the counts may come back as a device array (module docstring)."""
     if frames.codec not in CODECS:
         raise ValueError(f"unknown codec {frames.codec!r}; expected one of {CODECS}")
-    _check_spans(frames.src_offsets, frames.src_sizes, int(frames.src.shape[0]), "src")
-    _check_spans(frames.dst_offsets, frames.dst_sizes, int(frames.dst.shape[0]), "dst")
-    if len(frames.src_offsets) != len(frames.dst_offsets):
+    n = len(frames.src_offsets)
+    if (
+        len(frames.dst_offsets) != n
+        or len(frames.dst_sizes) != n
+        or (frames.dst_arrays is not None and len(frames.dst_arrays) != n)
+    ):
         raise ValueError("src and dst describe different numbers of frames")
-    if len(frames.src_offsets) == 0:
+    _check_spans(frames.src_offsets, frames.src_sizes, int(frames.src.shape[0]), "src")
+    shared = np.ones(n, dtype=bool)
+    for i, own in enumerate(frames.dst_arrays or ()):
+        if own is not None:
+            shared[i] = False
+            size = int(frames.dst_sizes[i])
+            if own.ndim != 1 or own.dtype != np.uint8 or not own.flags.c_contiguous or not 0 <= size <= own.shape[0]:
+                raise ValueError(f"frame {i}: its output array is not {frames.dst_sizes[i]} contiguous bytes")
+    total = 0 if frames.dst is None else int(frames.dst.shape[0])
+    _check_spans(frames.dst_offsets[shared], frames.dst_sizes[shared], total, "dst")
+    if n == 0:
         return np.zeros(0, dtype=np.int64)
+    at = np.array([0 if own is None else backend.array_ptr(own) for own in frames.dst_arrays or [None] * n], np.int64)
+    if shared.any() and frames.dst is not None:
+        at[shared] = backend.array_ptr(frames.dst) + frames.dst_offsets[shared]
+    order = np.flatnonzero(frames.dst_sizes > 0)  # frames write in parallel: no two outputs may overlap
+    order = order[np.argsort(at[order], kind="stable")]
+    if (at[order][:-1] + frames.dst_sizes[order][:-1] > at[order][1:]).any():
+        raise ValueError("two frames' outputs overlap")
     if backend.kind == "cpu":
         return inflate_host(frames)
-    return _inflate_device(backend, frames)
+    return _inflate_device(backend, frames, at, wait)
 
 
 def _check_spans(offsets: np.ndarray, sizes: np.ndarray, total: int, what: str) -> None:

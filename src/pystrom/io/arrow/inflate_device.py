@@ -9,10 +9,10 @@
 
 The CPU twin for both is :func:`.inflate_host.inflate_host` (liblz4 and libzstd through pyarrow);
 tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them. The contract of
-:func:`.inflate.inflate` holds: every frame's output at its ``dst_offsets``, the bytes each produced
-returned (-1 for a corrupt frame), nothing written outside ``[dst_offsets[i], + dst_sizes[i])``, and
-the work finished (LZ4: on the current stream, waited for by reading the sizes; nVCOMP: on its own
-stream, waited for) before this returns.
+:func:`.inflate.inflate` holds: every frame's output at its place (in ``dst`` or its own array), the
+bytes each produced returned (-1 for a corrupt frame), nothing written outside its
+``dst_sizes[i]`` bytes, and the work finished (LZ4: on the current stream, waited for by reading the
+sizes unless ``wait=False``; nVCOMP: on its own stream, waited for) before this returns.
 """
 
 from __future__ import annotations
@@ -44,28 +44,30 @@ def nvcomp_available() -> bool:
     return _nvcomp() is not None
 
 
-def _inflate_device(backend: Any, frames: Any) -> np.ndarray:
-    """Inflate ``frames`` (see :class:`.inflate.Frames`; ``src`` and ``dst`` device arrays) on the
-    current stream; returns the bytes produced per frame, -1 where a frame is corrupt."""
+def _inflate_device(backend: Any, frames: Any, addresses: np.ndarray, wait: bool = True) -> Any:
+    """Inflate ``frames`` (see :class:`.inflate.Frames`; device arrays; ``addresses``: where each frame's
+    output starts) on the current stream; the bytes produced per frame, -1 where a frame is corrupt
+    (``wait=False``: LZ4's as a device array, ready when the stream gets there)."""
     n = len(frames.src_offsets)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     if frames.codec == "lz4_frame":
-        return _lz4(backend, frames, n)
+        return _lz4(backend, frames, n, addresses, wait)
     if frames.codec == "zstd":
         return _zstd(backend, frames, n)
     raise ValueError(f"unknown codec {frames.codec!r}")
 
 
-def _lz4(backend: Any, frames: Any, n: int) -> np.ndarray:
+def _lz4(backend: Any, frames: Any, n: int, addresses: np.ndarray, wait: bool) -> Any:
     cp = backend.xp
-    if (np.asarray(frames.dst_offsets) % 64).any() or frames.dst.data.ptr % 64:
+    if (addresses % 64).any():
         raise ValueError("LZ4 frames are inflated to 64-byte aligned outputs")
-    table = np.concatenate([frames.src_offsets, frames.src_sizes, frames.dst_offsets, frames.dst_sizes])
+    # the kernel takes each frame's output address (kernels/lz4.cu): int64 holds a device pointer
+    table = np.concatenate([frames.src_offsets, frames.src_sizes, addresses, frames.dst_sizes])
     dtable = cp.asarray(table.astype(np.int64, copy=False))
     produced = cp.empty(n, dtype=cp.int64)
-    launch("lz4", "lz4_frames", backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), frames.dst, produced))
-    return produced.get()
+    launch("lz4", "lz4_frames", backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), produced))
+    return produced.get() if wait else produced
 
 
 def _zstd(backend: Any, frames: Any, n: int) -> np.ndarray:
@@ -95,9 +97,7 @@ def _nvcomp_decode(backend: Any, nvcomp: Any, frames: Any, which: np.ndarray) ->
         srcs = nvcomp.as_arrays(
             frames.src, [int(x) for x in frames.src_offsets[which]], [int(x) for x in frames.src_sizes[which]]
         )
-        outs = nvcomp.as_arrays(
-            frames.dst, [int(x) for x in frames.dst_offsets[which]], [int(x) for x in frames.dst_sizes[which]]
-        )
+        outs = nvcomp.as_arrays([frames.out(int(i)) for i in which])  # in dst or a frame's own array
         result = codec.decode(srcs, out=outs)
         got = np.asarray(result.buffer_sizes, dtype=np.int64)  # waits for the decode
     except Exception:  # noqa: BLE001 - nvCOMP reports a bad frame in a batch by raising
@@ -109,7 +109,6 @@ def _on_host(backend: Any, frames: Any, which: np.ndarray) -> np.ndarray:
     """Frames ``which`` through the CPU codecs: their bytes copied to host, inflated, copied back."""
     src_off = np.asarray(frames.src_offsets, dtype=np.int64)[which]
     src_len = np.asarray(frames.src_sizes, dtype=np.int64)[which]
-    dst_off = np.asarray(frames.dst_offsets, dtype=np.int64)[which]
     dst_len = np.asarray(frames.dst_sizes, dtype=np.int64)[which]
     pieces = [frames.src[o : o + s].get() for o, s in zip(src_off.tolist(), src_len.tolist())]
     src = np.ascontiguousarray(np.concatenate(pieces) if pieces else np.zeros(0), dtype=np.uint8)
@@ -117,9 +116,9 @@ def _on_host(backend: Any, frames: Any, which: np.ndarray) -> np.ndarray:
     new_dst = np.concatenate([[0], np.cumsum((dst_len + 63) // 64 * 64)[:-1]]).astype(np.int64)
     dst = np.empty(int(new_dst[-1] + dst_len[-1]) if len(which) else 0, dtype=np.uint8)
     host = dataclasses.replace(frames, src=src, src_offsets=new_src, src_sizes=src_len, dst=dst,
-                               dst_offsets=new_dst, dst_sizes=dst_len)  # fmt: skip
+                               dst_offsets=new_dst, dst_sizes=dst_len, dst_arrays=None)  # fmt: skip
     produced = inflate_host(host)
-    for k, o in enumerate(dst_off.tolist()):
+    for k, i in enumerate(which.tolist()):
         if produced[k] > 0:
-            frames.dst[o : o + int(produced[k])].set(dst[new_dst[k] : new_dst[k] + int(produced[k])])
+            frames.out(i)[: int(produced[k])].set(dst[new_dst[k] : new_dst[k] + int(produced[k])])
     return produced

@@ -4,12 +4,12 @@
 release the GIL while they decompress (measured: a Python thread keeps its pace beside them), so
 ``io_threads`` frames decompress at once, the largest first.
 
-pyarrow decompresses into memory it allocates, not into ours: each output is copied to its place in
-``dst`` (a memcpy, beside decompression's 1-3 GB/s per core). The size a frame produced: ZSTD's
-decoder refuses a frame that does not fill the claimed size exactly ("Corrupt ZSTD compressed data");
-the LZ4 codec returns the claimed size whatever the frame produced, so the frame's blocks and
-sequences are walked first (``_core.lz4_frame_size``, no output) and a frame whose walk disagrees with
-the claim is not decompressed at all.
+pyarrow decompresses into memory it allocates, not into ours: each output is copied to its place
+(:meth:`.inflate.Frames.out`: in ``dst`` or its own array; a memcpy, beside decompression's 1-3 GB/s per
+core). The size a frame produced: ZSTD's decoder refuses a frame that does not fill the claimed size
+exactly ("Corrupt ZSTD compressed data"); the LZ4 codec returns the claimed size whatever the frame
+produced, so the frame's blocks and sequences are walked first (``_core.lz4_frame_size``, no output) and
+a frame whose walk disagrees with the claim is not decompressed at all.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def inflate_host(frames: Any) -> np.ndarray:
     """:func:`.inflate.inflate` for NumPy ``src``/``dst`` (an :class:`.inflate.Frames`)."""
     codec = _codec(frames.codec)
     walk = frames.codec == "lz4_frame"
-    src, dst = frames.src, frames.dst
+    src = frames.src
     so, ss = frames.src_offsets.tolist(), frames.src_sizes.tolist()
-    do, ds = frames.dst_offsets.tolist(), frames.dst_sizes.tolist()
+    ds = frames.dst_sizes.tolist()
 
     def one(i: int) -> int:
         frame = src[so[i] : so[i] + ss[i]]
@@ -63,7 +63,7 @@ def inflate_host(frames: Any) -> np.ndarray:
         if out.size != want:
             return -1
         if want:
-            dst[do[i] : do[i] + want] = np.frombuffer(out, dtype=np.uint8)
+            frames.out(i)[:] = np.frombuffer(out, dtype=np.uint8)
         return want
 
     order = sorted(range(len(so)), key=lambda i: -ds[i])  # largest first: the pool ends together

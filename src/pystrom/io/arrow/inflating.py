@@ -3,27 +3,43 @@ ask it for byte ranges exactly as they ask :class:`.ranges.RangeReader`, and get
 
 Offsets below :data:`.file.PACKED_BASE` are file offsets (uncompressed buffers, also those a writer
 stored uncompressed inside a compressed body): passed to the file reader. Offsets above it fall in a
-:class:`.file.Packed` buffer: the reads are queued, and :meth:`InflatingReader.wait` serves them a
-slice of frames at a time:
+:class:`.file.Packed` buffer: the reads are queued, and :meth:`InflatingReader.wait` serves them as a
+pipeline of slices:
 
 1. the frames the queued reads touch (each once), in file order, cut into slices of at most
-   ``scratch_bytes`` (compressed plus decompressed bytes; a larger frame makes a slice of its own);
-2. per slice: the compressed frames read by the file reader into one scratch ``src``, one batched
-   :func:`.inflate.inflate` call per codec into one scratch ``dst`` (each frame's output 64-byte
-   aligned), each frame's produced size compared with its claim (FileFormatError naming the record
-   batch, the column and the buffer), then every queued read copied out of ``dst`` (a device-to-device
-   copy on a GPU, a memcpy on the CPU) before the slice's scratch is dropped.
+   ``scratch_bytes`` of scratch: the compressed frames (frames at most ``_GAP`` apart in the file are
+   one read, the gap read and dropped) plus the outputs of the frames that are not inflated in place
+   (a larger frame makes a slice of its own);
+2. a frame read whole by one queued read whose destination is contiguous and 64-byte aligned (the
+   common case: a column's values in the table) is inflated in place, straight into that destination;
+   any other (a part of a buffer, an unaligned destination, a buffer two reads share) is inflated into
+   a scratch ``dst`` and its reads copied out of it (a device-to-device copy on a GPU, a memcpy on the
+   CPU), queued behind the inflation;
+3. the reads of slice i + 1 are issued before slice i is inflated (one batched
+   :func:`.inflate.inflate` call per codec), so the file and the decoder work at once. They go into the
+   ``src`` array slice i - 2 was inflated from (three of them), after the kernel that read it is waited
+   for (a CUDA event: kernels run behind the host, and the file reader does not write in stream order):
+   with two, the host would wait for slice i - 1's kernel before launching slice i's, and the GPU idle
+   while the host prepares a launch;
+4. the sizes the frames produced are checked once, after the last slice (on a GPU: one synchronisation
+   per wait, not per slice): a frame whose size differs from its claim is refused with a FileFormatError
+   naming the record batch, the column and the buffer. Its destination may hold garbage then; the read
+   fails.
 
-So a group of batches needs, beside its table, at most one slice of scratch at a time (the default:
-a quarter of :func:`pystrom._backend.stream_group_bytes`), never the whole compressed file plus its
-inflated copy. The column readers wait twice (string offsets first, then the rest), so a frame is
-inflated when it is first needed, and the offsets of strings and lists are checked (:mod:`.offsets`)
-before their data is touched.
+The slice size: a slice's frames are the LZ4 kernel's parallelism (one warp per frame) and its reads the
+file reader's (one task per ``io_task_size``), so it is large: an eighth of
+:func:`pystrom._backend.stream_group_bytes`, 128 MiB at most (on a GPU of 32 GiB or more); the three
+slices in flight stay small beside the table, never the whole compressed file plus its inflated copy.
+The column readers wait twice (string offsets first, then the rest), so a frame is inflated when it is
+first needed, and the offsets of strings and lists are checked (:mod:`.offsets`) before their data is
+touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,11 +52,13 @@ from .inflate import Frames, inflate
 __all__ = ["InflatingReader", "packed_buffers", "scratch_bytes"]
 
 _ALIGN = 64
+_GAP = 64 << 10  # file bytes between two frames read and dropped rather than a read of their own
+_DEPTH = 3  # src arrays: slice i + 1 is read into the one slice i - 2 was inflated from (module docstring)
 
 
 def scratch_bytes(backend: Any) -> int:
-    """Compressed plus decompressed scratch one slice of frames may take (module docstring)."""
-    return max(16 << 20, stream_group_bytes(backend) // 4)
+    """Scratch one slice of frames may take (module docstring); three slices are in use at a time."""
+    return max(16 << 20, min(128 << 20, stream_group_bytes(backend) // 8))
 
 
 def packed_buffers(batches: Sequence[BatchLayout]) -> list[Packed]:
@@ -58,6 +76,16 @@ def _up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+@dataclass
+class _Slice:
+    ks: list[int] = field(default_factory=list)  # the packed buffers, in file order
+    runs: list[tuple[int, int, int]] = field(default_factory=list)  # (file offset, size, place in src): a read
+    src_at: list[int] = field(default_factory=list)  # each frame's place in src
+    dst_at: list[int] = field(default_factory=list)  # each frame's place in the scratch dst; -1: in place
+    src_bytes: int = 0
+    dst_bytes: int = 0
+
+
 class InflatingReader:
     """:class:`.ranges.RangeReader`'s interface over ``reader`` (the file's), serving ``packed``."""
 
@@ -70,6 +98,8 @@ class InflatingReader:
         self._scratch = scratch_bytes(self.backend) if scratch is None else scratch
         self._queued: list[tuple[int, int, Any]] = []
         self.frames_inflated = 0  # frames decompressed so far (one frame twice if read in two waits)
+        self.frames_in_place = 0  # of which straight into their read's destination
+        self.slices = 0  # slices served so far
 
     @property
     def bytes_read(self) -> int:
@@ -98,47 +128,114 @@ class InflatingReader:
         reads: dict[int, list[tuple[int, int, Any]]] = {}
         for (offset, size, dst), k in zip(queued, which.tolist()):
             reads.setdefault(k, []).append((offset - self._packed[k].offset, size, dst))
-        piece: list[int] = []
-        used = 0
+        slices = self._slices(needed, reads)
+        try:
+            self._check(self._pipeline(slices, reads))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._reader.wait()  # no read may outlive the scratch it writes into
+            with contextlib.suppress(Exception):
+                self.backend.synchronize()  # nor a kernel the scratch it reads
+            raise
+
+    def _in_place(self, p: Packed, reads: list[tuple[int, int, Any]]) -> Any:
+        """The destination ``p``'s frame is inflated into, or None (step 2 of the module docstring)."""
+        if len(reads) != 1 or reads[0][0] != 0 or reads[0][1] != p.size:
+            return None
+        dst = reads[0][2]
+        if getattr(dst, "ndim", 0) != 1 or dst.dtype != np.uint8 or not dst.flags.c_contiguous:
+            return None
+        if dst.shape[0] < p.size or self.backend.array_ptr(dst) % _ALIGN:
+            return None
+        return dst
+
+    def _slices(self, needed: list[int], reads: dict[int, list[tuple[int, int, Any]]]) -> list[_Slice]:
+        """Step 1 of the module docstring."""
+        out: list[_Slice] = []
+        end = -1  # file offset where the last run ends
         for k in needed:
             p = self._packed[k]
-            cost = _up(p.frame.size) + _up(p.size)
-            if piece and used + cost > self._scratch:
-                self._serve(piece, reads)
-                piece, used = [], 0
-            piece.append(k)
-            used += cost
-        if piece:
-            self._serve(piece, reads)
+            start, n = p.frame.offset, p.frame.size
+            whole = self._in_place(p, reads[k]) is not None
+            cost = 0 if whole else _up(p.size)
+            s = out[-1] if out else None
+            joins = s is not None and 0 <= start - end <= _GAP
+            src_end = s.src_bytes + start - end + n if joins else _up(s.src_bytes if s else 0) + n
+            if s is None or (s.ks and src_end + s.dst_bytes + cost > self._scratch):
+                s, joins, src_end = _Slice(), False, n
+                out.append(s)
+            if joins:
+                offset, _, at = s.runs[-1]
+                s.runs[-1] = (offset, start + n - offset, at)
+            else:
+                s.runs.append((start, n, src_end - n))
+            s.src_at.append(src_end - n)
+            s.src_bytes, end = src_end, start + n
+            s.dst_at.append(-1 if whole else s.dst_bytes)
+            s.dst_bytes += cost
+            s.ks.append(k)
+        return out
 
-    def _serve(self, piece: list[int], reads: dict[int, list[tuple[int, int, Any]]]) -> None:
-        """Read, inflate and hand out one slice of frames (steps 2 of the module docstring)."""
-        xp = self.backend.xp
-        packed = [self._packed[k] for k in piece]
+    def _pipeline(self, slices: list[_Slice], reads: dict[int, list[tuple[int, int, Any]]]) -> list[tuple]:
+        """Steps 2 and 3: every slice read and inflated; its (slice, [(frames, produced sizes)]) per slice."""
+        xp, depth = self.backend.xp, min(_DEPTH, len(slices))
+        srcs = [xp.empty(max([1, *(s.src_bytes for s in slices[j::depth])]), dtype=np.uint8) for j in range(depth)]
+        read_by: list[Any] = [None] * depth  # per src array: the event after the inflation that read it (GPU)
+        ticket = self._issue(slices[0], srcs[0])
+        done = []
+        for j, s in enumerate(slices):
+            self._reader.wait(ticket)
+            if j + 1 < len(slices):
+                k = (j + 1) % depth
+                if read_by[k] is not None:
+                    read_by[k].synchronize()  # slice j + 1 - depth's kernel: long done, slice j - 1's may run on
+                ticket = self._issue(slices[j + 1], srcs[k])
+            done.append((s, self._inflate(s, srcs[j % depth], reads)))
+            if self.backend.kind != "cpu":
+                read_by[j % depth] = xp.cuda.Event(disable_timing=True)
+                read_by[j % depth].record()
+        return done
+
+    def _issue(self, s: _Slice, src: Any) -> int:
+        for offset, size, at in s.runs:
+            self._reader.read(offset, size, src[at : at + size])
+        return self._reader.submit()
+
+    def _inflate(self, s: _Slice, src: Any, reads: dict[int, list[tuple[int, int, Any]]]) -> list[tuple]:
+        """One slice's frames inflated, its partial reads copied out of the scratch dst (queued behind)."""
+        packed = [self._packed[k] for k in s.ks]
+        dst = self.backend.xp.empty(s.dst_bytes, dtype=np.uint8) if s.dst_bytes else None
+        src_at, dst_at = np.array(s.src_at, dtype=np.int64), np.array(s.dst_at, dtype=np.int64)
         src_sizes = np.array([p.frame.size for p in packed], dtype=np.int64)
         dst_sizes = np.array([p.size for p in packed], dtype=np.int64)
-        src_offsets = np.cumsum([0, *[_up(n) for n in src_sizes.tolist()]]).astype(np.int64)
-        dst_offsets = np.cumsum([0, *[_up(n) for n in dst_sizes.tolist()]]).astype(np.int64)
-        src = xp.empty(max(int(src_offsets[-1]), 1), dtype=np.uint8)
-        dst = xp.empty(max(int(dst_offsets[-1]), 1), dtype=np.uint8)
-        for p, at in zip(packed, src_offsets.tolist()):
-            self._reader.read(p.frame.offset, p.frame.size, src[at : at + p.frame.size])
-        self._reader.wait()
+        own = [reads[k][0][2] if at < 0 else None for k, at in zip(s.ks, s.dst_at)]
         codecs = np.array([p.codec for p in packed])
+        parts = []
         for codec in sorted(set(codecs.tolist())):
             mine = np.flatnonzero(codecs == codec)
-            frames = Frames(codec, src, src_offsets[mine], src_sizes[mine], dst, dst_offsets[mine], dst_sizes[mine])
-            produced = inflate(self.backend, frames)
+            frames = Frames(codec, src, src_at[mine], src_sizes[mine], dst, np.maximum(dst_at[mine], 0),
+                            dst_sizes[mine], [own[i] for i in mine])  # fmt: skip
+            parts.append((mine, inflate(self.backend, frames, wait=False)))
             self.frames_inflated += len(mine)
-            wrong = np.flatnonzero(produced != dst_sizes[mine])
-            if len(wrong):
-                i = int(mine[wrong[0]])
-                got = int(produced[wrong[0]])
-                why = "its frame is corrupt" if got < 0 else f"its frame decompresses to {got:,} bytes"
-                raise FileFormatError(
-                    f"{self.path!r}: {packed[i].what}: {why}, its length prefix claims {packed[i].size:,} "
-                    f"({packed[i].codec}; corrupt file)"
-                )
-        for k, at in zip(piece, dst_offsets.tolist()):
-            for rel, size, out in reads[k]:
-                out[:size] = dst[at + rel : at + rel + size]
+        self.frames_in_place += sum(o is not None for o in own)
+        self.slices += 1
+        for k, at in zip(s.ks, s.dst_at):
+            if at >= 0:
+                for rel, size, out in reads[k]:
+                    out[:size] = dst[at + rel : at + rel + size]
+        return parts
+
+    def _check(self, done: list[tuple]) -> None:
+        """Step 4: the first frame (slice by slice, codec by codec) whose size differs from its claim is refused."""
+        for s, parts in done:
+            packed = [self._packed[k] for k in s.ks]
+            for mine, produced in parts:
+                got = produced if isinstance(produced, np.ndarray) else produced.get()  # the GPU's one wait
+                wrong = np.flatnonzero(got != np.array([packed[i].size for i in mine]))
+                if len(wrong):
+                    p = packed[int(mine[wrong[0]])]
+                    n = int(got[wrong[0]])
+                    why = "its frame is corrupt" if n < 0 else f"its frame decompresses to {n:,} bytes"
+                    raise FileFormatError(
+                        f"{self.path!r}: {p.what}: {why}, its length prefix claims {p.size:,} ({p.codec}; corrupt file)"
+                    )

@@ -108,6 +108,7 @@ class RangeReader:
         self.bytes_read = 0
         self._progress = progress  # called with bytes_read as reads complete
         self._futures: list[tuple[Any, ...]] = []
+        self._waited = 0  # futures waited for so far (tickets count futures: see submit)
         self._pending: list[tuple[int, int, memoryview]] = []  # reads not yet handed to the pool (CPU)
         if backend.kind == "cuda":
             kvikio = _configure_kvikio()
@@ -162,15 +163,30 @@ class RangeReader:
                 wanted += n
         flush()
 
-    def wait(self) -> None:
+    def submit(self) -> int:
+        """Start the reads queued so far without waiting; a ticket for :meth:`wait` (the reads queued
+        later may still be running when ``wait(ticket)`` returns)."""
         if self._file is None:
             self._submit_pending()
+        return self._waited + len(self._futures)
+
+    def wait(self, ticket: int | None = None) -> None:
+        """Wait for (and check) the reads queued so far, or those up to :meth:`submit`'s ``ticket``."""
+        if self._file is None and ticket is None:
+            self._submit_pending()
+        n = len(self._futures) if ticket is None else min(len(self._futures), max(0, ticket - self._waited))
+        if self._file is None:
             # The caller reads what no pool thread has started yet: on a busy machine a thread's
             # wake-up can take longer than the read itself (measured: read_arrow of 64 MB twice as
-            # slow under load with the caller only waiting).
-            while _run_one(self._queue):
-                pass
-        futures, self._futures = self._futures, []
+            # slow under load with the caller only waiting). Oldest first: a ticket's reads first.
+            k = 0
+            while True:
+                while k < n and self._futures[k][0].done():
+                    k += 1
+                if k == n or not _run_one(self._queue):
+                    break
+        futures, self._futures = self._futures[:n], self._futures[n:]
+        self._waited += len(futures)
         error = None
         for fut, offset, size, *useful in futures:
             try:
