@@ -32,6 +32,7 @@ from ..._backend import stream_group_bytes
 from ...errors import FileFormatError
 from .file import PACKED_BASE, BatchLayout, Packed
 from .inflate import Frames, inflate
+from .zstd_frames import check_zstd, zstd_reason
 
 __all__ = ["InflatingReader", "packed_buffers", "scratch_bytes"]
 
@@ -135,6 +136,8 @@ class InflatingReader:
                 i = int(mine[wrong[0]])
                 got = int(produced[wrong[0]])
                 why = "its frame is corrupt" if got < 0 else f"its frame decompresses to {got:,} bytes"
+                if got < 0 and codec == "zstd":
+                    why += self._zstd_why(src, int(src_offsets[i]), packed[i])
                 raise FileFormatError(
                     f"{self.path!r}: {packed[i].what}: {why}, its length prefix claims {packed[i].size:,} "
                     f"({packed[i].codec}; corrupt file)"
@@ -142,3 +145,9 @@ class InflatingReader:
         for k, at in zip(piece, dst_offsets.tolist()):
             for rel, size, out in reads[k]:
                 out[:size] = dst[at + rel : at + rel + size]
+
+    def _zstd_why(self, src: Any, at: int, p: Packed) -> str:
+        """The structural fault of a refused ZSTD frame, if it has one (a copy of its bytes to host)."""
+        frame = self.backend.to_host(src[at : at + p.frame.size])
+        code = int(check_zstd(frame, np.zeros(1), np.array([p.frame.size]), np.array([p.size]))[0])
+        return f" ({zstd_reason(code)})" if code else ""
