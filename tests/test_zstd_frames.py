@@ -188,3 +188,21 @@ def test_gpu_hostile_frames(tmp_path, nvcomp):
             wrong.append((name, "corrupt inside, produced", p))
     assert not wrong, wrong[:20]
     assert got["padding_untouched"]
+
+
+def test_read_arrow_names_the_reason(tmp_path):
+    """A refused frame in a file: FileFormatError naming the buffer and why the frame was refused."""
+    import pyarrow.ipc as ipc
+
+    import pystrom
+
+    table = pa.table({"x": pa.array(np.arange(5000, dtype=np.int64))})
+    path = tmp_path / "z.arrow"
+    with ipc.new_file(path, table.schema, options=ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(table)
+    data = bytearray(path.read_bytes())
+    at = data.find(zc.MAGIC)
+    data[at + 3] ^= 1  # the magic number
+    path.write_bytes(bytes(data))
+    with pytest.raises(pystrom.FileFormatError, match=r"column 'x'.*not a zstd frame \(bad magic number\)"):
+        pystrom.read_arrow(path, device="cpu")
