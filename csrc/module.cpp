@@ -17,6 +17,7 @@
 #include "pg_encode.hpp"
 #include "pg_decode.hpp"
 #include "pg_pump.hpp"
+#include "zstd_frame.hpp"
 
 namespace py = pybind11;
 
@@ -83,6 +84,27 @@ PYBIND11_MODULE(_core, m) {
     Bytes s = request(src, false, "src");
     py::gil_scoped_release nogil;
     return pystrom::lz4_frame_size(s.ptr, s.size);
+  });
+
+  m.def("zstd_frames_check", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer claims,
+                                py::buffer out) {
+    Bytes s = request(src, false, "src");
+    Bytes o = request(offsets, false, "offsets");
+    Bytes z = request(sizes, false, "sizes");
+    Bytes c = request(claims, false, "claims");
+    Bytes r = request(out, true, "out");
+    const std::size_t n = o.size / sizeof(int64_t);
+    if (z.size / sizeof(int64_t) != n || c.size / sizeof(int64_t) != n || r.size / sizeof(int32_t) != n) {
+      throw std::invalid_argument("zstd_frames_check: offsets, sizes, claims (int64) and out (int32) differ in length");
+    }
+    bool ok;
+    {
+      py::gil_scoped_release nogil;
+      ok = pystrom::zstd_frames_check(s.ptr, s.size, reinterpret_cast<const int64_t*>(o.ptr),
+                                      reinterpret_cast<const int64_t*>(z.ptr), reinterpret_cast<const int64_t*>(c.ptr),
+                                      n, reinterpret_cast<int32_t*>(r.ptr));
+    }
+    if (!ok) throw std::out_of_range("zstd_frames_check: a frame's span lies outside src, or a size is negative");
   });
 
   m.def("gather_varbinary", [](py::buffer src_offsets, py::buffer src_data, py::buffer rows, py::buffer dst_offsets,

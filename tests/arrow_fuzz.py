@@ -18,7 +18,9 @@ parent restarts the worker after the case that killed it. Outcomes:
 - failures: ``DIFFERENT`` (rows differ from a validated pyarrow read), ``FOREIGN:<Class>`` (an
   exception that is not pystrom's), ``SIGNAL:<n>``, ``HANG``.
 
-Run a campaign by hand: ``python tests/arrow_fuzz.py campaign --cases 20000 --seed 1``.
+Run a campaign by hand: ``python tests/arrow_fuzz.py campaign --cases 20000 --seed 1``; ``--compressed``
+for LZ4/ZSTD files with mutants aimed at their frames (header and body bytes, frames cut short, length
+prefixes, truncated files).
 """
 
 from __future__ import annotations
@@ -161,13 +163,96 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
     return bytes(buf), ",".join(steps)
 
 
-def cases(seeds: list[Path], count: int, seed: int) -> list[dict]:
+def write_compressed_seeds(directory: Path) -> list[Path]:
+    """Files pyarrow writes with LZ4_FRAME and ZSTD bodies: frames of several blocks (LZ4's 64 KiB,
+    ZSTD's 128 KiB), incompressible bytes (stored / raw blocks), constant columns (RLE), ZSTD level 19."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    n = 24_000
+    table = pa.table(
+        {
+            "i64": pa.array(rng.integers(0, 1000, n)),
+            "f64": pa.array(rng.random(n), mask=rng.random(n) < 0.1),
+            "k": pa.array(np.full(n, 7, dtype=np.int32)),
+            "raw": pa.array([rng.bytes(int(k)) for k in rng.integers(0, 12, n)], type=pa.binary()),
+            "s": pa.array([None if i % 11 == 0 else f"w{i % 97}" for i in range(n)]),
+        }
+    )
+    out = []
+    for codec, level in (("lz4", None), ("zstd", None), ("zstd", 19)):
+        path = directory / f"{codec}{level or ''}.arrow"
+        compression = pa.Codec(codec) if level is None else pa.Codec(codec, compression_level=level)
+        with ipc.new_file(path, table.schema, options=ipc.IpcWriteOptions(compression=compression)) as w:
+            w.write_table(table, max_chunksize=10_000)
+        out.append(path)
+    return out
+
+
+def _frame_spans(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each LZ4 / ZSTD frame in a file: from its magic to the next frame, metadata
+    marker or the end (so the end may include padding)."""
+    starts = []
+    for magic in (b"\x28\xb5\x2f\xfd", b"\x04\x22\x4d\x18"):
+        at = data.find(magic)
+        while at >= 0:
+            starts.append(at)
+            at = data.find(magic, at + 4)
+    starts.sort()
+    spans = []
+    for i, s in enumerate(starts):
+        end = starts[i + 1] - 8 if i + 1 < len(starts) else len(data)  # the next buffer's length prefix
+        marker = data.find(b"\xff\xff\xff\xff", s + 4, end)
+        spans.append((s, marker if marker > s else max(end, s + 1)))
+    return spans
+
+
+def mutate_compressed(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """One mutant of a compressed file: a frame's header or body bytes changed, a frame cut short (its
+    tail zeroed, the span kept), a length prefix changed, or the file truncated."""
+    spans = _frame_spans(data)
+    if not spans:
+        return mutate(data, rng)
+    buf = bytearray(data)
+    s, e = rng.choice(spans)
+    kind = rng.choice(("header", "body", "body", "cut", "prefix", "truncate"))
+    if kind == "header":
+        pos = rng.randrange(s, min(s + 24, e))
+        buf[pos] ^= 1 << rng.randrange(8)
+    elif kind == "body":
+        pos = rng.randrange(s, e)
+        for i in range(pos, min(pos + rng.randint(1, 4), e)):
+            buf[i] = rng.randrange(256)
+    elif kind == "cut":
+        pos = rng.randrange(s + 1, max(e, s + 2))
+        buf[pos:e] = bytes(max(0, e - pos))
+    elif kind == "prefix":
+        pos = s - 8
+        value = int.from_bytes(data[pos:s], "little", signed=True)
+        value = rng.choice((0, -1, value - 1, value + 1, value * 2, 2**40))
+        buf[pos:s] = value.to_bytes(8, "little", signed=True)
+    else:
+        pos = rng.randrange(s, e)
+        return bytes(buf[:pos]), f"truncate@{pos}"
+    return bytes(buf), f"{kind}@{pos}"
+
+
+def cases(seeds: list[Path], count: int, seed: int, mutator: str = "any") -> list[dict]:
     rng = random.Random(seed)
     out = []
     for i in range(count):
         src = seeds[i % len(seeds)]
-        out.append({"seed_file": str(src), "rng": rng.randrange(2**63), "index": i})
+        out.append({"seed_file": str(src), "rng": rng.randrange(2**63), "index": i, "mutator": mutator})
     return out
+
+
+def mutant(data: bytes, case: dict) -> tuple[bytes, str]:
+    """The case's mutant of ``data`` and what was changed."""
+    how = mutate_compressed if case.get("mutator") == "compressed" else mutate
+    return how(data, random.Random(case["rng"]))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -241,7 +326,7 @@ def run_case(case: dict, workdir: str, device: str) -> str:
 
     data = Path(case["seed_file"]).read_bytes()
     if case["rng"] is not None:
-        data, _ = mutate(data, random.Random(case["rng"]))
+        data, _ = mutant(data, case)
     path = os.path.join(workdir, f"mutant{case['index']}{Path(case['seed_file']).suffix}")
     with open(path, "wb") as f:
         f.write(data)
@@ -350,6 +435,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--cases", type=int, default=20000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compressed", action="store_true", help="LZ4/ZSTD files, mutants aimed at their frames")
     p.add_argument("--corpus", help="read every file under this folder as it is (e.g. arrow-testing's data/)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -357,6 +443,9 @@ def main(argv: list[str]) -> None:
         if args.corpus:
             files = sorted(f for f in Path(args.corpus).rglob("*") if f.is_file() and f.suffix not in (".gz", ".md"))
             all_cases = [{"seed_file": str(f), "rng": None, "index": i} for i, f in enumerate(files)]
+        elif args.compressed:
+            seeds = write_compressed_seeds(Path(tmp) / "seeds")
+            all_cases = cases(seeds, args.cases, args.seed, mutator="compressed")
         else:
             all_cases = cases(write_seeds(Path(tmp) / "seeds"), args.cases, args.seed)
         outcomes = run_cases(all_cases, args.device)
@@ -379,7 +468,7 @@ def main(argv: list[str]) -> None:
                     "FAILURE" if o.startswith(FAILURES) else "refused",
                     case["index"],
                     Path(case["seed_file"]).name,
-                    mutate(data, random.Random(case["rng"]))[1],
+                    mutant(data, case)[1],
                     o,
                 )
 

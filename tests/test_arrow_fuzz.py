@@ -42,6 +42,26 @@ def test_mutants_gpu(seeds):
     _check(seeds, af.run_cases(cases, "cuda"), cases)
 
 
+@pytest.fixture(scope="module")
+def compressed_seeds(tmp_path_factory):
+    return af.write_compressed_seeds(tmp_path_factory.mktemp("fuzz") / "compressed")
+
+
+def test_compressed_mutants_cpu(compressed_seeds):
+    """LZ4 / ZSTD files with mutants aimed at their frames: a pystrom error or the right table, never a
+    signal, a hang or a foreign exception."""
+    cases = af.cases(compressed_seeds, 900, seed=23, mutator="compressed")
+    _check(compressed_seeds, af.run_cases(cases, "cpu"), cases)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_compressed_mutants_gpu(compressed_seeds):
+    """The same on a GPU: LZ4 through kernels/lz4.cu, ZSTD through the frame check and nvCOMP."""
+    cases = af.cases(compressed_seeds, 600, seed=24, mutator="compressed")
+    _check(compressed_seeds, af.run_cases(cases, "cuda"), cases)
+
+
 def test_harness_blames_a_crash_and_a_hang_on_their_cases(seeds):
     cases = af.cases(seeds, 6, seed=1)
     cases[2]["selftest"] = "crash"

@@ -2,10 +2,14 @@
 
 - LZ4_FRAME: :file:`kernels/lz4.cu`, one warp per frame. nvCOMP's LZ4 decodes independent raw
   blocks, and Arrow's writer links the blocks of a frame (LZ4F's default), so nvCOMP cannot take them.
-- ZSTD: the CPU codecs for now (a host round trip). nvCOMP's batched decoder (RAW bitstreams are
-  standard zstd frames) decoded 1 GiB of 512 KiB frames at 28 GB/s on an H100, but a run of
-  tests/test_lz4_kernel.py's zstd test (tiny, empty and truncated frames) never returned: until that is
-  understood it stays off (``_NVCOMP_ZSTD``), since a file must not be able to hang the reader.
+- ZSTD: nvCOMP's batched decoder (RAW bitstreams are standard zstd frames; 1 GiB of 512 KiB frames at
+  28 GB/s on an H100), handed only frames that pass :func:`.zstd_frames.check_zstd` on the host: a
+  truncated or corrupt frame made nvCOMP fault (cudaErrorIllegalAddress, which poisons the CUDA
+  context) or hang, so a frame the walk refuses gets -1 without nvCOMP seeing it. The walk needs the
+  compressed bytes on the host (one device-to-host copy of the group's frames; it reads headers only).
+  Frames claiming 0 bytes (nvCOMP wants room to write), and all frames where the ``nvidia-nvcomp``
+  wheel is missing, go through the CPU codecs (a host round trip). ``PYSTROM_NVCOMP=0`` in the
+  environment turns nvCOMP off (read at each call): the CPU codecs then take every ZSTD frame.
 
 The CPU twin for both is :func:`.inflate_host.inflate_host` (liblz4 and libzstd through pyarrow);
 tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them. The contract of
@@ -19,16 +23,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import numpy as np
 
 from ...kernels import launch
 from .inflate_host import inflate_host
+from .zstd_frames import check_zstd
 
 __all__ = ["_inflate_device", "nvcomp_available"]
 
-_NVCOMP_ZSTD = False  # see the module's docstring
+
+def _nvcomp_zstd() -> bool:
+    """ZSTD through nvCOMP unless ``PYSTROM_NVCOMP=0`` (module docstring)."""
+    return os.environ.get("PYSTROM_NVCOMP", "1").strip() != "0"
 
 
 @functools.cache
@@ -71,21 +80,32 @@ def _lz4(backend: Any, frames: Any, n: int, addresses: np.ndarray, wait: bool) -
 
 
 def _zstd(backend: Any, frames: Any, n: int) -> np.ndarray:
-    nvcomp = _nvcomp()
+    nvcomp = _nvcomp() if _nvcomp_zstd() else None
+    if nvcomp is None:
+        return _on_host(backend, frames, np.arange(n))
     sizes = np.asarray(frames.dst_sizes, dtype=np.int64)
-    # nvCOMP wants room to write: an empty output goes through the CPU codec (a few bytes of input)
-    usable = np.flatnonzero(sizes > 0) if nvcomp is not None and _NVCOMP_ZSTD else np.zeros(0, dtype=np.int64)
     produced = np.full(n, -1, dtype=np.int64)
-    rest = np.setdiff1d(np.arange(n), usable)
+    passed = _check_on_host(frames) == 0  # the rest stay -1: nvCOMP never sees them
+    usable = np.flatnonzero(passed & (sizes > 0))
+    rest = np.flatnonzero(passed & (sizes == 0))  # nvCOMP wants room to write: a few bytes for the CPU
     if len(usable):
         got = _nvcomp_decode(backend, nvcomp, frames, usable)
         if got is None:  # refused as a batch: the CPU codecs find which frame is bad
-            rest = np.arange(n)
+            rest = np.flatnonzero(passed)
         else:
             produced[usable] = got
     if len(rest):
         produced[rest] = _on_host(backend, frames, rest)
     return produced
+
+
+def _check_on_host(frames: Any) -> np.ndarray:
+    """:func:`.zstd_frames.check_zstd` of every frame, the span of ``src`` they cover copied to host."""
+    offsets = np.asarray(frames.src_offsets, dtype=np.int64)
+    sizes = np.asarray(frames.src_sizes, dtype=np.int64)
+    lo, hi = int(offsets.min()), int((offsets + sizes).max())
+    host = frames.src[lo:hi].get() if hi > lo else np.zeros(0, dtype=np.uint8)
+    return check_zstd(host, offsets - lo, sizes, frames.dst_sizes)
 
 
 def _nvcomp_decode(backend: Any, nvcomp: Any, frames: Any, which: np.ndarray) -> np.ndarray | None:

@@ -7,9 +7,12 @@ release the GIL while they decompress (measured: a Python thread keeps its pace 
 pyarrow decompresses into memory it allocates, not into ours: each output is copied to its place
 (:meth:`.inflate.Frames.out`: in ``dst`` or its own array; a memcpy, beside decompression's 1-3 GB/s per
 core). The size a frame produced: ZSTD's decoder refuses a frame that does not fill the claimed size
-exactly ("Corrupt ZSTD compressed data"); the LZ4 codec returns the claimed size whatever the frame
-produced, so the frame's blocks and sequences are walked first (``_core.lz4_frame_size``, no output) and
-a frame whose walk disagrees with the claim is not decompressed at all.
+exactly ("Corrupt ZSTD compressed data"), and every ZSTD frame is first checked for structure
+(:mod:`.zstd_frames`, the check the GPU path needs before nvCOMP) so that both devices refuse the same
+frames (e.g. a skippable or a second frame, which libzstd would accept); the LZ4 codec returns the
+claimed size whatever the frame produced, so the frame's blocks and sequences are walked first
+(``_core.lz4_frame_size``, no output) and a frame whose walk disagrees with the claim is not
+decompressed at all.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pyarrow as pa
 
 from ... import _core
 from .ranges import io_threads
+from .zstd_frames import check_zstd
 
 __all__ = ["inflate_host"]
 
@@ -46,6 +50,11 @@ def inflate_host(frames: Any) -> np.ndarray:
     src = frames.src
     so, ss = frames.src_offsets.tolist(), frames.src_sizes.tolist()
     ds = frames.dst_sizes.tolist()
+    refused = (
+        check_zstd(src, frames.src_offsets, frames.src_sizes, frames.dst_sizes).tolist()
+        if frames.codec == "zstd"
+        else [0] * len(so)
+    )
 
     def one(i: int) -> int:
         frame = src[so[i] : so[i] + ss[i]]
@@ -54,8 +63,8 @@ def inflate_host(frames: Any) -> np.ndarray:
             produced = _core.lz4_frame_size(frame)
             if produced != want:
                 return produced
-        elif want == 0 and ss[i] == 0:
-            return -1  # no ZSTD frame at all
+        elif refused[i]:
+            return -1
         try:
             out = codec.decompress(frame, decompressed_size=want)
         except (pa.ArrowException, OSError, ValueError):

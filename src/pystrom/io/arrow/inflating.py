@@ -48,6 +48,7 @@ from ..._backend import stream_group_bytes
 from ...errors import FileFormatError
 from .file import PACKED_BASE, BatchLayout, Packed
 from .inflate import Frames, inflate
+from .zstd_frames import check_zstd, zstd_reason
 
 __all__ = ["InflatingReader", "packed_buffers", "scratch_bytes"]
 
@@ -236,6 +237,19 @@ class InflatingReader:
                     p = packed[int(mine[wrong[0]])]
                     n = int(got[wrong[0]])
                     why = "its frame is corrupt" if n < 0 else f"its frame decompresses to {n:,} bytes"
+                    if n < 0 and p.codec == "zstd":
+                        why += self._zstd_why(p)
                     raise FileFormatError(
                         f"{self.path!r}: {p.what}: {why}, its length prefix claims {p.size:,} ({p.codec}; corrupt file)"
                     )
+
+    def _zstd_why(self, p: Packed) -> str:
+        """The structural fault of a refused ZSTD frame, if it has one (its bytes read again on the host:
+        the scratch they were read into may hold another slice by now)."""
+        with open(self.path, "rb") as f:
+            f.seek(p.frame.offset)
+            frame = np.frombuffer(f.read(p.frame.size), dtype=np.uint8)
+        if frame.shape[0] != p.frame.size:
+            return ""
+        code = int(check_zstd(frame, np.zeros(1, np.int64), np.array([p.frame.size]), np.array([p.size]))[0])
+        return f" ({zstd_reason(code)})" if code else ""
