@@ -191,7 +191,8 @@ def gpu_worker(out_path: str, which: str) -> None:
     with backend.activate():
         src = cp.asarray(src_host)
         dst = cp.full(int(dst_offsets[-1] + claims[-1]) + 64, 0xEE, dtype=cp.uint8)
-        produced = _inflate_device(backend, Frames("zstd", src, src_offsets, src_sizes, dst, dst_offsets, claims))
+        frames = Frames("zstd", src, src_offsets, src_sizes, dst, dst_offsets, claims)
+        produced = _inflate_device(backend, frames, dst.data.ptr + np.asarray(dst_offsets, dtype=np.int64))
         cp.cuda.Device().synchronize()
         host = dst.get()
     ends = (dst_offsets + claims).tolist()

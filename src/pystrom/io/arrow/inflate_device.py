@@ -2,14 +2,15 @@
 
 - LZ4_FRAME: :file:`kernels/lz4.cu`, one warp per frame. nvCOMP's LZ4 decodes independent raw
   blocks, and Arrow's writer links the blocks of a frame (LZ4F's default), so nvCOMP cannot take them.
-- ZSTD: nvCOMP's batched decoder (RAW bitstreams are standard zstd frames; 1 GiB of 512 KiB frames at
-  28 GB/s on an H100), handed only frames that pass :func:`.zstd_frames.check_zstd` on the host: a
-  truncated or corrupt frame made nvCOMP fault (cudaErrorIllegalAddress, which poisons the CUDA
-  context) or hang, so a frame the walk refuses gets -1 without nvCOMP seeing it. The walk needs the
-  compressed bytes on the host (one device-to-host copy of the group's frames; it reads headers only).
-  Frames claiming 0 bytes (nvCOMP wants room to write), and all frames where the ``nvidia-nvcomp``
-  wheel is missing, go through the CPU codecs (a host round trip). ``PYSTROM_NVCOMP=0`` in the
-  environment turns nvCOMP off (read at each call): the CPU codecs then take every ZSTD frame.
+- ZSTD: the CPU codecs (a host round trip) by default. ``PYSTROM_NVCOMP=1`` in the environment (read
+  at each call) hands them to nVCOMP's batched decoder instead (RAW bitstreams are standard zstd
+  frames; 1 GiB of 512 KiB frames at 28 GB/s on an H100), only frames that pass
+  :func:`.zstd_frames.check_zstd` on the host (one device-to-host copy of the group's frames; it reads
+  headers only). That is opt-in for files one trusts: a truncated frame made nvCOMP fault
+  (cudaErrorIllegalAddress, which poisons the CUDA context), and the check stops those, but on an
+  H100 (2026-11-26, tests/test_arrow_fuzz.py's compressed mutants) frames whose structure is sound and
+  whose entropy-coded contents are corrupt still made it fault or hang, and no check short of
+  decoding finds them. Frames claiming 0 bytes (nvCOMP wants room to write) go through the CPU codecs.
 
 The CPU twin for both is :func:`.inflate_host.inflate_host` (liblz4 and libzstd through pyarrow);
 tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them. The contract of
@@ -36,8 +37,8 @@ __all__ = ["_inflate_device", "nvcomp_available"]
 
 
 def _nvcomp_zstd() -> bool:
-    """ZSTD through nvCOMP unless ``PYSTROM_NVCOMP=0`` (module docstring)."""
-    return os.environ.get("PYSTROM_NVCOMP", "1").strip() != "0"
+    """ZSTD through nvCOMP only with ``PYSTROM_NVCOMP=1`` (module docstring)."""
+    return os.environ.get("PYSTROM_NVCOMP", "0").strip() == "1"
 
 
 @functools.cache
