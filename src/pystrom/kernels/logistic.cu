@@ -39,12 +39,22 @@
 // the host reads the result after the stream's wait with no copy). One launch instead of a second
 // reduction kernel: an in-memory fit is ~20 passes of ~0.35 ms, and each launch costs the host ~6 us.
 
+// A thread's rows per round (loaded before any is summed), and LOGIT_PREFETCH: the loads of its next
+// R_ROWS rows are issued before the current ones are summed (registers double-buffered), so its bytes
+// stay in flight while it computes. H100, 40M x 4 float32, one pass (the read-only kernel: 220 us):
+// prefetched R_ROWS 2 313 us (70% of the read-only rate), 4 320; not prefetched R_ROWS 4 337, 2 375,
+// 8 520 (spills at 4 blocks an SM). LOGIT_NO_PREFETCH and R_ROWS select the others (the tests' CPU
+// emulation compiles them too).
+#ifndef LOGIT_NO_PREFETCH
+#define LOGIT_PREFETCH
+#endif
 #ifndef R_ROWS
+#ifdef LOGIT_PREFETCH
+#define R_ROWS 2
+#else
 #define R_ROWS 4
 #endif
-// LOGIT_PREFETCH: the loads of a thread's next R_ROWS rows are issued before the current ones are
-// summed (registers double-buffered), so its bytes stay in flight while it computes. Compiled both
-// ways by benchmarks/bench_logistic.py's kernel probe; off until measured to pay.
+#endif
 
 template <int K>
 struct Layout {
