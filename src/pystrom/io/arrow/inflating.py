@@ -26,12 +26,14 @@ pipeline of slices:
    naming the record batch, the column and the buffer. Its destination may hold garbage then; the read
    fails.
 
-The slice size: a slice's frames are the LZ4 kernel's parallelism (one warp per frame: a launch of
-fewer frames than the GPU holds warps leaves it idle; on an H100, 128 MiB slices of 512 KiB frames,
-256 warps a launch, read LZ4 files at 2.5 GB/s where the kernel alone ran 2048 frames at 25 GB/s) and
-its reads the file reader's (one task per ``io_task_size``), so it is large: half of
-:func:`pystrom._backend.stream_group_bytes`, 512 MiB at most (on a GPU of 32 GiB or more). The three
-slices in flight stay below two groups, never the whole compressed file plus its inflated copy.
+The slice size: a slice's frames are the LZ4 kernel's parallelism (one warp per frame, and a frame's
+sequences are decoded one after another), so a launch takes as long as its slowest frame whatever
+its count: on an H100 the bench data's 512 KiB frames of sequential int64 (65,000 sequences of 8
+bytes each) take 42 ms while the stored frames of random floats beside them take a few, so a 512 MiB
+file reads at 7 GB/s warm in one slice, and a file of many slices at about slices x 42 ms. Slices
+on a GPU are therefore large: twice :func:`pystrom._backend.stream_group_bytes` (1/16 of the device's
+memory), 2 GiB at most (on the CPU, where a thread pool decodes, an eighth of it, 128 MiB at most); the three in flight stay beside the table, never the whole compressed file plus its
+inflated copy (an 8 GiB file on an 80 GB GPU: 6 GiB of scratch).
 The column readers wait twice (string offsets first, then the rest), so a frame is inflated when it is
 first needed, and the offsets of strings and lists are checked (:mod:`.offsets`) before their data is
 touched.
@@ -61,7 +63,9 @@ _DEPTH = 3  # src arrays: slice i + 1 is read into the one slice i - 2 was infla
 
 def scratch_bytes(backend: Any) -> int:
     """Scratch one slice of frames may take (module docstring); three slices are in use at a time."""
-    return max(16 << 20, min(512 << 20, stream_group_bytes(backend) // 2))
+    if backend.kind == "cpu":  # a thread pool's parallelism needs no more than a few frames a thread
+        return max(16 << 20, min(128 << 20, stream_group_bytes(backend) // 8))
+    return max(16 << 20, min(2 << 30, 2 * stream_group_bytes(backend)))
 
 
 def packed_buffers(batches: Sequence[BatchLayout]) -> list[Packed]:
