@@ -32,8 +32,9 @@ its count: on an H100 the bench data's 512 KiB frames of sequential int64 (65,00
 bytes each) take 42 ms while the stored frames of random floats beside them take a few, so a 512 MiB
 file reads at 7 GB/s warm in one slice, and a file of many slices at about slices x 42 ms. Slices
 on a GPU are therefore large: twice :func:`pystrom._backend.stream_group_bytes` (1/16 of the device's
-memory), 2 GiB at most (on the CPU, where a thread pool decodes, an eighth of it, 128 MiB at most); the three in flight stay beside the table, never the whole compressed file plus its
-inflated copy (an 8 GiB file on an 80 GB GPU: 6 GiB of scratch).
+memory), 2 GiB at most (on the CPU, where a thread pool decodes, an eighth of it, 128 MiB at most);
+the three in flight stay beside the table, never the whole compressed file plus its inflated copy
+(an 8 GiB file on an 80 GB GPU: 6 GiB of scratch).
 The column readers wait twice (string offsets first, then the rest), so a frame is inflated when it is
 first needed, and the offsets of strings and lists are checked (:mod:`.offsets`) before their data is
 touched.
