@@ -45,7 +45,7 @@ class CopyPump {
   // (the caller starts them at INT64_MAX / -1); arrays the decoder will refuse count nothing. Stops before a
   // message that might not fit: more bytes than are left, or more than (max_rows - rows written)
   // * (2 + 4 ncols) bytes (the smallest row). Blocks on the network; call without the GIL.
-  // On TCP the socket's SO_RCVLOWAT is raised while the COPY runs and restored when it ends.
+  // On TCP a drained socket is waited on by short sleeps (batched reads); its receive buffer is grown once.
   FillResult fill(uint8_t* buf, std::size_t capacity, int64_t* offsets, std::size_t max_rows, int64_t* nulls,
                   int64_t* bytes, int64_t* shape = nullptr);
 
@@ -60,7 +60,7 @@ class CopyPump {
   void finish();              // after COPY's end: consume results, throw the server's error if any
   void release_pending() noexcept;
   void begin_batched_reads();         // after COPY OUT started: batched socket reads where possible
-  void end_batched_reads() noexcept;   // restore the socket for psycopg
+  void end_batched_reads() noexcept;   // back to libpq's blocking reads
   int next_message(char** data);       // PQgetCopyData's contract: length, -1 at the end, -2 failed
 
   void* conn_;
@@ -72,9 +72,8 @@ class CopyPump {
   char* pending_ = nullptr;  // a message that did not fit the last buffer
   int pending_len_ = 0;
   std::string status_;
-  bool batched_ = false;  // reading with SO_RCVLOWAT set on sock_ (old_lowat_ to restore)
+  bool batched_ = false;  // batched reads of sock_ (TCP)
   int sock_ = -1;
-  int old_lowat_ = 1;
 };
 
 }  // namespace pystrom::pg
