@@ -76,6 +76,8 @@ def _both(path: Path):
         footer_start = f.size - 10 - footer_len
         blocks, _ = read_footer(whole[footer_start : f.size - 10])
         counts = [field_counts(x.type) for x in f.schema]
+        if None in counts:
+            raise FooterError("a field whose FieldNodes and Buffers depend on more than its type")
         nf, nb = sum(c[0] for c in counts), sum(c[1] for c in counts)
         b = len(blocks)
         native = (np.empty(b, np.int64), np.empty((b, 2), np.int64), np.empty((b, nf, 2), np.int64),
@@ -167,7 +169,8 @@ def _message_positions(path: Path) -> list[int]:
     raw = path.read_bytes()
     footer_len = struct.unpack_from("<i", raw, len(raw) - 10)[0]
     blocks, _ = read_footer(memoryview(raw)[len(raw) - 10 - footer_len : len(raw) - 10])
-    return [p for b in blocks for p in range(b.offset, b.offset + b.metadata_length)]
+    messages = [p for b in blocks for p in range(b.offset, b.offset + b.metadata_length)]
+    return messages + list(range(len(raw) - 10 - footer_len, len(raw) - 10))  # the footer: its Blocks too
 
 
 def mutants(folder: str, seed: int, count: int) -> dict:
