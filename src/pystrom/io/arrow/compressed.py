@@ -36,6 +36,7 @@ from .inflate import CODECS
 __all__ = ["field_counts", "compressed_layouts"]
 
 _INT32_MAX = 2**31 - 1
+_ALIGN = 64  # Packed offsets: each buffer's place among the decompressed ones, 64-byte aligned
 _LZ4_RATIO = 256  # an LZ4 sequence of k bytes yields at most 255 k (a match length's extension bytes)
 
 # the buffers of each direct layout, in the message's order: (role, node: 0 the column's, 1 its elements)
@@ -173,14 +174,15 @@ def _column(file, name, ctype, nodes, nn, buffers, nb, rows, bodies, codecs, pac
         layout, "values"
     )
     data = ranges.get("data", ranges.get("elements") if layout == Layout.LIST else None)
-    out = []
-    for i in range(len(rows)):
-        values = ranges[values_role][i]
-        out.append(ChunkLayout(
-            int(n[i]), int(nulls[i]), ranges["validity"][i], values, data[i] if data is not None else None,
-            int(child_n[i]), int(child_nulls[i]), ranges["element validity"][i] if nested else None,
-        ))  # fmt: skip
-    return out
+    count = len(rows)
+    none = [None] * count
+    return [
+        ChunkLayout(*args)
+        for args in zip(
+            n.tolist(), nulls.tolist(), ranges["validity"], ranges[values_role], none if data is None else data,
+            child_n.tolist(), child_nulls.tolist(), ranges["element validity"] if nested else none,
+        )
+    ]  # fmt: skip
 
 
 def _ranges(file, name, role, k, bufs, need, used, bodies, codecs, packed_at) -> list[Range | None]:
@@ -223,16 +225,22 @@ def _ranges(file, name, role, k, bufs, need, used, bodies, codecs, packed_at) ->
         frame = f"a {int(length[i]) - 8:,}-byte {CODECS[int(codecs[i])]} frame"
         raise _bad(file, i, what(i), f"its length prefix claims {int(prefix[i]):,} bytes, more than it can hold "
                    f"(at most {int(limit[i]):,} from {frame})")  # fmt: skip
-    out: list[Range | None] = []
-    for i, (ok, p, start, n) in enumerate(zip(live.tolist(), prefix.tolist(), body.tolist(), length.tolist())):
-        if not ok:
-            out.append(None)
-        elif n == 0 or p == 0:
-            out.append(Range(0, 0))
-        elif p == -1:
-            out.append(Range(start + 8, n - 8) if n > 8 else Range(0, 0))
-        else:
-            codec = CODECS[int(codecs[i])]
-            out.append(Packed(packed_at[0], p, Range(start + 8, n - 8), codec, f"record batch {i}, {what(i)}"))
-            packed_at[0] += -(-p // 64) * 64
+    # a Python object a buffer, built with as few Python operations as can be (2048 batches x 8 columns:
+    # 16,384 of them, about half the layouts' cost)
+    empty = Range(0, 0)
+    start, size, p_list = (body + 8).tolist(), (length - 8).tolist(), prefix.tolist()
+    out: list[Range | None] = [None if not ok else empty for ok in (live & ~packed).tolist()]
+    raw = np.flatnonzero(live & (length > 8) & (prefix == -1)).tolist()
+    for i in raw:
+        out[i] = Range(start[i], size[i])
+    at = np.flatnonzero(packed)
+    if len(at):
+        place = -(-prefix[at] // _ALIGN) * _ALIGN
+        places = (packed_at[0] + np.cumsum(place) - place).tolist()
+        packed_at[0] += int(place.sum())
+        names = [CODECS[c] for c in range(len(CODECS))]
+        codec_of = np.asarray(codecs)[at].tolist()
+        tail = f", {what(0)}"
+        for i, where, c in zip(at.tolist(), places, codec_of):
+            out[i] = Packed(where, p_list[i], Range(start[i], size[i]), names[c], f"record batch {i}{tail}")
     return out

@@ -1,0 +1,39 @@
+// The record batch messages of an Arrow IPC file, parsed for the fields io/arrow/batches.py reads: one
+// call for every batch rather than a Python flatbuffer walk (and pyarrow's verifier) per batch.
+// Pure C++; binding in module.cpp, the Python twin (which defines what is accepted) in batches.py.
+//
+// Every read is bounds-checked against the message's flatbuffer, and the tables read are verified at
+// least as strictly as flatbuffers' Verifier does for pyarrow's ipc.read_message (alignment of every
+// scalar, offset and vector; vtables whole; offsets non-zero and forward; vectors inside the buffer,
+// struct vectors 8-byte aligned; RecordBatch.variadicBufferCounts and the BodyCompression table too),
+// so a batch marked ok here is one the Python parser (verifier included) accepts with the same values.
+// Anything else is marked with a reason and left to the Python parser, which declines or raises.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace pystrom {
+
+// Per-batch status (0: ok). The numbers are part of the binding: batches.py treats every non-zero the same.
+enum ArrowMeta : int32_t {
+  kMetaOk = 0,
+  kMetaBlock = 1,        // the Block lies outside [8, footer_start), or a negative length
+  kMetaPrefix = 2,       // no continuation marker, or a flatbuffer length that does not fill the Block
+  kMetaVerify = 3,       // a flatbuffer offset, vtable, scalar or vector out of bounds or misaligned
+  kMetaHeader = 4,       // not a V5 RecordBatch message
+  kMetaBodyLength = 5,   // the message's body length differs from the Block's
+  kMetaCounts = 6,       // FieldNodes or Buffers absent or not as many as the schema implies
+  kMetaCompression = 7,  // a codec id or method Arrow does not define (Python raises FileFormatError)
+  kMetaCustom = 8,       // the message has custom metadata (Python reads it)
+};
+
+// Batches i < count, Block i = (offsets[i], meta_lengths[i], body_lengths[i]) of the file src[0, size)
+// whose footer starts at footer_start. Out: rows[i], bodies[i] = (file offset, length), nodes[i] (num_fields
+// x (length, null count)), buffers[i] (num_buffers x (body offset, length)), codecs[i] (-1: uncompressed,
+// 0: LZ4_FRAME, 1: ZSTD), status[i]. The outputs of a batch whose status is not ok are unspecified.
+void arrow_batch_meta(const uint8_t* src, std::size_t size, int64_t footer_start, const int64_t* offsets,
+                      const int64_t* meta_lengths, const int64_t* body_lengths, std::size_t count,
+                      std::size_t num_fields, std::size_t num_buffers, int64_t* rows, int64_t* bodies,
+                      int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status);
+
+}  // namespace pystrom

@@ -1,0 +1,222 @@
+"""The C++ record batch metadata parser (csrc/arrow_meta.cpp) against its Python twin
+(:func:`pystrom.io.arrow.batches._parse_one`, pyarrow's flatbuffer verifier included): identical arrays on
+every batch it accepts, the batches it leaves (custom metadata) read by Python, and on mutated messages
+never an acceptance where the Python parser or pyarrow refuses (the mutants run in a subprocess: a
+crash fails the test rather than the run)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.ipc as ipc
+import pytest
+
+import pystrom
+from pystrom import _core
+from pystrom.io.arrow import batches
+from pystrom.io.arrow.compressed import field_counts
+from pystrom.io.arrow.file import ARROW_ERRORS, open_arrow_file
+from pystrom.io.arrow.format import FooterError, read_footer
+
+
+def _table(rows: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    nulls = rng.random(rows) < 0.2
+    words = np.array(["", "a", "bc", "déf", "ghij"], dtype=object)
+    return pa.table(
+        {
+            "i64": pa.array(rng.integers(0, 1 << 40, rows), mask=nulls),
+            "f64": pa.array(rng.random(rows)),
+            "b": pa.array(rng.random(rows) < 0.5, mask=nulls),
+            "s": pa.array(words[rng.integers(0, 5, rows)], pa.string(), mask=nulls),
+            "l": pa.array([None if k % 5 == 0 else list(range(k % 4)) for k in range(rows)], pa.list_(pa.int32())),
+            "fl": pa.array([[k, None] for k in range(rows)], pa.list_(pa.int16(), 2)),
+        }
+    )
+
+
+def _write(path: Path, table: pa.Table, chunk: int, codec: str | None, metadata_every: int = 0) -> Path:
+    options = ipc.IpcWriteOptions(compression=codec)
+    with ipc.new_file(str(path), table.schema, options=options) as w:
+        for k, batch in enumerate(table.to_batches(max_chunksize=chunk)):
+            meta = {"k": str(k)} if metadata_every and k % metadata_every == 0 else None
+            w.write_batch(batch, custom_metadata=meta)
+    return path
+
+
+def _files(tmp: Path) -> list[Path]:
+    t = _table(90)
+    out = [
+        _write(tmp / "plain.arrow", t, 10, None),
+        _write(tmp / "lz4.arrow", t, 10, "lz4"),
+        _write(tmp / "zstd.arrow", t, 7, "zstd"),
+        _write(tmp / "meta.arrow", t, 10, "lz4", metadata_every=3),
+        _write(tmp / "one.arrow", t, 1000, "zstd"),
+        _write(tmp / "none.arrow", t.slice(0, 0), 10, "lz4"),
+    ]
+    feather.write_feather(t.select(["i64", "f64", "s"]), tmp / "feather.arrow", chunksize=16)
+    pystrom.write_arrow(t.select(["i64", "f64", "s"]).to_pandas(), tmp / "ours.arrow", batch_rows=20)
+    pystrom.write_arrow(t.select(["i64", "f64"]).to_pandas(), tmp / "ours.lz4.arrow", batch_rows=20, compression="lz4")
+    return [*out, tmp / "feather.arrow", tmp / "ours.arrow", tmp / "ours.lz4.arrow"]
+
+
+def _both(path: Path):
+    """(native arrays and status, Python arrays or the exception per batch) of every batch of ``path``."""
+    with open_arrow_file(path) as f:
+        raw = f._whole
+        whole = memoryview(raw)
+        footer_len = struct.unpack_from("<i", whole, f.size - 10)[0]
+        footer_start = f.size - 10 - footer_len
+        blocks, _ = read_footer(whole[footer_start : f.size - 10])
+        counts = [field_counts(x.type) for x in f.schema]
+        if None in counts:
+            raise FooterError("a field whose FieldNodes and Buffers depend on more than its type")
+        nf, nb = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        b = len(blocks)
+        native = (np.empty(b, np.int64), np.empty((b, 2), np.int64), np.empty((b, nf, 2), np.int64),
+                  np.empty((b, nb, 2), np.int64), np.empty(b, np.int64))  # fmt: skip
+        status = np.full(b, -1, np.int32)
+        block = np.array([(x.offset, x.metadata_length, x.body_length) for x in blocks], np.int64).reshape(b, 3)
+        _core.arrow_batch_meta(np.frombuffer(raw, np.uint8), footer_start, block[:, 0].copy(), block[:, 1].copy(),
+                               block[:, 2].copy(), nf, nb, *native, status)  # fmt: skip
+        python = []
+        for i, blk in enumerate(blocks):
+            try:
+                python.append(batches._parse_one(f, whole, blk, footer_start, i, True, nf, nb))
+            except (batches._Decline, FooterError, struct.error, pystrom.FileFormatError, *ARROW_ERRORS) as e:
+                python.append(e)
+        return native, status, python
+
+
+def test_native_parser_matches_the_python_one(tmp_path):
+    for path in _files(tmp_path):
+        native, status, python = _both(path)
+        for i, py in enumerate(python):
+            assert not isinstance(py, Exception), (path.name, i, py)
+            if py[5]:  # custom metadata: left to Python
+                assert status[i] == 8, (path.name, i)
+                continue
+            assert status[i] == 0, (path.name, i, status[i])
+            rows, body, nodes, buffers, codec, _ = py
+            assert native[0][i] == rows and tuple(native[1][i]) == body and native[4][i] == codec, (path.name, i)
+            assert np.array_equal(native[2][i], nodes) and np.array_equal(native[3][i], buffers), (path.name, i)
+
+
+def test_parse_batches_is_the_same_with_every_batch_left_to_python(tmp_path, monkeypatch):
+    paths = _files(tmp_path)
+
+    def run():
+        out = []
+        for path in paths:
+            with open_arrow_file(path) as f:
+                out.append((batches.parse_batches(f, f.schema.names), getattr(f, "batch_metadata", None)))
+        return out
+
+    native = run()
+    assert sum(layouts is not None for layouts, _ in native) >= 6
+    assert any(meta and any(meta) for _, meta in native)  # custom metadata read through Python
+
+    class _Python:
+        @staticmethod
+        def arrow_batch_meta(*args):
+            args[-1][:] = 99  # every status: not ok
+
+    monkeypatch.setattr(batches, "_core", _Python)
+    assert run() == native
+
+
+def test_codec_errors_are_the_python_parsers(tmp_path):
+    path = _write(tmp_path / "c.arrow", _table(30), 10, "zstd")  # ZSTD: a codec field pyarrow writes (1)
+    raw = bytearray(path.read_bytes())
+    _, status, _ = _both(path)
+    assert (status == 0).all()
+    footer_len = struct.unpack_from("<i", raw, len(raw) - 10)[0]
+    blk = read_footer(memoryview(raw)[len(raw) - 10 - footer_len : len(raw) - 10])[0][1]
+    for bad, why in ((5, "unknown codec id 5"), (-1, "unknown codec id -1")):
+        mutated = _set_codec(raw, blk, bad)
+        (tmp_path / "bad.arrow").write_bytes(mutated)
+        native, status, python = _both(tmp_path / "bad.arrow")
+        assert status[1] == 7 and (np.delete(status, 1) == 0).all()
+        with open_arrow_file(tmp_path / "bad.arrow") as f, pytest.raises(pystrom.FileFormatError, match=why):
+            batches.parse_batches(f, f.schema.names)
+
+
+def _set_codec(raw: bytearray, blk, codec: int) -> bytes:
+    """``raw`` with batch ``blk``'s BodyCompression.codec set to ``codec`` (found through the flatbuffer)."""
+    from pystrom.io.arrow.format import _Reader
+
+    base = blk.offset + 8
+    r = _Reader(bytes(raw[base : blk.offset + blk.metadata_length]))
+    message = r.table(r.deref(0))
+    batch = r.table(r.deref(r.field(message, 2)))
+    body = r.table(r.deref(r.field(batch, 3)))
+    out = bytearray(raw)
+    out[base + r.field(body, 0)] = codec & 0xFF
+    return bytes(out)
+
+
+# --- mutants, in a subprocess -------------------------------------------------------------------------
+
+
+def _message_positions(path: Path) -> list[int]:
+    raw = path.read_bytes()
+    footer_len = struct.unpack_from("<i", raw, len(raw) - 10)[0]
+    blocks, _ = read_footer(memoryview(raw)[len(raw) - 10 - footer_len : len(raw) - 10])
+    messages = [p for b in blocks for p in range(b.offset, b.offset + b.metadata_length)]
+    return messages + list(range(len(raw) - 10 - footer_len, len(raw) - 10))  # the footer: its Blocks too
+
+
+def mutants(folder: str, seed: int, count: int) -> dict:
+    """Worker: ``count`` mutants of each file in ``folder``; per batch the native parser may accept
+    only what the Python parser accepts (same values) and pyarrow's ``read_message`` verifies."""
+    rng = np.random.default_rng(seed)
+    accepted = refused = 0
+    for path in sorted(Path(folder).glob("*.arrow")):
+        raw = path.read_bytes()
+        positions = _message_positions(path)
+        if not positions:
+            continue
+        for k in range(count):
+            bad = bytearray(raw)
+            for at in rng.choice(positions, size=int(rng.integers(1, 4)), replace=False):
+                bad[at] = int(rng.integers(0, 256)) if k % 2 else bad[at] ^ (1 << int(rng.integers(0, 8)))
+            mutated = Path(folder) / "mutant.bin"
+            mutated.write_bytes(bytes(bad))
+            try:
+                native, status, python = _both(mutated)
+            except (pystrom.FileFormatError, FooterError, *ARROW_ERRORS):
+                continue  # the file no longer opens
+            for i, py in enumerate(python):
+                if status[i] != 0:
+                    refused += 1
+                    continue
+                accepted += 1
+                assert not isinstance(py, Exception), f"{path.name} mutant {k} batch {i}: accepted, Python: {py!r}"
+                rows, body, nodes, buffers, codec, meta = py
+                assert native[0][i] == rows and tuple(native[1][i]) == body and native[4][i] == codec
+                assert np.array_equal(native[2][i], nodes) and np.array_equal(native[3][i], buffers)
+                assert not meta
+    return {"accepted": accepted, "refused": refused}
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_mutated_messages_are_never_accepted_where_python_refuses(tmp_path, seed):
+    _files(tmp_path)
+    for name in ("none.arrow", "one.arrow"):
+        (tmp_path / name).unlink()
+    args = [sys.executable, __file__, str(tmp_path), str(seed), "60"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent)
+    assert done.returncode == 0, f"worker exited {done.returncode}: {done.stderr[-3000:]}"
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts["accepted"] > 100 and counts["refused"] > 100, counts
+
+
+if __name__ == "__main__":
+    print(json.dumps(mutants(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
