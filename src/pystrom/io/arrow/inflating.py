@@ -25,6 +25,10 @@ pipeline of slices:
    per wait, not per slice): a frame whose size differs from its claim is refused with a FileFormatError
    naming the record batch, the column and the buffer. Its destination may hold garbage then; the read
    fails.
+5. on a GPU all of it runs on a non-blocking stream of the reader's own, after the caller's stream's
+   work and before the caller's next: CuPy's default is the legacy stream, with which every blocking
+   stream synchronises, KvikIO's copies among them, so slice i + 1's reads waited for slice i's kernel
+   (8 GiB LZ4 on an H100: 410 ms in the reads' waits for 7.5 GB, against 43 GB/s read uncompressed).
 
 The slice size: a slice's frames are the LZ4 kernel's parallelism (one warp per frame, and a frame's
 sequences are decoded one after another), so a launch takes as long as its slowest frame whatever
@@ -105,6 +109,7 @@ class InflatingReader:
         self._starts = np.array([p.offset for p in self._packed], dtype=np.int64)
         self._scratch = scratch_bytes(self.backend) if scratch is None else scratch
         self._queued: list[tuple[int, int, Any]] = []
+        self._side: Any = None  # the GPU stream inflation runs on (_on_side_stream)
         self.frames_inflated = 0  # frames decompressed so far (one frame twice if read in two waits)
         self.frames_in_place = 0  # of which straight into their read's destination
         self.slices = 0  # slices served so far
@@ -138,13 +143,32 @@ class InflatingReader:
             reads.setdefault(k, []).append((offset - self._packed[k].offset, size, dst))
         slices = self._slices(needed, reads)
         try:
-            self._check(self._pipeline(slices, reads))
+            with self._on_side_stream():
+                self._check(self._pipeline(slices, reads))
         except BaseException:
             with contextlib.suppress(Exception):
                 self._reader.wait()  # no read may outlive the scratch it writes into
             with contextlib.suppress(Exception):
                 self.backend.synchronize()  # nor a kernel the scratch it reads
             raise
+
+    @contextlib.contextmanager
+    def _on_side_stream(self) -> Any:
+        """On a GPU, the inflation's kernels and copies run on a stream of their own (step 5 of the
+        module docstring), ordered after the caller's stream and before what it queues next."""
+        if self.backend.kind == "cpu":
+            yield
+            return
+        cuda = self.backend.xp.cuda
+        caller = cuda.get_current_stream()
+        if self._side is None:
+            self._side = cuda.Stream(non_blocking=True)
+        self._side.wait_event(caller.record())
+        try:
+            with self._side:
+                yield
+        finally:
+            caller.wait_event(self._side.record())
 
     def _in_place(self, p: Packed, reads: list[tuple[int, int, Any]]) -> Any:
         """The destination ``p``'s frame is inflated into, or None (step 2 of the module docstring)."""
