@@ -80,6 +80,13 @@ def inflate_host(frames: Any) -> np.ndarray:
     if len(order) == 1:
         produced[0] = one(0)
         return produced
-    for i, n in zip(order, _pool().map(one, order)):
-        produced[i] = n
+    # Frames dealt round-robin (largest first) into a few tasks a thread: a task a frame cost ~15 us of
+    # the pool's Python each (2048 batches x 8 columns: 0.25 s of a 0.65 s read on the 2-core VM)
+    tasks = min(len(order), 4 * io_threads())
+
+    def some(t: int) -> list[int]:
+        return [one(i) for i in order[t::tasks]]
+
+    for t, got in enumerate(_pool().map(some, range(tasks))):
+        produced[order[t::tasks]] = got
     return produced
