@@ -143,6 +143,7 @@ class CopyReader:
         results: list[list[Staged]] = [[] for _ in statements]
         queue = iter(range(len(statements)))
         failed = threading.Event()
+        first: list[BaseException] = []  # the failure that stopped the others (theirs may follow from it)
         opened: list[Any] = []  # the connections reading now, for cancelling them
 
         def work(source: Any) -> None:
@@ -156,7 +157,10 @@ class CopyReader:
                     if i is None:
                         return
                     results[i] = self.read(conn, statements[i], hints[i])
-            except BaseException:
+            except BaseException as exc:
+                with self._lock:
+                    if not first:
+                        first.append(exc)
                 failed.set()  # the others take no further range
                 raise
 
@@ -165,10 +169,13 @@ class CopyReader:
             try:
                 # React to the first failure at once (a refused connection while the others read),
                 # not when the connections before it in the list have finished.
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                for f in futures:
-                    if f in done and f.exception() is not None:
-                        f.result()
+                wait(futures, return_when=FIRST_EXCEPTION)
+                if first:
+                    # The first failure, not the first failed future in list order: a stream that fails
+                    # may close the connection whose snapshot the others import, and a stream still
+                    # opening then fails too ("could not import the requested snapshot"), seen on CI
+                    # with 4 partitions and a string column past its limit.
+                    raise first[0]
                 return results
             except BaseException:
                 # One stream failed (or Ctrl-C): ask the server to stop the others, then let them drain.
