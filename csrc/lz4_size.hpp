@@ -1,4 +1,5 @@
-// The size an LZ4 frame decompresses to, found by walking its blocks and sequences (nothing is written).
+// The size an LZ4 frame decompresses to, found by walking its blocks and sequences (nothing is written),
+// and the frame decoded into memory of the caller's (lz4_frame_decode).
 // Pure C++; binding in module.cpp.
 //
 // Why: pyarrow's Codec("lz4").decompress(frame, decompressed_size=n) returns n bytes whenever the frame
@@ -16,5 +17,13 @@ namespace pystrom {
 // maximum, a sequence running past its block, a zero match offset, bytes after the frame, a dictionary
 // id or a skippable frame, which Arrow writers never produce). Reads only inside src.
 int64_t lz4_frame_size(const uint8_t* src, std::size_t size);
+
+// The single LZ4 frame in src[0, size) decompressed into dst[0, cap): the bytes produced, or -1 when it
+// is malformed as for lz4_frame_size, or a match reaches before the frame's first output byte, or its
+// declared content size differs from what it produces; -2 when it would produce more than cap (nothing
+// is written past dst + cap). Reads only inside src. The CPU twin of kernels/lz4.cu, and the CPU path's
+// decoder: one pass straight into the table's memory, where pyarrow's codec decompresses into memory
+// of its own that must then be copied, after this file's walk found the real size.
+int64_t lz4_frame_decode(const uint8_t* src, std::size_t size, uint8_t* dst, std::size_t cap);
 
 }  // namespace pystrom

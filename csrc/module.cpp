@@ -87,6 +87,13 @@ PYBIND11_MODULE(_core, m) {
     return pystrom::lz4_frame_size(s.ptr, s.size);
   });
 
+  m.def("lz4_frame_decode", [](py::buffer src, py::buffer dst) {
+    Bytes s = request(src, false, "src");
+    Bytes d = request(dst, true, "dst");
+    py::gil_scoped_release nogil;
+    return pystrom::lz4_frame_decode(s.ptr, s.size, d.ptr, d.size);
+  });
+
   m.def("zstd_frames_check", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer claims,
                                 py::buffer out) {
     Bytes s = request(src, false, "src");

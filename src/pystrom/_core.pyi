@@ -14,6 +14,10 @@ def count_bits(src: Buffer, src_offset: int, count: int) -> int:
 def lz4_frame_size(src: Buffer) -> int:
     """Bytes the one LZ4 frame in ``src`` decompresses to (its blocks and sequences walked), -1 if malformed."""
 
+def lz4_frame_decode(src: Buffer, dst: Buffer) -> int:
+    """Decode the single LZ4 frame in ``src`` into ``dst`` (writable, contiguous): the bytes produced,
+    -1 where the frame is malformed, -2 where it would produce more than ``dst`` holds."""
+
 def zstd_frames_check(src: Buffer, offsets: Buffer, sizes: Buffer, claims: Buffer, out: Buffer) -> None:
     """Per frame ``src[offsets[i], + sizes[i])`` (int64) claimed to decompress to ``claims[i]`` bytes: 0 in
     ``out[i]`` (int32) where it is one well-formed zstd frame that can, else a reason code (zstd_frames.py)."""
