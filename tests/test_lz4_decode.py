@@ -2,9 +2,8 @@
 for LZ4_FRAME bodies, against pyarrow's codec (liblz4) as the reference, and against hostile frames.
 
 Hostile frames run in a subprocess: every truncation and every single-byte change of small frames must
-give -1, -2 or a size, never a crash, and wherever the decoder accepts a frame the walk
-(``_core.lz4_frame_size``) must agree with it (the decoder is the stricter of the two: a match reaching
-before the frame's first byte, or a declared content size that differs, it refuses).
+give -1, -2 or a size, never a crash, and wherever the decoder accepts a frame the size-only walk
+(``_core.lz4_frame_size``, the same walk writing nothing) must agree with it.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def _codec(name: str) -> pa.Codec:
 def inflate_host(frames: Any) -> np.ndarray:
     """:func:`.inflate.inflate` for NumPy ``src``/``dst`` (an :class:`.inflate.Frames`)."""
     codec = _codec(frames.codec)
-    walk = frames.codec == "lz4_frame"
+    lz4 = frames.codec == "lz4_frame"
     src = frames.src
     so, ss = frames.src_offsets.tolist(), frames.src_sizes.tolist()
     ds = frames.dst_sizes.tolist()
@@ -59,7 +59,7 @@ def inflate_host(frames: Any) -> np.ndarray:
     def one(i: int) -> int:
         frame = src[so[i] : so[i] + ss[i]]
         want = ds[i]
-        if walk:  # LZ4: decoded in one pass straight into its place (module docstring)
+        if lz4:  # decoded in one pass straight into its place (module docstring)
             produced = _core.lz4_frame_decode(frame, frames.out(i)) if want else _core.lz4_frame_size(frame)
             # more than the claim: the walk finds how much, for the error (-1 where it is malformed too)
             return _core.lz4_frame_size(frame) if produced == -2 else produced
