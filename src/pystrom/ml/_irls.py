@@ -154,10 +154,14 @@ class IRLSSolver:
         self._warned_fallback = False
         self._last_scale = 1.0
         levels = approximate if isinstance(approximate, tuple) else (approximate,) if approximate else ()
-        self.levels = tuple(float(u) for u in levels)
-        self.approximate = self.levels[0] if self.levels else 0.0  # the rounding in use (0: none)
+        self.levels = tuple(float(u) for u in levels)  # the reduced precisions left to use, cheapest first
         self.approx = False  # reduced-precision Hessians in use now (decided by setup, revoked by the checks)
         self.approx_passes = 0
+
+    @property
+    def approximate(self) -> float:
+        """The unit rounding of the reduced precision in use (0: none left)."""
+        return self.levels[0] if self.levels else 0.0
 
     # -- named steps ------------------------------------------------------------------------------
 
@@ -181,7 +185,6 @@ class IRLSSolver:
         self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
         admitted = [u for u in self.levels if self.allow_approximate(H, u)]
         self.levels = tuple(admitted)
-        self.approximate = admitted[0] if admitted else 0.0
         self.approx = bool(admitted)
         return w, totals
 
@@ -435,7 +438,6 @@ class IRLSSolver:
             return
         if dec > APPROX_MIN_GAIN * dec_old and dec > self._slack(f, t):
             self.levels = self.levels[1:]
-            self.approximate = self.levels[0] if self.levels else 0.0
             self.approx = bool(self.levels)
 
     def _pass(self, w: np.ndarray, exact: bool = True) -> PassTotals:
