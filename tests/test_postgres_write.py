@@ -386,7 +386,8 @@ def test_writer_terminated_late_leaves_target_unchanged(pg, device, mode, victim
         staging = [r[0] for r in pg.fetch("SELECT relname FROM pg_class WHERE relname LIKE '\\_pystrom\\_w\\_%%'")]
         first = int(staging[0].split("_")[3])
         pids = [p for p, _ in copies if (p == first) == (victim == "first")]
-        assert pids, (copies, staging)
+        if not pids:  # no such writer in its COPY at this report (another may have finished its rows): the next
+            return  # report tries again, and `assert killed` below still fails a run where none came
         pg.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
         killed.append(pids[0])
 
