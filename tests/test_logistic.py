@@ -390,7 +390,7 @@ def test_kernel_pass_to_host_repeats_exactly(device):
     if device == "cpu":
         pytest.skip("the fused CUDA pass only")
     from pystrom._backend import resolve_device
-    from pystrom.ml._pass import KernelPass, kernel_pass
+    from pystrom.ml._narrow import KernelPass, kernel_pass
 
     rng = np.random.default_rng()
     backend = resolve_device(device)
@@ -400,14 +400,54 @@ def test_kernel_pass_to_host_repeats_exactly(device):
         Xd, yd = on(device, X), on(device, y)
         kp = KernelPass(Xd, yd, None, backend.ordinal, to_host=True)
         w = np.array([0.3, -0.2, 0.1, 0.0, 0.5])
-        first = kp((1.0, 1.0), w)
-        assert np.isfinite(first).all()
+        first, step = kp((1.0, 1.0), w)
+        assert np.isfinite(first).all() and step is None  # no step rule planned: no step, no speculation
         for _ in range(3):
-            assert np.array_equal(kp((1.0, 1.0), w), first)
+            assert np.array_equal(kp((1.0, 1.0), w)[0], first)
         assert np.array_equal(_host(kernel_pass(Xd, yd, None, (1.0, 1.0), w, backend.ordinal)), first)
-        other = kp((1.0, 1.0), -w)  # new weights really reach the kernel
+        other, _ = kp((1.0, 1.0), -w)  # new weights really reach the kernel
         assert not np.array_equal(other, first)
         assert_pass_close(other, xp_pass_ref(X, y, -w), np.float32, len(X), "weights -w")
+
+
+def test_speculative_passes_are_the_passes_asked_for(device, monkeypatch):
+    """With a step rule planned, each pass queues the pass at w + its own step; the solver's full steps
+    claim those (same sums, bit for bit, as a pass launched for them), any other request cancels the
+    queued pass and gets its own, and a fit through them equals the fit without speculation."""
+    if device == "cpu":
+        pytest.skip("the fused CUDA pass only")
+    from pystrom._backend import resolve_device
+    from pystrom.ml._narrow import KernelPass
+    from pystrom.ml._pass import PassTotals
+    from pystrom.ml._sources import ArraySource
+
+    backend = resolve_device(device)
+    X, y = seed_data(300_001, noise=0.1)
+    with backend.activate():
+        Xd, yd = on(device, X), on(device, y.astype(np.uint8))
+        kp = KernelPass(Xd, yd, None, backend.ordinal, to_host=True)
+        plain = KernelPass(Xd, yd, None, backend.ordinal, to_host=True)
+        kp.plan(np.arange(5), 4, 0.0)
+        w = np.zeros(5)
+        for i in range(6):
+            vec, step = kp((1.0, 1.0), w)
+            assert np.array_equal(vec, plain((1.0, 1.0), w)[0]), f"pass {i}"
+            assert step is not None
+            want = np.linalg.solve(PassTotals.unpack(vec, 4).hessian, PassTotals.unpack(vec, 4).gradient)
+            np.testing.assert_allclose(step, want, rtol=1e-9, atol=1e-12)
+            w = w + (step if i % 3 != 2 else 0.5 * step)  # every third request is not the queued pass
+        assert kp.hits == 4 and kp.speculated == 6, (kp.hits, kp.speculated)
+        kp.close()
+        # a whole fit: the same coefficients as without the GPU's steps (rounding apart)
+        fits = []
+        for speculate in (True, False):
+            with monkeypatch.context() as m:
+                if not speculate:
+                    m.setattr(ArraySource, "plan_steps", lambda self, active, n_free_features, l2: None)
+                fits.append(LogisticRegression(max_iter=30, tol=1e-10).fit(Xd, yd))
+        np.testing.assert_allclose(fits[0].coef_, fits[1].coef_, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(fits[0].std_err_, fits[1].std_err_, rtol=1e-9)
+        assert fits[0].n_iter_ == fits[1].n_iter_ and fits[0].n_passes_ == fits[1].n_passes_
 
 
 def xp_pass_ref(X, y, w):

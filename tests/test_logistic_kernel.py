@@ -16,18 +16,21 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from pystrom.ml._pass import MAX_KERNEL_FEATURES, layout_size, vector_loads, xp_pass
+from pystrom.ml._narrow import vector_loads
+from pystrom.ml._pass import MAX_KERNEL_FEATURES, layout_size, xp_pass
 
 SHIM = r"""
 #include <cmath>
 #include <cstring>
 using std::isfinite;
+using std::isinf;
 struct Dim3 { unsigned x = 1, y = 1, z = 1; };
 static Dim3 blockIdx, blockDim, gridDim;
 static Dim3 threadIdx = {0, 0, 0};
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 #define __shared__ static
 #define __restrict__
 #define __launch_bounds__(threads, blocks)
@@ -50,7 +53,8 @@ DRIVER = r"""
                                        const unsigned char* y, const double* sw, int has_sw, int vec,      \
                                        double cw0,                                                         \
                                        double cw1, const double* w, double* partials, int blocks,          \
-                                       double* out, unsigned* done_after) {                                 \
+                                       double* out, unsigned* done_after, const double* wsrc,              \
+                                       unsigned mask, int nfree, double l2, double* wnext) {                \
     double v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};                                                             \
     for (int j = 0; j <= K; ++j) v[j] = w[j];                                                               \
     gridDim.x = blocks;                                                                                     \
@@ -58,7 +62,8 @@ DRIVER = r"""
     for (unsigned b = 0; b < (unsigned)blocks; ++b) {                                                       \
       blockIdx.x = b;                                                                                       \
       logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4],   \
-                                v[5], v[6], v[7], v[8], partials, &done, out);                              \
+                                v[5], v[6], v[7], v[8], wsrc, mask, nfree, l2, wnext, nullptr, 0,           \
+                                partials, &done, out);                                                      \
     }                                                                                                       \
     *done_after = done;                                                                                     \
   }
@@ -83,7 +88,11 @@ def assert_pass_close(got: np.ndarray, ref: np.ndarray, dtype: type, n: int, wha
 
 
 # the kernel as shipped, and its variants the benchmark's probe compiles (prefetched rows, R_ROWS)
-VARIANTS = {"shipped": "", "no_prefetch": "#define LOGIT_NO_PREFETCH\n", "rows8": "#define R_ROWS 8\n"}
+VARIANTS = {
+    "shipped": "",
+    "no_prefetch": "#define LOGIT_NO_PREFETCH\n",
+    "rows8": "#define R_ROWS 8\n",
+}
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -103,11 +112,37 @@ def emulated(tmp_path_factory, request):
     return ctypes.CDLL(str(work / "k.so"))
 
 
+P_, I64, F64 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
+TAIL = 19  # after the M sums: the step (9), the next weights (9), the flag (newton_step in logistic.cu)
+
+
+def drive(emulated, X, y, sw, cw, w, blocks, wsrc=None, mask=0, nfree=0, l2=0.0, same_totals=False):
+    """One emulated launch; (the M sums and the tail, the device weights it wrote, the done counter)."""
+    n, k = X.shape
+    tname = "f32" if X.dtype == np.float32 else "f64"
+    m = layout_size(k)
+    partials = np.full((blocks, m), np.nan)  # poisoned: every value must be written
+    out = np.full(m + TAIL, np.nan)
+    wnext = np.full(10, np.nan)
+    done = ctypes.c_uint(12345)
+    item = X.dtype.itemsize
+    rs, cs = X.strides[0] // item, X.strides[1] // item
+    vec = vector_loads(item, k, rs, cs, X.ctypes.data)
+    swa = sw if sw is not None else w
+    getattr(emulated, f"drive_{tname}_k{k}")(
+        P_(X.ctypes.data), I64(n), I64(rs), I64(cs), P_(y.ctypes.data), P_(swa.ctypes.data),
+        ctypes.c_int(int(sw is not None) | (2 if same_totals else 0)), ctypes.c_int(int(vec)), F64(cw[0]), F64(cw[1]),
+        P_(w.ctypes.data), P_(partials.ctypes.data), ctypes.c_int(blocks), P_(out.ctypes.data),
+        ctypes.byref(done), P_(None if wsrc is None else wsrc.ctypes.data), ctypes.c_uint(mask), ctypes.c_int(nfree),
+        F64(l2), P_(wnext.ctypes.data),
+    )  # fmt: skip
+    return out, wnext, done.value
+
+
 def test_kernel_source_matches_numpy_twin(emulated):
     rng = np.random.default_rng()  # fresh inputs every run
-    P, i64, f64 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
     for k in range(1, MAX_KERNEL_FEATURES + 1):
-        for dtype, tname in ((np.float32, "f32"), (np.float64, "f64")):
+        for dtype in (np.float32, np.float64):
             for order in ("C", "F", "C shifted"):
                 for weighted in (False, True):
                     n = int(rng.integers(1, 3000))
@@ -123,25 +158,64 @@ def test_kernel_source_matches_numpy_twin(emulated):
                     w = rng.normal(size=k + 1)
                     cw = (0.7, 1.3)
                     ref = xp_pass(np, X, y, sw, cw, w)
-                    m = layout_size(k)
-                    blocks = int(rng.integers(1, 40))
-                    partials = np.full((blocks, m), np.nan)  # poisoned: every value must be written
-                    out = np.full(m, np.nan)
-                    done = ctypes.c_uint(12345)
                     item = X.dtype.itemsize
-                    rs, cs = X.strides[0] // item, X.strides[1] // item
-                    vec = vector_loads(item, k, rs, cs, X.ctypes.data)
+                    vec = vector_loads(item, k, X.strides[0] // item, X.strides[1] // item, X.ctypes.data)
                     if order == "C" and k % 2 == 0:
                         assert vec, "C-order rows of an even number of values are read with vector loads"
                     if order != "C":
                         assert not vec
-                    swa = sw if sw is not None else w
-                    getattr(emulated, f"drive_{tname}_k{k}")(
-                        P(X.ctypes.data), i64(n), i64(rs), i64(cs), P(y.ctypes.data), P(swa.ctypes.data),
-                        ctypes.c_int(int(weighted)), ctypes.c_int(int(vec)), f64(cw[0]), f64(cw[1]),
-                        P(w.ctypes.data), P(partials.ctypes.data), ctypes.c_int(blocks), P(out.ctypes.data),
-                        ctypes.byref(done),
-                    )  # fmt: skip
-                    assert done.value == 0, "the last block must reset the counter for the next launch"
-                    what = f"k={k} {tname} {order} vec={vec} weighted={weighted} n={n} blocks={blocks}"
-                    assert_pass_close(out, ref, dtype, n, what)
+                    blocks = int(rng.integers(1, 40))
+                    out, wnext, done = drive(emulated, X, y, sw, cw, w, blocks)
+                    assert done == 0, "the last block must reset the counter for the next launch"
+                    assert np.isnan(out[-TAIL:]).all() and np.isnan(wnext).all(), "no step asked for: none written"
+                    what = f"k={k} {dtype.__name__} {order} vec={vec} weighted={weighted} n={n} blocks={blocks}"
+                    assert_pass_close(out[:-TAIL], ref, dtype, n, what)
+                    # OPT_SAME_TOTALS: sum s and sum s y left to the host, every other value the same
+                    same, _, _ = drive(emulated, X, y, sw, cw, w, blocks, same_totals=True)
+                    ll = layout_size(k) - 6
+                    assert (same[ll + 1 : ll + 3] == 0).all(), what
+                    keep = np.r_[0 : ll + 1, ll + 3 : layout_size(k)]
+                    assert np.array_equal(same[keep], out[keep]), what
+
+
+@pytest.mark.parametrize("penalised", [False, True])
+def test_newton_step_is_the_solvers(emulated, penalised):
+    """The step the last block computes for the speculative pass is the solver's own Newton step
+    (IRLSSolver.newton_direction from the same sums), for any set of free parameters; the next weights
+    are w + step as the solver forms them; a speculative launch reads them; a failed step launches nothing."""
+    from pystrom.ml._irls import IRLSSolver
+    from pystrom.ml._pass import PassTotals
+
+    rng = np.random.default_rng()
+    for k in range(1, MAX_KERNEL_FEATURES + 1):
+        for dtype in (np.float32, np.float64):
+            n = int(rng.integers(50, 2000))
+            X = np.asarray(rng.normal(size=(n, k)), dtype=dtype)
+            y = (rng.random(n) < 0.4).astype(np.uint8)
+            w = rng.normal(size=k + 1) * 0.3
+            free = [j for j in range(k + 1) if rng.random() < 0.8] or [k]
+            mask = sum(1 << j for j in free)
+            nf = sum(j < k for j in free)
+            l2 = 0.5 if penalised else 0.0
+            out, wnext, _ = drive(emulated, X, y, None, (1.0, 1.0), w, 3, mask=mask, nfree=nf, l2=l2)
+            m = layout_size(k)
+            solver = IRLSSolver(lambda w: None, k, k in free, l2, 10, 1e-8)
+            solver.active, solver.n_free_features = np.array(free, dtype=np.intp), nf
+            t = PassTotals.unpack(out[:m], k)
+            want, _ = solver.newton_direction(w, t)
+            what = f"k={k} {dtype.__name__} free={free} l2={l2}"
+            assert out[m + 18] == 1.0 and wnext[9] == 1.0, what
+            np.testing.assert_allclose(out[m : m + k + 1], want, rtol=1e-10, atol=1e-12, err_msg=what)
+            assert np.array_equal(out[m + 9 : m + 10 + k], w + out[m : m + k + 1]), what
+            assert np.array_equal(wnext[: k + 1], out[m + 9 : m + 10 + k]), what
+            assert (out[m : m + k + 1][[j for j in range(k + 1) if j not in free]] == 0).all(), what
+            # the speculative pass: weights from wnext, the same sums as a pass given them as scalars
+            spec, _, _ = drive(emulated, X, y, None, (1.0, 1.0), np.zeros(k + 1), 3, wsrc=wnext)
+            plain, _, _ = drive(emulated, X, y, None, (1.0, 1.0), wnext[: k + 1].copy(), 3)
+            assert np.array_equal(spec[:m], plain[:m]), what
+            # a step that fails (not positive definite: every weight 0 rows) says so and stops the next launch
+            zero = np.zeros(n, dtype=np.float64)
+            bad, bad_next, _ = drive(emulated, X, y, zero, (1.0, 1.0), w, 2, mask=mask, nfree=nf, l2=0.0)
+            assert bad[m + 18] == 0.0 and bad_next[9] == 0.0, what
+            skipped, _, done = drive(emulated, X, y, None, (1.0, 1.0), w, 2, wsrc=bad_next)
+            assert np.isnan(skipped).all() and done == 0, "a speculative pass after a failed step does nothing"

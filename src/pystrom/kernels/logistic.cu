@@ -56,6 +56,13 @@
 #endif
 #endif
 
+// `opts` bits. OPT_WEIGHTS: sw holds sample weights (else every row weighs 1). OPT_SAME_TOTALS: sum s and
+// sum s y are left at 0, for the host to fill in from an earlier pass over the same rows: they do not
+// depend on the weights w (every row whose eta is finite counts, and a pass with a non-finite eta is
+// an error), and they cost a float64 add or two a row (KernelPass in ml/_narrow.py).
+#define OPT_WEIGHTS 1
+#define OPT_SAME_TOTALS 2
+
 template <int K>
 struct Layout {
   static constexpr int P = K + 1;
@@ -146,7 +153,8 @@ struct RowMath<float> {
 // The sums of a block's threads into dst[0 .. M): warps by shuffles, then across the (at most 32)
 // warps through shared memory, in a fixed order (deterministic). Every thread of the block calls it.
 template <int NS>
-__device__ void block_reduce(const double (&acc)[NS], double min_margin, double (*shared)[NS + 1], double* dst) {
+__device__ void block_reduce(const double (&acc)[NS], double min_margin, double (*shared)[NS + 1], double* dst,
+                             double* keep = nullptr) {
   constexpr int M = NS + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
 #pragma unroll
@@ -163,23 +171,137 @@ __device__ void block_reduce(const double (&acc)[NS], double min_margin, double 
     double v = shared[0][j];
     for (int q = 1; q < nwarps; ++q) v = (j == NS) ? fmin(v, shared[q][j]) : v + shared[q][j];
     dst[j] = v;
+    if (keep) keep[j] = v;
   }
+}
+
+// How a pass takes part in speculation (KernelPass in ml/_pass.py; all zero: it does not).
+// wsrc: device weights (STEP_STRIDE values and a flag) to use instead of the scalar ones;
+// mask, nfree, l2, wnext: the step rule (newton_step), 0 mask for none; cancel: device memory holding
+// the id of the last launch the host gave up (the host copies it there on a stream of its own while
+// this runs), polled every CANCEL_POLL rounds, and launch_id this launch's (ids grow, so a stale cancel
+// never stops a later launch). Polling mapped host memory instead cost 20 ms a pass: the reads of
+// thousands of warps over PCIe.
+#ifndef CANCEL_POLL
+#define CANCEL_POLL 32
+#endif
+struct Speculation {
+  const double* wsrc;
+  unsigned mask;
+  int nfree;
+  double l2;
+  double* wnext;
+  const volatile long long* cancel;
+  long long launch_id;
+};
+
+// The solver's next Newton step, computed from this pass's sums by the last block (one thread), so the
+// pass the solver most likely asks for next (a full step: ml/_irls.py line_search with scale 1) can be
+// queued before the host has seen this one (KernelPass in ml/_pass.py: the speculative pass).
+// The rule is the solver's (IRLSSolver.newton_direction): the free parameters are the bits of `mask`
+// (features, then the intercept at K, in that order), the first `nfree` of them features penalised by
+// `l2` (g -= l2 w, H += l2 I), H~ = L L^T by Cholesky in float64, step = H~^-1 g over them, 0 elsewhere.
+// Written to `tail` (mapped host memory, after the pass's M sums): the step (P values), the next
+// weights w + step (P values; the solver forms them with the same IEEE additions) and a flag, 1 where
+// the factorisation succeeded and every value is finite; and the next weights and the flag to `wnext`
+// (device memory: the weights the speculative pass reads). The flag 0 makes that pass do nothing, and
+// the host then computes the step itself (its fallbacks, warnings and errors stay in one place).
+constexpr int STEP_STRIDE = 9;  // tail: step[9], next weights[9], flag; wnext: weights[9], flag
+
+struct Weights {
+  double v[STEP_STRIDE];
+};
+
+// Not inlined, the weights by value: its arrays are indexed at run time (local memory), and inlined
+// (or handed the pass's own weights by address) they took the pass's registers with them: the
+// weights of every row's dot product moved to local memory, 311 -> 688 us a pass (H100, 40M x 4).
+template <int K>
+__device__ __noinline__ void newton_step(const double* __restrict__ sums, const Weights wt, unsigned mask, int nfree,
+                                         double l2, double* __restrict__ tail, double* __restrict__ wnext) {
+  constexpr int P = K + 1, NT = P * (P + 1) / 2;
+  const double* w = wt.v;
+  int idx[P];
+  int p = 0;
+  for (int j = 0; j < P; ++j)
+    if ((mask >> j) & 1u) idx[p++] = j;
+  double a[P][P], L[P][P], z[P];
+  for (int i = 0; i < p; ++i) {
+    z[i] = sums[NT + idx[i]];
+    for (int j = 0; j <= i; ++j) {  // idx[j] <= idx[i]: the packed upper triangle's entry (idx[j], idx[i])
+      const int r = idx[j], c = idx[i];
+      a[i][j] = sums[r * P - r * (r - 1) / 2 + (c - r)];
+    }
+  }
+  for (int i = 0; i < nfree && i < p; ++i) {
+    z[i] -= l2 * w[idx[i]];
+    a[i][i] += l2;
+  }
+  bool ok = true;
+  for (int j = 0; j < p && ok; ++j) {
+    double d = a[j][j];
+    for (int q = 0; q < j; ++q) d -= L[j][q] * L[j][q];
+    if (!(d > 0.0) || isinf(d)) {
+      ok = false;
+      break;
+    }
+    d = sqrt(d);
+    L[j][j] = d;
+    for (int i = j + 1; i < p; ++i) {
+      double v = a[i][j];
+      for (int q = 0; q < j; ++q) v -= L[i][q] * L[j][q];
+      L[i][j] = v / d;
+    }
+  }
+  double step[P];
+  for (int j = 0; j < P; ++j) step[j] = 0.0;
+  if (ok) {
+    for (int i = 0; i < p; ++i) {
+      double v = z[i];
+      for (int q = 0; q < i; ++q) v -= L[i][q] * z[q];
+      z[i] = v / L[i][i];
+    }
+    for (int i = p - 1; i >= 0; --i) {
+      double v = z[i];
+      for (int q = i + 1; q < p; ++q) v -= L[q][i] * z[q];
+      z[i] = v / L[i][i];
+    }
+    for (int i = 0; i < p; ++i) {
+      if (!isfinite(z[i])) ok = false;
+      step[idx[i]] = z[i];
+    }
+  }
+  for (int j = 0; j < P; ++j) {
+    const double next = w[j] + step[j];
+    tail[j] = step[j];
+    tail[STEP_STRIDE + j] = next;
+    wnext[j] = next;
+  }
+  tail[2 * STEP_STRIDE] = ok ? 1.0 : 0.0;
+  wnext[STEP_STRIDE] = ok ? 1.0 : 0.0;
 }
 
 template <typename T, int K>
 __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
-                           const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
-                           int vec, double cw0, double cw1, const double (&w)[9], double* __restrict__ partials,
-                           unsigned int* __restrict__ done, double* __restrict__ out) {
+                           const unsigned char* __restrict__ y, const double* __restrict__ sw, int opts,
+                           int vec, double cw0, double cw1, const double (&w)[9], const Speculation& sp,
+                           double* __restrict__ partials, unsigned int* __restrict__ done,
+                           double* __restrict__ out) {
   using L = Layout<K>;
   constexpr int P = L::P, NT = L::NT, NS = L::NS, M = L::M;
+  double wv[P];
+  if (sp.wsrc) {  // a speculative pass: the weights the pass before it computed (newton_step)
+    if (sp.wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
+#pragma unroll
+    for (int j = 0; j < P; ++j) wv[j] = sp.wsrc[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) wv[j] = w[j];
+  }
   double acc[NS];
 #pragma unroll
   for (int j = 0; j < NS; ++j) acc[j] = 0.0;
   double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
-  double wv[P];
-#pragma unroll
-  for (int j = 0; j < P; ++j) wv[j] = w[j];
+  int saturated = 0;  // an integer count: a float64 add a row fewer
 
   const long long stride = (long long)blockDim.x * gridDim.x;
   auto load = [&](long long base, T (&xv)[R_ROWS][K], unsigned char (&yv)[R_ROWS], double (&sv)[R_ROWS]) {
@@ -194,7 +316,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
           for (int j = 0; j < K; ++j) xv[r][j] = X[i * rs + j * cs];
         }
         yv[r] = y[i];
-        sv[r] = has_sw ? sw[i] : 1.0;
+        sv[r] = (opts & OPT_WEIGHTS) ? sw[i] : 1.0;
       }
     }
   };
@@ -216,7 +338,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
         continue;
       }
       const int yi = yv[r] != 0;
-      const double s = sv[r] * (yi ? cw1 : cw0);
+      const double s = (opts & OPT_WEIGHTS) ? sv[r] * (yi ? cw1 : cw0) : (yi ? cw1 : cw0);
       if (s == 0.0) continue;
       double e, inv, l1p;  // one exp gives mu, mu (1 - mu) and log(1 + e^eta), stably
       RowMath<T>::eval(eta, e, inv, l1p);
@@ -232,11 +354,13 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       }
 #pragma unroll
       for (int a = 0; a < P; ++a) acc[NT + a] = fma(resid, x[a], acc[NT + a]);
-      acc[NT + P] += s * ((double)yi * eta - (fmax(eta, 0.0) + l1p));
-      acc[NT + P + 1] += s;
-      acc[NT + P + 2] += s * (double)yi;
       const double margin = yi ? eta : -eta;
-      if (margin > 20.0) acc[NS - 1] += 1.0;
+      acc[NT + P] = fma(s, fmin(margin, 0.0) - l1p, acc[NT + P]);  // y eta - max(eta, 0) = min(margin, 0)
+      if (!(opts & OPT_SAME_TOTALS)) {
+        acc[NT + P + 1] += s;
+        if (yi) acc[NT + P + 2] += s;
+      }
+      saturated += margin > 20.0;
       min_margin = fmin(min_margin, margin);
     }
   };
@@ -246,7 +370,13 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   unsigned char yv[R_ROWS];
   double sv[R_ROWS];
   if (first < n) load(first, xv, yv, sv);
+  long long cancelled_upto = 0;  // sp.cancel as read CANCEL_POLL rounds ago (the load's latency stays hidden)
+  int rounds = 0;
   for (long long base = first; base < n; base += stride * R_ROWS) {
+    if (sp.cancel && (++rounds & (CANCEL_POLL - 1)) == 0) {
+      if (cancelled_upto >= sp.launch_id) break;  // the host no longer wants this pass: its sums are unused
+      cancelled_upto = *sp.cancel;
+    }
     T xn[R_ROWS][K];
     unsigned char yn[R_ROWS];
     double sn[R_ROWS];
@@ -262,7 +392,13 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     }
   }
 #else
+  long long cancelled_upto = 0;
+  int rounds = 0;
   for (long long base = first; base < n; base += stride * R_ROWS) {
+    if (sp.cancel && (++rounds & (CANCEL_POLL - 1)) == 0) {
+      if (cancelled_upto >= sp.launch_id) break;
+      cancelled_upto = *sp.cancel;
+    }
     T xv[R_ROWS][K];
     unsigned char yv[R_ROWS];
     double sv[R_ROWS];
@@ -271,6 +407,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   }
 #endif
 
+  acc[NS - 1] = (double)saturated;
   __shared__ double shared[32][M];
   block_reduce<NS>(acc, min_margin, shared, partials + (long long)blockIdx.x * M);
 
@@ -290,8 +427,18 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       for (int j = 0; j < NS; ++j) acc[j] += __ldcg(row + j);  // written by other SMs: read from L2
       min_margin = fmin(min_margin, __ldcg(row + NS));
     }
-    block_reduce<NS>(acc, min_margin, shared, out);
+    __shared__ double sums[M];
+    block_reduce<NS>(acc, min_margin, shared, out, sums);
     if (threadIdx.x == 0) *done = 0u;  // ready for the next launch (launches are stream-ordered)
+    if (sp.mask) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        Weights wt;
+#pragma unroll
+        for (int j = 0; j < STEP_STRIDE; ++j) wt.v[j] = j < P ? wv[j < P ? j : 0] : 0.0;
+        newton_step<K>(sums, wt, sp.mask, sp.nfree, sp.l2, out + M, sp.wnext);
+      }
+    }
   }
 }
 
@@ -309,12 +456,14 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, LOGIT_MIN_BLOCKS(K))                          \
       logit_pass_##TNAME##_k##K(                                                                            \
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
-      const double* __restrict__ sw, int has_sw, int vec, double cw0, double cw1, double w0, double w1,    \
+      const double* __restrict__ sw, int opts, int vec, double cw0, double cw1, double w0, double w1,    \
       double w2, double w3, double w4, double w5, double w6, double w7, double w8,                         \
-      double* __restrict__ partials,                                                                        \
+      const double* __restrict__ wsrc, unsigned mask, int nfree, double l2, double* __restrict__ wnext,     \
+      const volatile long long* cancel, long long launch_id, double* __restrict__ partials,                 \
       unsigned int* __restrict__ done, double* __restrict__ out) {                                          \
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
-    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, w, partials, done, out);                  \
+    const Speculation sp = {wsrc, mask, nfree, l2, wnext, cancel, launch_id};                              \
+    logit_pass<T, K>(X, n, rs, cs, y, sw, opts, vec, cw0, cw1, w, sp, partials, done, out);              \
   }
 
 #define LOGIT_PASS_BOTH(K)        \

@@ -138,6 +138,7 @@ class IRLSSolver:
         ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
         rule: str = "pystrom",
         approximate: float | tuple[float, ...] = 0.0,
+        plan_steps: Callable[[np.ndarray, int, float], None] | None = None,
     ):
         if rule not in ("pystrom", "madlib"):
             raise ValueError(f"rule must be 'pystrom' or 'madlib'; got {rule!r}")
@@ -157,6 +158,7 @@ class IRLSSolver:
         self.levels = tuple(float(u) for u in levels)  # the reduced precisions left to use, cheapest first
         self.approx = False  # reduced-precision Hessians in use now (decided by setup, revoked by the checks)
         self.approx_passes = 0
+        self.plan_steps = plan_steps
 
     @property
     def approximate(self) -> float:
@@ -168,14 +170,15 @@ class IRLSSolver:
     def setup(self, w0: np.ndarray | None = None) -> tuple[np.ndarray, PassTotals]:
         """The first pass (at ``w0``, default 0); the aliased parameters and the scale of each from it."""
         w = np.zeros(self.k + 1) if w0 is None else np.array(w0, dtype=np.float64)
-        totals = self._pass(w)
-        H = totals.hessian
         # R's order: the intercept first, then the columns as given; a later column is the aliased one
         order = ([self.k] if self.fit_intercept else []) + list(range(self.k))
+        self._set_free(np.array(sorted(order), dtype=np.intp))  # until the first pass shows aliasing
+        totals = self._pass(w)
+        H = totals.hessian
         # (a penalised objective has its unique optimum with every column: scikit-learn's, kept)
         self.aliased = [] if self.l2 else sorted(find_aliased(H, order))
-        self.active = np.array(sorted(set(order) - set(self.aliased)), dtype=np.intp)  # features, then intercept
-        self.n_free_features = int(np.count_nonzero(self.active < self.k))
+        if self.aliased:
+            self._set_free(np.array(sorted(set(order) - set(self.aliased)), dtype=np.intp))
         w[self.aliased] = 0.0
         # Each parameter's unit in the linear predictor: the root mean square of its column, weighted
         # as X^T A X weights the rows (the intercept's column is 1), so step sizes compare across columns.
@@ -187,6 +190,17 @@ class IRLSSolver:
         self.levels = tuple(admitted)
         self.approx = bool(admitted)
         return w, totals
+
+    def _set_free(self, active: np.ndarray) -> None:
+        """The free parameters (features, then the intercept), told to the source as the step rule."""
+        self.active = active
+        self.n_free_features = int(np.count_nonzero(active < self.k))
+        if self.plan_steps is not None:
+            self.plan_steps(active, self.n_free_features, self.l2)
+
+    def step_rule(self) -> tuple:
+        """The rule a source's own Newton step must follow for the solver to use it (PassTotals.step_rule)."""
+        return (tuple(int(j) for j in self.active), self.n_free_features, self.l2)
 
     def allow_approximate(self, H: np.ndarray, unit: float | None = None) -> bool:
         """Whether Hessians rounded to ``unit`` (default: the cheapest offered) may drive the steps: the
@@ -235,7 +249,12 @@ class IRLSSolver:
             # their sums, so this is a last guard
             raise DataError("IRLS met a non-finite X^T A X or gradient: the data overflow float64 arithmetic")
         try:
-            step_a = _newton_solve(H, g)
+            if t.newton_step is not None and t.step_rule == self.step_rule():
+                # the source computed this very step from the pass's sums (the narrow GPU kernel, which
+                # then already runs the pass at w + step: _narrow.py); a failed one is None
+                step_a = t.newton_step[self.active]
+            else:
+                step_a = _newton_solve(H, g)
         except np.linalg.LinAlgError:
             if not t.exact_hessian:  # float32 rounding may take away definiteness: float64 from here on
                 self.approx = False

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_KERNEL_FEATURES", "PassTotals", "layout_size", "xp_pass", "KernelPass", "kernel_pass", "batch_pass"]
+from ._narrow import MAX_KERNEL_FEATURES, kernel_pass, layout_size, uses_kernel
 
-MAX_KERNEL_FEATURES = 8  # the fused kernel keeps P(P+1)/2 + P + 6 float64 sums per thread in registers
+__all__ = ["MAX_KERNEL_FEATURES", "PassTotals", "layout_size", "xp_pass", "batch_pass"]
+
 SATURATED_MARGIN = 20.0  # fitted probability within 2e-9 of the observed class
 # Float32 input is evaluated with float32 sigmoids and logs (kernels/logistic.cu says why): the
 # log-likelihood of a pass is then exact only to about this, relative to its size, plus at most
@@ -30,18 +31,12 @@ SATURATED_MARGIN = 20.0  # fitted probability within 2e-9 of the observed class
 # differences below that as a real decrease.
 F32_LL_RTOL = 6 * 2.0**-23
 F32_LL_ATOL = 0.37 * 2.5 * 2.0**-23
-_THREADS = 128  # LOGIT_THREADS in logistic.cu
 # Rows x features upcast to float64 at a time by the NumPy/CuPy path: on the CPU small enough that the
 # temporaries stay in cache (1M x 4 float32, one pass on 2 shared cores: 0.23 s with 2^24, 0.07 s with
 # 2^18), on a GPU large enough that each chunk's matrix products fill it and few launches and host
 # waits are paid per pass (1M x 256 float32, one pass on an H200: 68.6 ms with 2^22 elements, 18.1
 # with 2^24, 8.5 with 2^26, 7.0 with 2^28). 2^27 float64 elements are 1 GiB per temporary (two live).
 _CHUNK_ELEMENTS = {"numpy": 1 << 18, "cupy": 1 << 27}
-
-
-def layout_size(k: int) -> int:
-    p = k + 1
-    return p * (p + 1) // 2 + p + 6
 
 
 @dataclass
@@ -58,6 +53,10 @@ class PassTotals:
     min_margin: float
     exact_hessian: bool = True  # False: the features' block of the Hessian was formed in float32
     at: np.ndarray | None = None  # the coefficients of the pass (set by the solver)
+    # the Newton step from this pass's sums as the source computed it (the narrow kernel's last block),
+    # under the solver's rule step_rule = (free parameters, features among them, l2); None: not computed
+    newton_step: np.ndarray | None = None
+    step_rule: tuple | None = None
 
     @classmethod
     def unpack(cls, vec: np.ndarray, k: int) -> PassTotals:
@@ -150,8 +149,9 @@ def xp_pass(
         H[k, k] += r.sum()
         g[:k] += both[:, 1]
         g[k] += resid.sum()
-        margin = xp.where(live, xp.where(yc > 0, eta, -eta), np.inf)  # rows of weight 0 have none
-        scal[0] += (s * (yc * eta - (xp.maximum(eta, 0.0) + l1p))).sum()
+        signed = xp.where(yc > 0, eta, -eta)
+        margin = xp.where(live, signed, np.inf)  # rows of weight 0 have none
+        scal[0] += (s * (xp.minimum(signed, 0.0) - l1p)).sum()  # y eta - max(eta, 0) = min(signed margin, 0)
         scal[1] += s.sum()
         scal[2] += (s * yc).sum()
         scal[4] += ((margin > SATURATED_MARGIN) & live).sum()
@@ -263,117 +263,6 @@ def _row_math(xp: Any, eta: Any, single: bool) -> tuple[Any, Any, Any]:
     ef = xp.exp(-xp.abs(eta).astype(np.float32))
     one = np.float32(1.0)
     return ef.astype(np.float64), (one / (one + ef)).astype(np.float64), xp.log1p(ef).astype(np.float64)
-
-
-class KernelPass:
-    """The fused CUDA pass over one array (k <= MAX_KERNEL_FEATURES), set up once and run every pass.
-
-    An in-memory fit makes some twenty passes of well under a millisecond each over the same array,
-    so what a pass costs on the host counts (measured on an H200 host: ~10 us a launch, ~10 us a
-    copy of the result into pinned memory). The kernel, its grid, the partial sums and the result
-    buffer are made here once; a pass is one launch (the weights go as scalar arguments, the last
-    block reduces over the others) and, for a host result, a wait on the stream: the kernel writes
-    the result straight into pinned host memory mapped into the device's address space.
-    """
-
-    def __init__(self, X: Any, y: Any, sw: Any | None, ordinal: int, to_host: bool = False):
-        import cupy
-
-        from ..kernels import kernel, sm_count
-
-        n, k = X.shape
-        self.m = m = layout_size(k)
-        item = X.dtype.itemsize
-        tname = "f32" if X.dtype == np.float32 else "f64"
-        self.fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
-        self.blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(self.fn, k)))
-        self.partials = cupy.empty((self.blocks, m), dtype=np.float64)
-        self.done = cupy.zeros(1, dtype=np.uint32)  # blocks finished; the last one resets it
-        self.host: np.ndarray | None = None
-        self.out: Any = None
-        if to_host:
-            self.host, out_ptr = _mapped_result(m)
-        if self.host is None:
-            self.out = cupy.empty(m, dtype=np.float64)
-            out_ptr = self.out.data.ptr
-        has_sw = sw is not None
-        rs, cs = X.strides[0] // item, X.strides[1] // item
-        vec = vector_loads(X.dtype.itemsize, k, rs, cs, X.data.ptr)
-        self.data_args = (X, np.int64(n), np.int64(rs), np.int64(cs), y, sw if has_sw else self.partials,
-                          np.int32(has_sw), np.int32(vec))  # fmt: skip
-        self.tail_args = (self.partials, self.done, np.uint64(out_ptr))
-
-    def launch(self, cw: tuple[float, float], w: np.ndarray) -> Any:
-        """Queue the pass on the current stream; returns the device result (None when it goes to the host)."""
-        weights = [np.float64(v) for v in w]
-        weights += [np.float64(0.0)] * (9 - len(weights))
-        self.fn((self.blocks,), (_THREADS,), (*self.data_args, np.float64(cw[0]), np.float64(cw[1]), *weights,
-                                              *self.tail_args))  # fmt: skip
-        return self.out
-
-    def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
-        """One pass, waited for: the flat float64 vector on the host."""
-        out = self.launch(cw, w)
-        if self.host is None:
-            return out.get()
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
-        return self.host.copy()
-
-
-def vector_loads(itemsize: int, k: int, row_stride: int, col_stride: int, address: int) -> bool:
-    """Whether the kernel may read each row with vector loads (``vec``; ``VecWidth`` in logistic.cu):
-    rows of k contiguous values (C order, no padding) whose width is a multiple of 8 or 16 bytes, and
-    a base address aligned to that width (a slice of an array may start anywhere)."""
-    width = (
-        16
-        if (itemsize == 4 and k % 4 == 0) or (itemsize == 8 and k % 2 == 0)
-        else 8
-        if itemsize == 4 and k % 2 == 0
-        else 0
-    )
-    return bool(width) and row_stride == k and (col_stride == 1 or k == 1) and address % width == 0
-
-
-def _mapped_result(m: int) -> tuple[np.ndarray | None, int]:
-    """Pinned host memory for ``m`` float64 values and its address for kernels (None where unmapped)."""
-    import cupy
-    import cupyx
-
-    host = cupyx.empty_pinned(m, dtype=np.float64)
-    try:  # with unified addressing, pinned memory is mapped and has a device address (the same one)
-        ptr = int(cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data).devicePointer)
-    except (AttributeError, cupy.cuda.runtime.CUDARuntimeError):
-        ptr = 0
-    return (host, ptr) if ptr else (None, 0)  # unmapped: the result is copied instead
-
-
-def kernel_pass(X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray, ordinal: int) -> Any:
-    """One fused CUDA pass over one batch: a fresh device vector, not synchronised."""
-    return KernelPass(X, y, sw, ordinal).launch(cw, w)
-
-
-def uses_kernel(backend: Any, X: Any) -> bool:
-    k = X.shape[1]
-    return backend.kind == "cuda" and 1 <= k <= MAX_KERNEL_FEATURES and X.dtype in (np.float32, np.float64)
-
-
-@functools.cache
-def _resident(fn_ptr: int, fallback: int) -> int:
-    try:
-        from cupy.cuda import driver
-
-        return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fn_ptr, _THREADS, 0)))
-    except Exception:  # an older CuPy without the occupancy call: the kernel's launch bound
-        return fallback
-
-
-def _resident_blocks(fn: Any, k: int) -> int:
-    """Blocks of the pass kernel that fit on one SM at once: the grid is one full wave (each block
-    loops over rows), so no block waits for another to finish."""
-    ptr = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr  # CuPy's RawKernel wraps a Function
-    return _resident(int(ptr), 4 if k <= 4 else 3 if k <= 6 else 2)
 
 
 def batch_pass(

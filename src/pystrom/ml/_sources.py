@@ -16,17 +16,16 @@ from .._backend import Backend
 from .._settings import defaults
 from ..errors import DataError
 from ._data import Batch, locate_nonfinite, prefetch
+from ._narrow import KernelPass, uses_kernel
 from ._pass import (
     F32_LL_ATOL,
     F32_LL_RTOL,
     MAX_KERNEL_FEATURES,
-    KernelPass,
     PassTotals,
     batch_pass,
     combine,
     layout_size,
     reduced_hessians,
-    uses_kernel,
 )
 from ._staging import HostStaging
 
@@ -77,6 +76,8 @@ class Source:
         vec = self._run(w, first)
         totals = PassTotals.unpack(vec, self.n_features)
         totals.exact_hessian = self._hessian == "float64"
+        if self._step is not None:
+            totals.newton_step, totals.step_rule = self._step, self._rule
         if totals.nonfinite_rows:  # X had NaN/Inf (any such row makes eta non-finite at w = 0)
             for batch in self.batches():
                 with batch.backend.activate():
@@ -124,6 +125,13 @@ class Source:
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
         raise NotImplementedError
 
+    _step: np.ndarray | None = None  # the Newton step the last pass computed under _rule (plan_steps)
+    _rule: tuple | None = None
+
+    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float) -> None:
+        """The solver's step rule (free parameters, features among them, L2 penalty), for a source whose
+        passes compute the next Newton step themselves (:mod:`._narrow`); others ignore it."""
+
     def close(self) -> None:
         """Release what the fit held for its passes (the fit calls it when it ends, also on an error)."""
 
@@ -146,17 +154,33 @@ class ArraySource(Source):
         self.skipped = batch.skipped
         self.single_precision = batch.X.dtype == np.float32
         self._kernel: KernelPass | None = None
+        self._plan: tuple | None = None
 
     def batches(self) -> Iterable[Batch]:
         return [self.batch]
 
+    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float) -> None:
+        self._plan = (np.array(active), int(n_free_features), float(l2))
+        if self._kernel is not None:
+            self._kernel.plan(*self._plan)
+
+    def close(self) -> None:
+        if self._kernel is not None:
+            with self.backend.activate():
+                self._kernel.close()
+
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
         b = self.batch
+        self._step = None
         with self.backend.activate():
             if b.X.shape[0] and uses_kernel(self.backend, b.X):
                 if self._kernel is None:
                     self._kernel = KernelPass(b.X, b.y, b.sw, self.backend.ordinal, to_host=True)
-                return self._kernel(self.class_weight, w)
+                    if self._plan is not None:
+                        self._kernel.plan(*self._plan)
+                vec, self._step = self._kernel(self.class_weight, w)
+                self._rule = self._kernel.rule
+                return vec
             out = batch_pass(
                 self.backend, b.X, b.y, b.sw, self.class_weight, w, self._hessian, defaults.logit_chunk_rows
             )

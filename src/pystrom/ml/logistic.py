@@ -201,6 +201,7 @@ class LogisticRegression:
             source.ll_rounding,
             rule=rule,
             approximate=source.approximate_hessian(),
+            plan_steps=source.plan_steps,
         )
         res = solver.solve()
         order = list(range(k))

@@ -1,0 +1,257 @@
+"""The fused CUDA pass of a narrow fit (at most :data:`._pass.MAX_KERNEL_FEATURES` features), driven from
+the host: :class:`KernelPass` sets a launch up once, and within an in-memory fit queues the next pass
+before the solver asks for it.
+
+Speculation. An in-memory fit is some twenty passes of ~0.3 ms each (40M x 4 float32 on an H100), and
+between two of them the host used to read the result, unpack it, factor the Hessian and launch again:
+~60 us a pass in which the GPU idled (the seed fit: 8.3 ms against a floor of 4.8). Nearly every pass
+the solver asks for is a full Newton step from the pass before it (its line search takes the whole
+step, and so does each step of the separation diagnosis), so once the solver has told the source its
+step rule (:meth:`KernelPass.plan`: the free parameters and the penalty), the kernel's last block
+computes that step itself (``newton_step`` in kernels/logistic.cu) and writes the next weights to
+device memory, and every pass is followed in the stream at once by a *speculative* one that reads
+them. The host hands the solver the device's step with the pass's sums
+(:attr:`._pass.PassTotals.newton_step`); the solver, whose rule it is, forms the same weights
+w + step, and when it asks for exactly those (bit for bit) the speculative pass is its answer, already
+running or done. Any other request (a halved step, a certificate, the end of the fit) cancels it: the
+host copies its launch id to device memory (on a stream of its own, so the copy lands while the
+pass runs), which the kernel polls every few rounds of its loop and stops at, and the request is
+launched as usual. A step that fails on the device (not positive
+definite, not finite) writes a flag that makes the speculative pass return at once, and the solver
+computes the step itself, its fallbacks and warnings in one place (``_irls.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MAX_KERNEL_FEATURES",
+    "STEP_TAIL",
+    "KernelPass",
+    "kernel_pass",
+    "layout_size",
+    "uses_kernel",
+    "vector_loads",
+]
+
+MAX_KERNEL_FEATURES = 8  # the fused kernel keeps P(P+1)/2 + P + 6 float64 sums per thread in registers
+
+_THREADS = 128  # LOGIT_THREADS in logistic.cu
+_STRIDE = 9  # STEP_STRIDE in logistic.cu: the step's and the next weights' slots
+_OPT_WEIGHTS, _OPT_SAME_TOTALS = 1, 2  # `opts` bits of the kernel
+STEP_TAIL = 2 * _STRIDE + 1  # after a pass's sums: the step, the next weights, the flag (1: a step)
+
+
+def layout_size(k: int) -> int:
+    """Values in a pass's flat result for k features (the layout: ``_pass.py``'s docstring)."""
+    p = k + 1
+    return p * (p + 1) // 2 + p + 6
+
+
+class KernelPass:
+    """The fused CUDA pass over one array, set up once and run every pass (module docstring).
+
+    A pass is one launch (the weights go as scalar arguments, or for a speculative pass as the device
+    weights the pass before it wrote; the last block reduces over the others) and, for a host result,
+    a wait on its event: the kernel writes the result straight into pinned host memory mapped into the
+    device's address space (two slots: a pass and the speculative one after it).
+    """
+
+    def __init__(self, X: Any, y: Any, sw: Any | None, ordinal: int, to_host: bool = False):
+        import cupy
+
+        from ..kernels import kernel, sm_count
+
+        n, k = X.shape
+        self.k = k
+        self.m = m = layout_size(k)
+        item = X.dtype.itemsize
+        tname = "f32" if X.dtype == np.float32 else "f64"
+        self.fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
+        self.blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(self.fn, k)))
+        self.partials = cupy.empty((self.blocks, m), dtype=np.float64)
+        self.done = cupy.zeros(1, dtype=np.uint32)  # blocks finished; the last one resets it
+        self.wnext = cupy.zeros((2, _STRIDE + 1), dtype=np.float64)  # per slot: next weights, flag
+        self.slots: list[np.ndarray] = []
+        self.out: Any = None
+        self.cancel: Any = None  # device: the last launch id given up (polled by the kernel)
+        if to_host:
+            for _ in range(2):
+                host, ptr = _mapped(m + STEP_TAIL, np.float64)
+                if host is None:
+                    self.slots = []
+                    break
+                self.slots.append((host, ptr))
+        if self.slots:
+            import cupyx
+
+            self.cancel = cupy.zeros(1, dtype=np.int64)
+            self._cancel_src = cupyx.empty_pinned(1, dtype=np.int64)
+            self._side = cupy.cuda.Stream(non_blocking=True)
+        else:
+            self.out = cupy.empty(m + STEP_TAIL, dtype=np.float64)
+            self.slots = [(None, self.out.data.ptr)] * 2
+        self.cancel_ptr = 0 if self.cancel is None else self.cancel.data.ptr
+        has_sw = sw is not None
+        rs, cs = X.strides[0] // item, X.strides[1] // item
+        self.vec = np.int32(vector_loads(X.dtype.itemsize, k, rs, cs, X.data.ptr))
+        self.data_args = (X, np.int64(n), np.int64(rs), np.int64(cs), y, sw if has_sw else self.partials)
+        self.opts = _OPT_WEIGHTS if has_sw else 0
+        self.totals: tuple[float, float] | None = None  # sum s and sum s y, from the first pass (_OPT_SAME_TOTALS)
+        self._same = [False, False]  # per slot: its launch left them to the host
+        self._totals_cw: tuple[float, float] | None = None
+        self.rule: tuple | None = None  # the solver's step rule (plan)
+        self._mask = 0
+        self.launches = 0  # launch ids: 1, 2, ... (slot = id % 2)
+        self.pending: tuple | None = None  # the speculative launch: (id, event, class weights)
+        self.speculated = self.hits = 0  # speculative passes queued, and those the solver used
+
+    def plan(self, active: np.ndarray, n_free_features: int, l2: float) -> None:
+        """The solver's step rule: the free parameters (indices, intercept = k), how many of them are
+        features (they come first) and the L2 penalty. From now on every pass computes the step and
+        queues the pass at it (only with a host result in mapped memory: the host must read the
+        step, and cancel, without a copy)."""
+        if self.cancel is None:
+            return
+        self.rule = (tuple(int(j) for j in active), int(n_free_features), float(l2))
+        self._mask = sum(1 << int(j) for j in active)
+
+    def launch(self, cw: tuple[float, float], w: np.ndarray | None) -> int:
+        """Queue a pass on the current stream (``w`` None: a speculative one); its launch id."""
+        self.launches += 1
+        lid = self.launches
+        slot = lid % 2
+        if w is None:
+            weights = [np.float64(0.0)] * 9
+            wsrc = self.wnext[(lid - 1) % 2].data.ptr
+        else:
+            weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
+            wsrc = 0
+        nfree, l2 = (self.rule[1], self.rule[2]) if self.rule else (0, 0.0)
+        same = self.totals is not None and cw == self._totals_cw
+        self._same[slot] = same
+        opts = np.int32(self.opts | (_OPT_SAME_TOTALS if same else 0))
+        self.fn((self.blocks,), (_THREADS,), (*self.data_args, opts, self.vec, np.float64(cw[0]), np.float64(cw[1]),
+                *weights,
+                np.uint64(wsrc), np.uint32(self._mask), np.int32(nfree), np.float64(l2),
+                np.uint64(self.wnext[slot].data.ptr), np.uint64(self.cancel_ptr), np.int64(lid),
+                self.partials, self.done, np.uint64(self.slots[slot][1])))  # fmt: skip
+        return lid
+
+    def __call__(self, cw: tuple[float, float], w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """One pass at ``w``, waited for: the flat float64 sums on the host, and the Newton step under the
+        planned rule (None: no rule, or the step failed on the device)."""
+        import cupy
+
+        lid = self._claim(cw, w)
+        if lid is None:
+            lid = self.launch(cw, w)
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record()
+        if self.rule is not None:  # the pass the solver most likely asks for next (module docstring)
+            spec = self.launch(cw, None)
+            self.speculated += 1
+            self.pending = (spec, cw)
+        event.synchronize()
+        host = self.slots[lid % 2][0]
+        res = self.out.get() if host is None else host.copy()
+        vec, tail = res[: self.m], res[self.m :]
+        nt = (self.k + 1) * (self.k + 2) // 2 + self.k + 1  # the log-likelihood's place; sum s, sum s y after it
+        if self._same[lid % 2]:
+            vec[nt + 1], vec[nt + 2] = self.totals
+        elif vec[nt + 3] == 0:  # no non-finite eta: the totals of every later pass (logistic.cu, `opts`)
+            self.totals, self._totals_cw = (float(vec[nt + 1]), float(vec[nt + 2])), cw
+        ok = self.rule is not None and tail[2 * _STRIDE] == 1.0
+        return vec, (tail[: self.k + 1].copy() if ok else None)
+
+    def _claim(self, cw: tuple[float, float], w: np.ndarray) -> int | None:
+        """The pending speculative launch if it is the pass at ``w`` (else it is cancelled)."""
+        if self.pending is None:
+            return None
+        lid, spec_cw = self.pending
+        self.pending = None
+        before = self.slots[(lid - 1) % 2][0][self.m :]  # the pass it followed: done, its tail written
+        nxt = before[_STRIDE : _STRIDE + self.k + 1]
+        if spec_cw == cw and before[2 * _STRIDE] == 1.0 and np.array_equal(nxt, w):
+            self.hits += 1
+            return lid
+        self._cancel(lid)  # the kernel stops at its next poll; its sums are never read
+        return None
+
+    def _cancel(self, lid: int) -> None:
+        """Give up launch ``lid`` (and every earlier one): its id copied to the device beside the pass."""
+        from cupy.cuda import runtime
+
+        self._cancel_src[0] = lid
+        runtime.memcpyAsync(self.cancel_ptr, self._cancel_src.ctypes.data, 8, runtime.memcpyHostToDevice,
+                            self._side.ptr)  # fmt: skip
+
+    def close(self) -> None:
+        """Cancel a speculative pass still queued and wait for it (it writes into this object's buffers)."""
+        if self.pending is not None:
+            import cupy
+
+            self._cancel(self.pending[0])
+            self.pending = None
+            self._side.synchronize()
+            cupy.cuda.get_current_stream().synchronize()
+
+
+def vector_loads(itemsize: int, k: int, row_stride: int, col_stride: int, address: int) -> bool:
+    """Whether the kernel may read each row with vector loads (``vec``; ``VecWidth`` in logistic.cu):
+    rows of k contiguous values (C order, no padding) whose width is a multiple of 8 or 16 bytes, and
+    a base address aligned to that width (a slice of an array may start anywhere)."""
+    width = (
+        16
+        if (itemsize == 4 and k % 4 == 0) or (itemsize == 8 and k % 2 == 0)
+        else 8
+        if itemsize == 4 and k % 2 == 0
+        else 0
+    )
+    return bool(width) and row_stride == k and (col_stride == 1 or k == 1) and address % width == 0
+
+
+def _mapped(count: int, dtype: Any) -> tuple[np.ndarray | None, int]:
+    """Pinned host memory for ``count`` values and its address for kernels (None where unmapped)."""
+    import cupy
+    import cupyx
+
+    host = cupyx.empty_pinned(count, dtype=dtype)
+    try:  # with unified addressing, pinned memory is mapped and has a device address (the same one)
+        ptr = int(cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data).devicePointer)
+    except (AttributeError, cupy.cuda.runtime.CUDARuntimeError):
+        ptr = 0
+    return (host, ptr) if ptr else (None, 0)  # unmapped: the result is copied instead
+
+
+def kernel_pass(X: Any, y: Any, sw: Any | None, cw: tuple[float, float], w: np.ndarray, ordinal: int) -> Any:
+    """One fused CUDA pass over one batch: a fresh device vector of the sums, not synchronised."""
+    kp = KernelPass(X, y, sw, ordinal)
+    kp.launch(cw, w)
+    return kp.out[: kp.m]
+
+
+def uses_kernel(backend: Any, X: Any) -> bool:
+    k = X.shape[1]
+    return backend.kind == "cuda" and 1 <= k <= MAX_KERNEL_FEATURES and X.dtype in (np.float32, np.float64)
+
+
+@functools.cache
+def _resident(fn_ptr: int, fallback: int) -> int:
+    try:
+        from cupy.cuda import driver
+
+        return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fn_ptr, _THREADS, 0)))
+    except Exception:  # an older CuPy without the occupancy call: the kernel's launch bound
+        return fallback
+
+
+def _resident_blocks(fn: Any, k: int) -> int:
+    """Blocks of the pass kernel that fit on one SM at once: the grid is one full wave (each block
+    loops over rows), so no block waits for another to finish."""
+    ptr = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr  # CuPy's RawKernel wraps a Function
+    return _resident(int(ptr), 4 if k <= 4 else 3 if k <= 6 else 2)
