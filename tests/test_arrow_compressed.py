@@ -80,7 +80,12 @@ def _assert_same(got, ref: pa.Table) -> None:
         want = ref.column(name)
         if pa.types.is_dictionary(want.type):
             want = pa.chunked_array([c.dictionary_decode() for c in want.chunks], want.type.value_type)
-        assert host.column(name).combine_chunks().equals(want.combine_chunks()), name
+        got_c, want_c = host.column(name).combine_chunks(), want.combine_chunks()
+        if pa.types.is_floating(want.type) and not got_c.equals(want_c):  # a NaN (flipped bytes) equals nothing
+            same = np.array_equal(got_c.fill_null(0).to_numpy(), want_c.fill_null(0).to_numpy(), equal_nan=True)
+            assert same and got_c.is_null().equals(want_c.is_null()), name
+            continue
+        assert got_c.equals(want_c), name
 
 
 def _packed(path, columns=None) -> list[Packed]:
