@@ -7,9 +7,9 @@ stored uncompressed inside a compressed body): passed to the file reader. Offset
 pipeline of slices:
 
 1. the frames the queued reads touch (each once), in file order, cut into slices of at most
-   ``scratch_bytes`` of scratch: the compressed frames (frames at most ``_GAP`` apart in the file are
+   ``scratch_bytes`` of scratch: the compressed frames (frames at most ``GAP`` apart in the file are
    one read, the gap read and dropped) plus the outputs of the frames that are not inflated in place
-   (a larger frame makes a slice of its own);
+   (a larger frame makes a slice of its own); planned in NumPy arrays (:mod:`.inflate_plan`);
 2. a frame read whole by one queued read whose destination is contiguous and 64-byte aligned (the
    common case: a column's values in the table) is inflated in place, straight into that destination;
    any other (a part of a buffer, an unaligned destination, a buffer two reads share) is inflated into
@@ -23,9 +23,12 @@ pipeline of slices:
    while the host prepares a launch;
 4. the sizes the frames produced are checked once, after the last slice (on a GPU: one synchronisation
    per wait, not per slice): a frame whose size differs from its claim is refused with a FileFormatError
-   naming the record batch, the column and the buffer. Its destination may hold garbage then; the read
-   fails.
-5. on a GPU all of it runs on a non-blocking stream of the reader's own, after the caller's stream's
+   naming the record batch, the column and the buffer (the first such frame in file order). Its
+   destination may hold garbage then; the read fails;
+5. on a GPU, the frames of codecs the GPU would decode on the host anyway (ZSTD unless nvCOMP is enabled:
+   :func:`.inflate.staged`) skip steps 1 to 3: :mod:`.inflate_staged` reads them into host memory, decodes
+   them there into pinned staging and copies each read's bytes up, its own pipeline of slices;
+6. on a GPU all of it runs on a non-blocking stream of the reader's own, after the caller's stream's
    work and before the caller's next: CuPy's default is the legacy stream, with which every blocking
    stream synchronises, KvikIO's copies among them, so slice i + 1's reads waited for slice i's kernel
    (8 GiB LZ4 on an H100: 410 ms in the reads' waits for 7.5 GB, against 43 GB/s read uncompressed).
@@ -150,7 +153,7 @@ class InflatingReader:
 
     @contextlib.contextmanager
     def _on_side_stream(self) -> Any:
-        """On a GPU, the inflation's kernels and copies run on a stream of their own (step 5 of the
+        """On a GPU, the inflation's kernels and copies run on a stream of their own (step 6 of the
         module docstring), ordered after the caller's stream and before what it queues next."""
         if self.backend.kind == "cpu":
             yield
