@@ -5,7 +5,8 @@
 - ZSTD: the CPU codecs (a host round trip) by default; a compressed file's reader does not come here for
   them (:mod:`.inflate_staged` reads, decodes and copies them up without the round trip).
   ``PYSTROM_NVCOMP=1`` in the environment (read at each call) hands them to nVCOMP's batched decoder
-  instead (RAW bitstreams are standard zstd frames; 1 GiB of 512 KiB frames at 28 GB/s on an H100), only frames that pass
+  instead (RAW bitstreams are standard zstd frames; 1 GiB of 512 KiB frames at 28 GB/s on an H100),
+  only frames that pass
   :func:`.zstd_frames.check_zstd` on the host (one device-to-host copy of the group's frames; it reads
   headers only). That is opt-in for files one trusts: a truncated frame made nvCOMP fault
   (cudaErrorIllegalAddress, which poisons the CUDA context), and the check stops those, but on an
