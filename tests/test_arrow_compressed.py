@@ -80,7 +80,12 @@ def _assert_same(got, ref: pa.Table) -> None:
         want = ref.column(name)
         if pa.types.is_dictionary(want.type):
             want = pa.chunked_array([c.dictionary_decode() for c in want.chunks], want.type.value_type)
-        assert host.column(name).combine_chunks().equals(want.combine_chunks()), name
+        got_c, want_c = host.column(name).combine_chunks(), want.combine_chunks()
+        if pa.types.is_floating(want.type) and not got_c.equals(want_c):  # a NaN (flipped bytes) equals nothing
+            same = np.array_equal(got_c.fill_null(0).to_numpy(), want_c.fill_null(0).to_numpy(), equal_nan=True)
+            assert same and got_c.is_null().equals(want_c.is_null()), name
+            continue
+        assert got_c.equals(want_c), name
 
 
 def _packed(path, columns=None) -> list[Packed]:
@@ -139,9 +144,18 @@ def test_buffers_stored_uncompressed(tmp_path, device, codec):
                       "m": pa.array(rng.standard_normal(n), mask=rng.random(n) < 0.3)})  # fmt: skip
     path = tmp_path / "u.arrow"
     _write(path, table, codec, lengths=[3] * 100)
+    assert _store_uncompressed(path, table) > 50
+    assert len(_packed(path)) < 300 - 50
+    _assert_same(_read_quietly(path, device=device), _reference(path))
+
+
+def _store_uncompressed(path, table: pa.Table) -> int:
+    """Rewrite every frame of ``path`` (written from ``table``, binary, int64 and float64 columns) no
+    shorter than its raw bytes as stored uncompressed (prefix -1); how many."""
     raw = bytearray(path.read_bytes())
     with pa.memory_map(str(path)) as src:
-        batches = ipc.open_file(src).read_all().to_batches()
+        f = ipc.open_file(src)
+        batches = [f.get_batch(i) for i in range(f.num_record_batches)]  # read_all drops empty ones
     stored = 0
     for p in _packed(path):
         batch, k = (int(x) for x in re.match(r"record batch (\d+), .*buffer (\d+)", p.what).groups())
@@ -150,10 +164,8 @@ def test_buffers_stored_uncompressed(tmp_path, device, codec):
             raw[p.frame.offset - 8 : p.frame.offset + p.frame.size] = (
                 struct.pack("<q", -1) + plain + bytes(p.frame.size - len(plain)))  # fmt: skip
             stored += 1
-    assert stored > 50
     path.write_bytes(bytes(raw))
-    assert len(_packed(path)) < 300 - 50
-    _assert_same(_read_quietly(path, device=device), _reference(path))
+    return stored
 
 
 def _field_of(table: pa.Table, k: int) -> int:
@@ -189,17 +201,11 @@ def test_small_scratch_inflates_in_many_slices(tmp_path, device, codec, monkeypa
     table = _table(3000, True)
     path = tmp_path / "s.arrow"
     _write(path, table, codec, lengths=[250] * 12)
-    served = []
-    original = inflating.InflatingReader._inflate
-
-    def count(self, piece, src, reads):
-        served.append(len(piece.ks))
-        return original(self, piece, src, reads)
-
+    seen = _spy(monkeypatch)
     monkeypatch.setattr(inflating, "scratch_bytes", lambda backend: 1)  # every frame a slice of its own
-    monkeypatch.setattr(inflating.InflatingReader, "_inflate", count)
     _assert_same(_read_quietly(path, device=device), _reference(path))
-    assert served and max(served) == 1 and len(served) > 100
+    reader = seen[-1]
+    assert reader.slices == reader.frames_inflated > 100
 
 
 def _spy(monkeypatch) -> list:
@@ -247,7 +253,7 @@ def _plain(raw: bytes, p: Packed) -> bytes:
 
 
 @pytest.mark.parametrize("codec", CODECS)
-@pytest.mark.parametrize("scratch", [None, 1, 5000])
+@pytest.mark.parametrize("scratch", [None, 1, 100_000])
 def test_reader_in_place_partial_and_shared_reads(tmp_path, device, codec, scratch):
     from pystrom.io.arrow.ranges import RangeReader
 

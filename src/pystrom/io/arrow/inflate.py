@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from .inflate_device import _inflate_device
+from .inflate_device import _inflate_device, decodes_on_host
 from .inflate_host import inflate_host
 
-__all__ = ["Frames", "inflate", "CODECS"]
+__all__ = ["Frames", "inflate", "staged", "CODECS"]
 
 CODECS = ("lz4_frame", "zstd")  # Arrow's CompressionType: 0 = LZ4_FRAME, 1 = ZSTD
 
@@ -45,12 +45,22 @@ class Frames:
     # per frame, None or its own 1-D contiguous uint8 backend array (64-byte aligned, at least dst_sizes[i]
     # bytes): the output then starts there and dst_offsets[i] is unused
     dst_arrays: Sequence[Any] | None = None
+    # per frame the address of its own array, 0 where it has none: the caller's (who knows them already:
+    # asking 16,384 arrays again cost more than a tenth of a many-batch read's planning); None: asked here
+    dst_addresses: np.ndarray | None = None
 
     def out(self, i: int) -> Any:
         """The array frame ``i``'s output fills (``dst_sizes[i]`` bytes)."""
         own = self.dst_arrays[i] if self.dst_arrays is not None else None
         at, size = int(self.dst_offsets[i]), int(self.dst_sizes[i])
         return own[:size] if own is not None else self.dst[at : at + size]
+
+
+def staged(backend: Any, codec: str) -> bool:
+    """Whether a reader on ``backend`` has ``codec``'s frames read into host memory, decoded there and
+    copied up (:mod:`.inflate_staged`) rather than read into ``backend`` memory and decoded by
+    :func:`inflate` there: on a GPU, the codecs it would decode on the host anyway (ZSTD without nvCOMP)."""
+    return backend.kind != "cpu" and decodes_on_host(codec)
 
 
 def inflate(backend: Any, frames: Frames, wait: bool = True) -> Any:
@@ -64,6 +74,7 @@ def inflate(backend: Any, frames: Frames, wait: bool = True) -> Any:
         len(frames.dst_offsets) != n
         or len(frames.dst_sizes) != n
         or (frames.dst_arrays is not None and len(frames.dst_arrays) != n)
+        or (frames.dst_addresses is not None and len(frames.dst_addresses) != n)
     ):
         raise ValueError("src and dst describe different numbers of frames")
     _check_spans(frames.src_offsets, frames.src_sizes, int(frames.src.shape[0]), "src")
@@ -78,7 +89,11 @@ def inflate(backend: Any, frames: Frames, wait: bool = True) -> Any:
     _check_spans(frames.dst_offsets[shared], frames.dst_sizes[shared], total, "dst")
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    at = np.array([0 if own is None else backend.array_ptr(own) for own in frames.dst_arrays or [None] * n], np.int64)
+    if frames.dst_addresses is not None:
+        at = np.where(shared, 0, np.asarray(frames.dst_addresses, dtype=np.int64))
+    else:
+        owns = frames.dst_arrays or [None] * n
+        at = np.array([0 if own is None else backend.array_ptr(own) for own in owns], np.int64)
     if shared.any() and frames.dst is not None:
         at[shared] = backend.array_ptr(frames.dst) + frames.dst_offsets[shared]
     order = np.flatnonzero(frames.dst_sizes > 0)  # frames write in parallel: no two outputs may overlap

@@ -2,9 +2,11 @@
 
 - LZ4_FRAME: :file:`kernels/lz4.cu`, one warp per frame. nvCOMP's LZ4 decodes independent raw
   blocks, and Arrow's writer links the blocks of a frame (LZ4F's default), so nvCOMP cannot take them.
-- ZSTD: the CPU codecs (a host round trip) by default. ``PYSTROM_NVCOMP=1`` in the environment (read
-  at each call) hands them to nVCOMP's batched decoder instead (RAW bitstreams are standard zstd
-  frames; 1 GiB of 512 KiB frames at 28 GB/s on an H100), only frames that pass
+- ZSTD: the CPU codecs (a host round trip) by default; a compressed file's reader does not come here for
+  them (:mod:`.inflate_staged` reads, decodes and copies them up without the round trip).
+  ``PYSTROM_NVCOMP=1`` in the environment (read at each call) hands them to nVCOMP's batched decoder
+  instead (RAW bitstreams are standard zstd frames; 1 GiB of 512 KiB frames at 28 GB/s on an H100),
+  only frames that pass
   :func:`.zstd_frames.check_zstd` on the host (one device-to-host copy of the group's frames; it reads
   headers only). That is opt-in for files one trusts: a truncated frame made nvCOMP fault
   (cudaErrorIllegalAddress, which poisons the CUDA context), and the check stops those, but on an
@@ -33,7 +35,7 @@ from ...kernels import launch
 from .inflate_host import inflate_host
 from .zstd_frames import check_zstd
 
-__all__ = ["_inflate_device", "nvcomp_available"]
+__all__ = ["_inflate_device", "decodes_on_host", "nvcomp_available"]
 
 
 def _nvcomp_zstd() -> bool:
@@ -52,6 +54,11 @@ def _nvcomp() -> Any:
 
 def nvcomp_available() -> bool:
     return _nvcomp() is not None
+
+
+def decodes_on_host(codec: str) -> bool:
+    """Whether a GPU leaves ``codec``'s frames to the CPU codecs: ZSTD unless nvCOMP is enabled and loads."""
+    return codec == "zstd" and not (_nvcomp_zstd() and nvcomp_available())
 
 
 def _inflate_device(backend: Any, frames: Any, addresses: np.ndarray, wait: bool = True) -> Any:
@@ -137,7 +144,7 @@ def _on_host(backend: Any, frames: Any, which: np.ndarray) -> np.ndarray:
     new_dst = np.concatenate([[0], np.cumsum((dst_len + 63) // 64 * 64)[:-1]]).astype(np.int64)
     dst = np.empty(int(new_dst[-1] + dst_len[-1]) if len(which) else 0, dtype=np.uint8)
     host = dataclasses.replace(frames, src=src, src_offsets=new_src, src_sizes=src_len, dst=dst,
-                               dst_offsets=new_dst, dst_sizes=dst_len, dst_arrays=None)  # fmt: skip
+                               dst_offsets=new_dst, dst_sizes=dst_len, dst_arrays=None, dst_addresses=None)  # fmt: skip
     produced = inflate_host(host)
     for k, i in enumerate(which.tolist()):
         if produced[k] > 0:

@@ -7,9 +7,9 @@ stored uncompressed inside a compressed body): passed to the file reader. Offset
 pipeline of slices:
 
 1. the frames the queued reads touch (each once), in file order, cut into slices of at most
-   ``scratch_bytes`` of scratch: the compressed frames (frames at most ``_GAP`` apart in the file are
+   ``scratch_bytes`` of scratch: the compressed frames (frames at most ``GAP`` apart in the file are
    one read, the gap read and dropped) plus the outputs of the frames that are not inflated in place
-   (a larger frame makes a slice of its own);
+   (a larger frame makes a slice of its own); planned in NumPy arrays (:mod:`.inflate_plan`);
 2. a frame read whole by one queued read whose destination is contiguous and 64-byte aligned (the
    common case: a column's values in the table) is inflated in place, straight into that destination;
    any other (a part of a buffer, an unaligned destination, a buffer two reads share) is inflated into
@@ -23,9 +23,12 @@ pipeline of slices:
    while the host prepares a launch;
 4. the sizes the frames produced are checked once, after the last slice (on a GPU: one synchronisation
    per wait, not per slice): a frame whose size differs from its claim is refused with a FileFormatError
-   naming the record batch, the column and the buffer. Its destination may hold garbage then; the read
-   fails.
-5. on a GPU all of it runs on a non-blocking stream of the reader's own, after the caller's stream's
+   naming the record batch, the column and the buffer (the first such frame in file order). Its
+   destination may hold garbage then; the read fails;
+5. on a GPU, the frames of codecs the GPU would decode on the host anyway (ZSTD unless nvCOMP is enabled:
+   :func:`.inflate.staged`) skip steps 1 to 3: :mod:`.inflate_staged` reads them into host memory, decodes
+   them there into pinned staging and copies each read's bytes up, its own pipeline of slices;
+6. on a GPU all of it runs on a non-blocking stream of the reader's own, after the caller's stream's
    work and before the caller's next: CuPy's default is the legacy stream, with which every blocking
    stream synchronises, KvikIO's copies among them, so slice i + 1's reads waited for slice i's kernel
    (8 GiB LZ4 on an H100: 410 ms in the reads' waits for 7.5 GB, against 43 GB/s read uncompressed).
@@ -48,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,13 +58,13 @@ import numpy as np
 from ..._backend import stream_group_bytes
 from ...errors import FileFormatError
 from .file import PACKED_BASE, BatchLayout, Packed
-from .inflate import Frames, inflate
+from .inflate import CODECS, Frames, inflate, staged
+from .inflate_plan import Catalog, Needed, Reads, Slice, cut, frames_of, gather, up
+from .inflate_staged import StagedInflater
 from .zstd_frames import check_zstd, zstd_reason
 
 __all__ = ["InflatingReader", "packed_buffers", "scratch_bytes"]
 
-_ALIGN = 64
-_GAP = 64 << 10  # file bytes between two frames read and dropped rather than a read of their own
 _DEPTH = 3  # src arrays: slice i + 1 is read into the one slice i - 2 was inflated from (module docstring)
 
 
@@ -84,20 +86,6 @@ def packed_buffers(batches: Sequence[BatchLayout]) -> list[Packed]:
     return [found[k] for k in sorted(found)]
 
 
-def _up(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
-@dataclass
-class _Slice:
-    ks: list[int] = field(default_factory=list)  # the packed buffers, in file order
-    runs: list[tuple[int, int, int]] = field(default_factory=list)  # (file offset, size, place in src): a read
-    src_at: list[int] = field(default_factory=list)  # each frame's place in src
-    dst_at: list[int] = field(default_factory=list)  # each frame's place in the scratch dst; -1: in place
-    src_bytes: int = 0
-    dst_bytes: int = 0
-
-
 class InflatingReader:
     """:class:`.ranges.RangeReader`'s interface over ``reader`` (the file's), serving ``packed``."""
 
@@ -105,18 +93,26 @@ class InflatingReader:
         self._reader = reader
         self.backend = reader.backend
         self.path = reader.path
-        self._packed = list(packed)
-        self._starts = np.array([p.offset for p in self._packed], dtype=np.int64)
+        self._packed = sorted(packed, key=lambda p: p.offset)
+        self._catalog = Catalog.of(self._packed)
         self._scratch = scratch_bytes(self.backend) if scratch is None else scratch
         self._queued: list[tuple[int, int, Any]] = []
         self._side: Any = None  # the GPU stream inflation runs on (_on_side_stream)
+        self._staged = StagedInflater(self.path, self.backend, self._scratch, self._report)
         self.frames_inflated = 0  # frames decompressed so far (one frame twice if read in two waits)
         self.frames_in_place = 0  # of which straight into their read's destination
         self.slices = 0  # slices served so far
 
     @property
     def bytes_read(self) -> int:
-        return self._reader.bytes_read
+        return self._reader.bytes_read + self._staged.bytes_read
+
+    def _report(self, staged_bytes: int) -> None:
+        """Progress of the host reads of :mod:`.inflate_staged`, with the file reader's (a reporter drops
+        totals lower than the last: the file reader's own reports then wait for the host reads' count)."""
+        progress = getattr(self._reader, "progress", None)
+        if progress is not None:
+            progress(self._reader.bytes_read + staged_bytes)
 
     def read(self, offset: int, size: int, dst: Any) -> None:
         if size <= 0:
@@ -131,20 +127,23 @@ class InflatingReader:
         self._reader.wait()
         if not queued:
             return
-        at = np.array([q[0] for q in queued], dtype=np.int64)
-        which = np.searchsorted(self._starts, at, side="right") - 1
-        for (offset, size, _), k in zip(queued, which.tolist()):
-            p = self._packed[k] if k >= 0 else None
-            if p is None or offset + size > p.offset + p.size:  # the layouts' checks make this a bug
-                raise FileFormatError(f"{self.path!r}: a read of {size} bytes past a compressed buffer's end")
-        needed = sorted(set(which.tolist()), key=lambda k: self._packed[k].frame.offset)
-        reads: dict[int, list[tuple[int, int, Any]]] = {}
-        for (offset, size, dst), k in zip(queued, which.tolist()):
-            reads.setdefault(k, []).append((offset - self._packed[k].offset, size, dst))
-        slices = self._slices(needed, reads)
+        catalog = self._catalog
+        reads = gather(queued, catalog, self.backend, self.path)
+        needed = frames_of(reads, catalog)
+        host_codecs = np.array([staged(self.backend, c) for c in CODECS])  # per wait: PYSTROM_NVCOMP may change
+        on_host = host_codecs[catalog.codec[needed.k]]
+        self.frames_inflated += len(needed)
+        self.frames_in_place += int(needed.in_place.sum())
         try:
             with self._on_side_stream():
-                self._check(self._pipeline(slices, reads))
+                done = []
+                if not on_host.all():
+                    done += self._pipeline(reads, needed.take(~on_host))
+                if on_host.any():
+                    before = self._staged.slices
+                    done += self._staged.run(catalog, reads, needed.take(on_host))
+                    self.slices += self._staged.slices - before
+                self._check(done)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._reader.wait()  # no read may outlive the scratch it writes into
@@ -154,7 +153,7 @@ class InflatingReader:
 
     @contextlib.contextmanager
     def _on_side_stream(self) -> Any:
-        """On a GPU, the inflation's kernels and copies run on a stream of their own (step 5 of the
+        """On a GPU, the inflation's kernels and copies run on a stream of their own (step 6 of the
         module docstring), ordered after the caller's stream and before what it queues next."""
         if self.backend.kind == "cpu":
             yield
@@ -170,46 +169,12 @@ class InflatingReader:
         finally:
             caller.wait_event(self._side.record())
 
-    def _in_place(self, p: Packed, reads: list[tuple[int, int, Any]]) -> Any:
-        """The destination ``p``'s frame is inflated into, or None (step 2 of the module docstring)."""
-        if len(reads) != 1 or reads[0][0] != 0 or reads[0][1] != p.size:
-            return None
-        dst = reads[0][2]
-        if getattr(dst, "ndim", 0) != 1 or dst.dtype != np.uint8 or not dst.flags.c_contiguous:
-            return None
-        if dst.shape[0] < p.size or self.backend.array_ptr(dst) % _ALIGN:
-            return None
-        return dst
-
-    def _slices(self, needed: list[int], reads: dict[int, list[tuple[int, int, Any]]]) -> list[_Slice]:
-        """Step 1 of the module docstring."""
-        out: list[_Slice] = []
-        end = -1  # file offset where the last run ends
-        for k in needed:
-            p = self._packed[k]
-            start, n = p.frame.offset, p.frame.size
-            whole = self._in_place(p, reads[k]) is not None
-            cost = 0 if whole else _up(p.size)
-            s = out[-1] if out else None
-            joins = s is not None and 0 <= start - end <= _GAP
-            src_end = s.src_bytes + start - end + n if joins else _up(s.src_bytes if s else 0) + n
-            if s is None or (s.ks and src_end + s.dst_bytes + cost > self._scratch):
-                s, joins, src_end = _Slice(), False, n
-                out.append(s)
-            if joins:
-                offset, _, at = s.runs[-1]
-                s.runs[-1] = (offset, start + n - offset, at)
-            else:
-                s.runs.append((start, n, src_end - n))
-            s.src_at.append(src_end - n)
-            s.src_bytes, end = src_end, start + n
-            s.dst_at.append(-1 if whole else s.dst_bytes)
-            s.dst_bytes += cost
-            s.ks.append(k)
-        return out
-
-    def _pipeline(self, slices: list[_Slice], reads: dict[int, list[tuple[int, int, Any]]]) -> list[tuple]:
-        """Steps 2 and 3: every slice read and inflated; its (slice, [(frames, produced sizes)]) per slice."""
+    def _pipeline(self, reads: Reads, needed: Needed) -> list[tuple]:
+        """Steps 1 to 3: every slice read and inflated; [(catalog indices, produced sizes)] per slice and codec."""
+        catalog = self._catalog
+        sizes = catalog.size[needed.k]
+        dst_cost = np.where(needed.in_place, 0, up(sizes))
+        slices = cut(catalog.frame_offset[needed.k], catalog.frame_size[needed.k], dst_cost, self._scratch)
         xp, depth = self.backend.xp, min(_DEPTH, len(slices))
         srcs = [xp.empty(max([1, *(s.src_bytes for s in slices[j::depth])]), dtype=np.uint8) for j in range(depth)]
         read_by: list[Any] = [None] * depth  # per src array: the event after the inflation that read it (GPU)
@@ -222,57 +187,61 @@ class InflatingReader:
                 if read_by[k] is not None:
                     read_by[k].synchronize()  # slice j + 1 - depth's kernel: long done, slice j - 1's may run on
                 ticket = self._issue(slices[j + 1], srcs[k])
-            done.append((s, self._inflate(s, srcs[j % depth], reads)))
+            done += self._inflate(s, srcs[j % depth], reads, needed)
             if self.backend.kind != "cpu":
                 read_by[j % depth] = xp.cuda.Event(disable_timing=True)
                 read_by[j % depth].record()
         return done
 
-    def _issue(self, s: _Slice, src: Any) -> int:
-        for offset, size, at in s.runs:
+    def _issue(self, s: Slice, src: Any) -> int:
+        for offset, size, at in s.runs.tolist():
             self._reader.read(offset, size, src[at : at + size])
         return self._reader.submit()
 
-    def _inflate(self, s: _Slice, src: Any, reads: dict[int, list[tuple[int, int, Any]]]) -> list[tuple]:
+    def _inflate(self, s: Slice, src: Any, reads: Reads, needed: Needed) -> list[tuple]:
         """One slice's frames inflated, its partial reads copied out of the scratch dst (queued behind)."""
-        packed = [self._packed[k] for k in s.ks]
+        catalog = self._catalog
+        ks = needed.k[s.lo : s.hi]
+        in_place = needed.in_place[s.lo : s.hi]
+        first = needed.first()[s.lo : s.hi]
         dst = self.backend.xp.empty(s.dst_bytes, dtype=np.uint8) if s.dst_bytes else None
-        src_at, dst_at = np.array(s.src_at, dtype=np.int64), np.array(s.dst_at, dtype=np.int64)
-        src_sizes = np.array([p.frame.size for p in packed], dtype=np.int64)
-        dst_sizes = np.array([p.size for p in packed], dtype=np.int64)
-        own = [reads[k][0][2] if at < 0 else None for k, at in zip(s.ks, s.dst_at)]
-        codecs = np.array([p.codec for p in packed])
+        dsts = reads.dsts
+        own = [dsts[r] if whole else None for r, whole in zip(first.tolist(), in_place.tolist())]
+        addresses = np.where(in_place, reads.ptr[first], 0)
+        codecs = catalog.codec[ks]
         parts = []
-        for codec in sorted(set(codecs.tolist())):
-            mine = np.flatnonzero(codecs == codec)
-            frames = Frames(codec, src, src_at[mine], src_sizes[mine], dst, np.maximum(dst_at[mine], 0),
-                            dst_sizes[mine], [own[i] for i in mine])  # fmt: skip
-            parts.append((mine, inflate(self.backend, frames, wait=False)))
-            self.frames_inflated += len(mine)
-        self.frames_in_place += sum(o is not None for o in own)
+        for c in np.unique(codecs).tolist():
+            mine = np.flatnonzero(codecs == c)
+            frames = Frames(CODECS[c], src, s.src_at[mine], catalog.frame_size[ks[mine]], dst,
+                            np.maximum(s.dst_at[mine], 0), catalog.size[ks[mine]], [own[i] for i in mine],
+                            addresses[mine])  # fmt: skip
+            parts.append((ks[mine], inflate(self.backend, frames, wait=False)))
         self.slices += 1
-        for k, at in zip(s.ks, s.dst_at):
-            if at >= 0:
-                for rel, size, out in reads[k]:
-                    out[:size] = dst[at + rel : at + rel + size]
+        idx, of = needed.reads(np.flatnonzero(~in_place) + s.lo)
+        at = s.dst_at[of - s.lo]
+        for r, a, rel, size in zip(idx.tolist(), at.tolist(), reads.rel[idx].tolist(), reads.size[idx].tolist()):
+            dsts[r][:size] = dst[a + rel : a + rel + size]
         return parts
 
     def _check(self, done: list[tuple]) -> None:
-        """Step 4: the first frame (slice by slice, codec by codec) whose size differs from its claim is refused."""
-        for s, parts in done:
-            packed = [self._packed[k] for k in s.ks]
-            for mine, produced in parts:
-                got = produced if isinstance(produced, np.ndarray) else produced.get()  # the GPU's one wait
-                wrong = np.flatnonzero(got != np.array([packed[i].size for i in mine]))
-                if len(wrong):
-                    p = packed[int(mine[wrong[0]])]
-                    n = int(got[wrong[0]])
-                    why = "its frame is corrupt" if n < 0 else f"its frame decompresses to {n:,} bytes"
-                    if n < 0 and p.codec == "zstd":
-                        why += self._zstd_why(p)
-                    raise FileFormatError(
-                        f"{self.path!r}: {p.what}: {why}, its length prefix claims {p.size:,} ({p.codec}; corrupt file)"
-                    )
+        """Step 4: the first frame in file order whose size differs from its claim is refused."""
+        if not done:
+            return
+        catalog = self._catalog
+        ks = np.concatenate([k for k, _ in done])
+        # on a GPU, LZ4's counts are on the device: this is the wait's one synchronisation per slice
+        got = np.concatenate([p if isinstance(p, np.ndarray) else p.get() for _, p in done])
+        wrong = np.flatnonzero(got != catalog.size[ks])
+        if not len(wrong):
+            return
+        i = int(wrong[np.argmin(catalog.frame_offset[ks[wrong]])])
+        p, n = self._packed[int(ks[i])], int(got[i])
+        why = "its frame is corrupt" if n < 0 else f"its frame decompresses to {n:,} bytes"
+        if n < 0 and p.codec == "zstd":
+            why += self._zstd_why(p)
+        raise FileFormatError(
+            f"{self.path!r}: {p.what}: {why}, its length prefix claims {p.size:,} ({p.codec}; corrupt file)"
+        )
 
     def _zstd_why(self, p: Packed) -> str:
         """The structural fault of a refused ZSTD frame, if it has one (its bytes read again on the host:

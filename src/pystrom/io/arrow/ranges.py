@@ -120,6 +120,11 @@ class RangeReader:
             self._fd = os.open(path, os.O_RDONLY)
             self._queue: collections.deque = collections.deque()  # reads not started yet (CPU)
 
+    @property
+    def progress(self) -> Any:
+        """The callable given reads' progress (None: none), for readers layered on this one."""
+        return self._progress
+
     def read(self, offset: int, size: int, dst: Any) -> None:
         """Read ``size`` bytes at file ``offset`` into the contiguous uint8 array ``dst``."""
         if size <= 0:
