@@ -30,7 +30,6 @@ static Dim3 threadIdx = {0, 0, 0};
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __noinline__
 #define __shared__ static
 #define __restrict__
 #define __launch_bounds__(threads, blocks)
@@ -50,24 +49,32 @@ struct double2 { double x, y; };
 DRIVER = r"""
 #define DRIVE(TNAME, T, K)                                                                                   \
   extern "C" void drive_##TNAME##_k##K(const T* X, long long n, long long rs, long long cs,                 \
-                                       const unsigned char* y, const double* sw, int has_sw, int vec,      \
+                                       const unsigned char* y, const double* sw, int opts, int vec,        \
                                        double cw0,                                                         \
                                        double cw1, const double* w, double* partials, int blocks,          \
                                        double* out, unsigned* done_after, const double* wsrc,              \
-                                       unsigned mask, int nfree, double l2, double* wnext) {                \
+                                       double* sums) {                                                      \
     double v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};                                                             \
     for (int j = 0; j <= K; ++j) v[j] = w[j];                                                               \
     gridDim.x = blocks;                                                                                     \
     unsigned done = 0;                                                                                      \
     for (unsigned b = 0; b < (unsigned)blocks; ++b) {                                                       \
       blockIdx.x = b;                                                                                       \
-      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4],   \
-                                v[5], v[6], v[7], v[8], wsrc, mask, nfree, l2, wnext, nullptr, 0,           \
-                                partials, &done, out);                                                      \
+      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, opts, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4],     \
+                                v[5], v[6], v[7], v[8], wsrc, sums, partials, &done, out);                  \
     }                                                                                                       \
     *done_after = done;                                                                                     \
   }
-#define DRIVE_BOTH(K) DRIVE(f32, float, K) DRIVE(f64, double, K)
+#define STEP(K)                                                                                             \
+  extern "C" void step_k##K(const double* sums, const double* w, const double* wsrc, unsigned mask,         \
+                            int nfree, double l2, double* tail, double* wnext) {                            \
+    double v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};                                                             \
+    for (int j = 0; j <= K; ++j) v[j] = w[j];                                                               \
+    blockIdx.x = 0;                                                                                         \
+    logit_step_k##K(sums, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], wsrc, mask, nfree, l2,      \
+                    tail, wnext);                                                                           \
+  }
+#define DRIVE_BOTH(K) DRIVE(f32, float, K) DRIVE(f64, double, K) STEP(K)
 DRIVE_BOTH(1) DRIVE_BOTH(2) DRIVE_BOTH(3) DRIVE_BOTH(4) DRIVE_BOTH(5) DRIVE_BOTH(6) DRIVE_BOTH(7) DRIVE_BOTH(8)
 """
 
@@ -117,25 +124,33 @@ TAIL = 19  # after the M sums: the step (9), the next weights (9), the flag (new
 
 
 def drive(emulated, X, y, sw, cw, w, blocks, wsrc=None, mask=0, nfree=0, l2=0.0, same_totals=False):
-    """One emulated launch; (the M sums and the tail, the device weights it wrote, the done counter)."""
+    """One emulated pass, and with a step rule (``mask``) the step kernel after it, as KernelPass
+    launches them; (the M sums and the tail, the device weights the step wrote, the done counter)."""
     n, k = X.shape
     tname = "f32" if X.dtype == np.float32 else "f64"
     m = layout_size(k)
     partials = np.full((blocks, m), np.nan)  # poisoned: every value must be written
     out = np.full(m + TAIL, np.nan)
+    sums = np.full(m, np.nan)
     wnext = np.full(10, np.nan)
     done = ctypes.c_uint(12345)
     item = X.dtype.itemsize
     rs, cs = X.strides[0] // item, X.strides[1] // item
     vec = vector_loads(item, k, rs, cs, X.ctypes.data)
     swa = sw if sw is not None else w
+    wp = P_(None if wsrc is None else wsrc.ctypes.data)
     getattr(emulated, f"drive_{tname}_k{k}")(
         P_(X.ctypes.data), I64(n), I64(rs), I64(cs), P_(y.ctypes.data), P_(swa.ctypes.data),
-        ctypes.c_int(int(sw is not None) | (2 if same_totals else 0)), ctypes.c_int(int(vec)), F64(cw[0]), F64(cw[1]),
-        P_(w.ctypes.data), P_(partials.ctypes.data), ctypes.c_int(blocks), P_(out.ctypes.data),
-        ctypes.byref(done), P_(None if wsrc is None else wsrc.ctypes.data), ctypes.c_uint(mask), ctypes.c_int(nfree),
-        F64(l2), P_(wnext.ctypes.data),
+        ctypes.c_int(int(sw is not None) | (2 if same_totals else 0)), ctypes.c_int(int(vec)), F64(cw[0]),
+        F64(cw[1]), P_(w.ctypes.data), P_(partials.ctypes.data), ctypes.c_int(blocks), P_(out.ctypes.data),
+        ctypes.byref(done), wp, P_(sums.ctypes.data if mask else None),
     )  # fmt: skip
+    if mask:
+        getattr(emulated, f"step_k{k}")(
+            P_(sums.ctypes.data), P_(w.ctypes.data), wp, ctypes.c_uint(mask), ctypes.c_int(nfree), F64(l2),
+            P_(out[m:].ctypes.data), P_(wnext.ctypes.data),
+        )  # fmt: skip
+        assert np.array_equal(sums, out[:m], equal_nan=True), "the step reads the very sums the pass wrote"
     return out, wnext, done.value
 
 
@@ -217,5 +232,6 @@ def test_newton_step_is_the_solvers(emulated, penalised):
             zero = np.zeros(n, dtype=np.float64)
             bad, bad_next, _ = drive(emulated, X, y, zero, (1.0, 1.0), w, 2, mask=mask, nfree=nf, l2=0.0)
             assert bad[m + 18] == 0.0 and bad_next[9] == 0.0, what
-            skipped, _, done = drive(emulated, X, y, None, (1.0, 1.0), w, 2, wsrc=bad_next)
-            assert np.isnan(skipped).all() and done == 0, "a speculative pass after a failed step does nothing"
+            skipped, after, done = drive(emulated, X, y, None, (1.0, 1.0), w, 2, wsrc=bad_next, mask=mask, nfree=nf)
+            assert np.isnan(skipped[:m]).all() and done == 0, "a speculative pass after a failed step does nothing"
+            assert skipped[m + 18] == 0.0 and after[9] == 0.0, "...and neither does the step after it"

@@ -175,29 +175,11 @@ __device__ void block_reduce(const double (&acc)[NS], double min_margin, double 
   }
 }
 
-// How a pass takes part in speculation (KernelPass in ml/_pass.py; all zero: it does not).
-// wsrc: device weights (STEP_STRIDE values and a flag) to use instead of the scalar ones;
-// mask, nfree, l2, wnext: the step rule (newton_step), 0 mask for none; cancel: device memory holding
-// the id of the last launch the host gave up (the host copies it there on a stream of its own while
-// this runs), polled every CANCEL_POLL rounds, and launch_id this launch's (ids grow, so a stale cancel
-// never stops a later launch). Polling mapped host memory instead cost 20 ms a pass: the reads of
-// thousands of warps over PCIe.
-#ifndef CANCEL_POLL
-#define CANCEL_POLL 32
-#endif
-struct Speculation {
-  const double* wsrc;
-  unsigned mask;
-  int nfree;
-  double l2;
-  double* wnext;
-  const volatile long long* cancel;
-  long long launch_id;
-};
-
-// The solver's next Newton step, computed from this pass's sums by the last block (one thread), so the
-// pass the solver most likely asks for next (a full step: ml/_irls.py line_search with scale 1) can be
-// queued before the host has seen this one (KernelPass in ml/_pass.py: the speculative pass).
+// The solver's next Newton step, computed from a pass's sums on the device (logit_step_k<K>, one thread,
+// launched after the pass), so the pass the solver most likely asks for next (a full step: ml/_irls.py
+// line_search with scale 1) can be queued before the host has seen this one (KernelPass in
+// ml/_narrow.py: the speculative pass). A kernel of its own: inside the pass's last block (and the pass's
+// polling for a cancellation) it cost the pass's main loop registers, 314 -> 353 us (H100, 40M x 4).
 // The rule is the solver's (IRLSSolver.newton_direction): the free parameters are the bits of `mask`
 // (features, then the intercept at K, in that order), the first `nfree` of them features penalised by
 // `l2` (g -= l2 w, H += l2 I), H~ = L L^T by Cholesky in float64, step = H~^-1 g over them, 0 elsewhere.
@@ -212,11 +194,8 @@ struct Weights {
   double v[STEP_STRIDE];
 };
 
-// Not inlined, the weights by value: its arrays are indexed at run time (local memory), and inlined
-// (or handed the pass's own weights by address) they took the pass's registers with them: the
-// weights of every row's dot product moved to local memory, 311 -> 688 us a pass (H100, 40M x 4).
 template <int K>
-__device__ __noinline__ void newton_step(const double* __restrict__ sums, const Weights wt, unsigned mask, int nfree,
+__device__ void newton_step(const double* __restrict__ sums, const Weights wt, unsigned mask, int nfree,
                                          double l2, double* __restrict__ tail, double* __restrict__ wnext) {
   constexpr int P = K + 1, NT = P * (P + 1) / 2;
   const double* w = wt.v;
@@ -283,16 +262,16 @@ __device__ __noinline__ void newton_step(const double* __restrict__ sums, const 
 template <typename T, int K>
 __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
                            const unsigned char* __restrict__ y, const double* __restrict__ sw, int opts,
-                           int vec, double cw0, double cw1, const double (&w)[9], const Speculation& sp,
-                           double* __restrict__ partials, unsigned int* __restrict__ done,
+                           int vec, double cw0, double cw1, const double (&w)[9], const double* __restrict__ wsrc,
+                           double* __restrict__ sums, double* __restrict__ partials, unsigned int* __restrict__ done,
                            double* __restrict__ out) {
   using L = Layout<K>;
   constexpr int P = L::P, NT = L::NT, NS = L::NS, M = L::M;
   double wv[P];
-  if (sp.wsrc) {  // a speculative pass: the weights the pass before it computed (newton_step)
-    if (sp.wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
+  if (wsrc) {  // a speculative pass: the weights the step after the pass before it computed (newton_step)
+    if (wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
 #pragma unroll
-    for (int j = 0; j < P; ++j) wv[j] = sp.wsrc[j];
+    for (int j = 0; j < P; ++j) wv[j] = wsrc[j];
   } else {
 #pragma unroll
     for (int j = 0; j < P; ++j) wv[j] = w[j];
@@ -370,13 +349,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   unsigned char yv[R_ROWS];
   double sv[R_ROWS];
   if (first < n) load(first, xv, yv, sv);
-  long long cancelled_upto = 0;  // sp.cancel as read CANCEL_POLL rounds ago (the load's latency stays hidden)
-  int rounds = 0;
   for (long long base = first; base < n; base += stride * R_ROWS) {
-    if (sp.cancel && (++rounds & (CANCEL_POLL - 1)) == 0) {
-      if (cancelled_upto >= sp.launch_id) break;  // the host no longer wants this pass: its sums are unused
-      cancelled_upto = *sp.cancel;
-    }
     T xn[R_ROWS][K];
     unsigned char yn[R_ROWS];
     double sn[R_ROWS];
@@ -392,13 +365,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     }
   }
 #else
-  long long cancelled_upto = 0;
-  int rounds = 0;
   for (long long base = first; base < n; base += stride * R_ROWS) {
-    if (sp.cancel && (++rounds & (CANCEL_POLL - 1)) == 0) {
-      if (cancelled_upto >= sp.launch_id) break;
-      cancelled_upto = *sp.cancel;
-    }
     T xv[R_ROWS][K];
     unsigned char yv[R_ROWS];
     double sv[R_ROWS];
@@ -427,18 +394,8 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       for (int j = 0; j < NS; ++j) acc[j] += __ldcg(row + j);  // written by other SMs: read from L2
       min_margin = fmin(min_margin, __ldcg(row + NS));
     }
-    __shared__ double sums[M];
-    block_reduce<NS>(acc, min_margin, shared, out, sums);
+    block_reduce<NS>(acc, min_margin, shared, out, sums);  // sums: a copy in device memory for the step
     if (threadIdx.x == 0) *done = 0u;  // ready for the next launch (launches are stream-ordered)
-    if (sp.mask) {
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        Weights wt;
-#pragma unroll
-        for (int j = 0; j < STEP_STRIDE; ++j) wt.v[j] = j < P ? wv[j < P ? j : 0] : 0.0;
-        newton_step<K>(sums, wt, sp.mask, sp.nfree, sp.l2, out + M, sp.wnext);
-      }
-    }
   }
 }
 
@@ -458,17 +415,36 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
       const double* __restrict__ sw, int opts, int vec, double cw0, double cw1, double w0, double w1,    \
       double w2, double w3, double w4, double w5, double w6, double w7, double w8,                         \
-      const double* __restrict__ wsrc, unsigned mask, int nfree, double l2, double* __restrict__ wnext,     \
-      const volatile long long* cancel, long long launch_id, double* __restrict__ partials,                 \
+      const double* __restrict__ wsrc, double* __restrict__ sums, double* __restrict__ partials,           \
       unsigned int* __restrict__ done, double* __restrict__ out) {                                          \
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
-    const Speculation sp = {wsrc, mask, nfree, l2, wnext, cancel, launch_id};                              \
-    logit_pass<T, K>(X, n, rs, cs, y, sw, opts, vec, cw0, cw1, w, sp, partials, done, out);              \
+    logit_pass<T, K>(X, n, rs, cs, y, sw, opts, vec, cw0, cw1, w, wsrc, sums, partials, done, out);        \
+  }
+
+// The step after a pass (newton_step): `sums` its M sums, the weights it used (scalars, or wsrc when it
+// was speculative: flag 0 there means it did not run, and neither does this step), the rule, and where
+// the step goes: `tail` (mapped host memory, after the pass's M sums) and `wnext` (device).
+#define LOGIT_STEP(K)                                                                                       \
+  extern "C" __global__ void logit_step_k##K(                                                               \
+      const double* __restrict__ sums, double w0, double w1, double w2, double w3, double w4, double w5,    \
+      double w6, double w7, double w8, const double* __restrict__ wsrc, unsigned mask, int nfree, double l2, \
+      double* __restrict__ tail, double* __restrict__ wnext) {                                              \
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;                                                        \
+    if (wsrc && wsrc[STEP_STRIDE] == 0.0) {                                                                 \
+      tail[2 * STEP_STRIDE] = 0.0;                                                                          \
+      wnext[STEP_STRIDE] = 0.0;                                                                             \
+      return;                                                                                               \
+    }                                                                                                       \
+    Weights wt = {{w0, w1, w2, w3, w4, w5, w6, w7, w8}};                                                    \
+    if (wsrc)                                                                                               \
+      for (int j = 0; j < STEP_STRIDE; ++j) wt.v[j] = wsrc[j];                                              \
+    newton_step<K>(sums, wt, mask, nfree, l2, tail, wnext);                                                 \
   }
 
 #define LOGIT_PASS_BOTH(K)        \
   LOGIT_PASS(f32, float, K)       \
-  LOGIT_PASS(f64, double, K)
+  LOGIT_PASS(f64, double, K)      \
+  LOGIT_STEP(K)
 
 LOGIT_PASS_BOTH(1)
 LOGIT_PASS_BOTH(2)

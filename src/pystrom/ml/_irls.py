@@ -138,7 +138,7 @@ class IRLSSolver:
         ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
         rule: str = "pystrom",
         approximate: float | tuple[float, ...] = 0.0,
-        plan_steps: Callable[[np.ndarray, int, float], None] | None = None,
+        plan_steps: Callable[[np.ndarray, int, float, bool], None] | None = None,
     ):
         if rule not in ("pystrom", "madlib"):
             raise ValueError(f"rule must be 'pystrom' or 'madlib'; got {rule!r}")
@@ -195,8 +195,13 @@ class IRLSSolver:
         """The free parameters (features, then the intercept), told to the source as the step rule."""
         self.active = active
         self.n_free_features = int(np.count_nonzero(active < self.k))
+        self._plan(ahead=True)
+
+    def _plan(self, ahead: bool) -> None:
+        """Tell the source the step rule, and whether to start the pass at each full step before it is
+        asked for (``ahead``: not when no iteration will ask; _narrow.py)."""
         if self.plan_steps is not None:
-            self.plan_steps(active, self.n_free_features, self.l2)
+            self.plan_steps(self.active, self.n_free_features, self.l2, ahead)
 
     def step_rule(self) -> tuple:
         """The rule a source's own Newton step must follow for the solver to use it (PassTotals.step_rule)."""
@@ -384,6 +389,8 @@ class IRLSSolver:
                 separation = "complete"
                 break
             n_iter += 1
+            if n_iter == limit:
+                self._plan(ahead=False)  # the last iteration's pass is followed by no full step
             f_old = self.objective(w, t)
             w_new, t_new, improved = self.line_search(w, step, t)
             if not improved:  # no increase possible: at the optimum up to rounding, or stuck
@@ -408,6 +415,7 @@ class IRLSSolver:
                 step, dec = self.newton_direction(w, t)
         stats_totals = t
         if separation is None:
+            self._plan(ahead=False)  # the diagnosis takes the step queued already, and seldom another
             separation, at_next = self.diagnose_separation(w, t, step)
             if at_next is not None and self.rule == "pystrom" and converged:
                 stats_totals = at_next  # the statistics at the very coefficients returned

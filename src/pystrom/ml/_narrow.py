@@ -6,19 +6,19 @@ Speculation. An in-memory fit is some twenty passes of ~0.3 ms each (40M x 4 flo
 between two of them the host used to read the result, unpack it, factor the Hessian and launch again:
 ~60 us a pass in which the GPU idled (the seed fit: 8.3 ms against a floor of 4.8). Nearly every pass
 the solver asks for is a full Newton step from the pass before it (its line search takes the whole
-step, and so does each step of the separation diagnosis), so once the solver has told the source its
-step rule (:meth:`KernelPass.plan`: the free parameters and the penalty), the kernel's last block
-computes that step itself (``newton_step`` in kernels/logistic.cu) and writes the next weights to
-device memory, and every pass is followed in the stream at once by a *speculative* one that reads
-them. The host hands the solver the device's step with the pass's sums
-(:attr:`._pass.PassTotals.newton_step`); the solver, whose rule it is, forms the same weights
-w + step, and when it asks for exactly those (bit for bit) the speculative pass is its answer, already
-running or done. Any other request (a halved step, a certificate, the end of the fit) cancels it: the
-host copies its launch id to device memory (on a stream of its own, so the copy lands while the
-pass runs), which the kernel polls every few rounds of its loop and stops at, and the request is
-launched as usual. A step that fails on the device (not positive
-definite, not finite) writes a flag that makes the speculative pass return at once, and the solver
-computes the step itself, its fallbacks and warnings in one place (``_irls.py``).
+step), so once the solver has told the source its step rule (:meth:`KernelPass.plan`: the free
+parameters and the penalty), a one-thread kernel after each pass computes that step
+(``logit_step_k<K>`` in kernels/logistic.cu) and writes the next weights to device memory, and the
+pass is followed in the stream at once by a *speculative* one that reads them. The host hands the
+solver the device's step with the pass's sums (:attr:`._pass.PassTotals.newton_step`); the solver,
+whose rule it is, forms the same weights w + step, and when it asks for exactly those (bit for bit)
+the speculative pass is its answer, already running or done. Any other request (a halved step, a
+certificate) is launched behind it, and the speculative pass's work is lost; the solver stops
+speculation before its last iteration (``plan(..., ahead=False)``), so a fit that runs to
+``max_iter`` wastes nothing. (Cancelling a queued pass needed a flag its loop polled, which cost
+every pass 6%.) A step that fails on the device (not positive definite, not finite) writes a flag
+that makes the speculative pass return at once, and the solver computes the step itself, its
+fallbacks and warnings in one place (``_irls.py``).
 """
 
 from __future__ import annotations
@@ -72,13 +72,14 @@ class KernelPass:
         item = X.dtype.itemsize
         tname = "f32" if X.dtype == np.float32 else "f64"
         self.fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
+        self.step_fn = kernel("logistic", f"logit_step_k{k}", ordinal)
         self.blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(self.fn, k)))
         self.partials = cupy.empty((self.blocks, m), dtype=np.float64)
         self.done = cupy.zeros(1, dtype=np.uint32)  # blocks finished; the last one resets it
         self.wnext = cupy.zeros((2, _STRIDE + 1), dtype=np.float64)  # per slot: next weights, flag
-        self.slots: list[np.ndarray] = []
+        self.sums = cupy.zeros((2, m), dtype=np.float64)  # per slot: the pass's sums, for its step
+        self.slots: list[tuple[np.ndarray | None, int]] = []
         self.out: Any = None
-        self.cancel: Any = None  # device: the last launch id given up (polled by the kernel)
         if to_host:
             for _ in range(2):
                 host, ptr = _mapped(m + STEP_TAIL, np.float64)
@@ -86,16 +87,10 @@ class KernelPass:
                     self.slots = []
                     break
                 self.slots.append((host, ptr))
-        if self.slots:
-            import cupyx
-
-            self.cancel = cupy.zeros(1, dtype=np.int64)
-            self._cancel_src = cupyx.empty_pinned(1, dtype=np.int64)
-            self._side = cupy.cuda.Stream(non_blocking=True)
-        else:
+        self.mapped = bool(self.slots)
+        if not self.mapped:
             self.out = cupy.empty(m + STEP_TAIL, dtype=np.float64)
             self.slots = [(None, self.out.data.ptr)] * 2
-        self.cancel_ptr = 0 if self.cancel is None else self.cancel.data.ptr
         has_sw = sw is not None
         rs, cs = X.strides[0] // item, X.strides[1] // item
         self.vec = np.int32(vector_loads(X.dtype.itemsize, k, rs, cs, X.data.ptr))
@@ -105,23 +100,26 @@ class KernelPass:
         self._same = [False, False]  # per slot: its launch left them to the host
         self._totals_cw: tuple[float, float] | None = None
         self.rule: tuple | None = None  # the solver's step rule (plan)
+        self.ahead = False  # queue the pass at each step (plan)
         self._mask = 0
         self.launches = 0  # launch ids: 1, 2, ... (slot = id % 2)
-        self.pending: tuple | None = None  # the speculative launch: (id, event, class weights)
+        self.pending: tuple | None = None  # the speculative launch: (id, class weights)
         self.speculated = self.hits = 0  # speculative passes queued, and those the solver used
 
-    def plan(self, active: np.ndarray, n_free_features: int, l2: float) -> None:
+    def plan(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
         """The solver's step rule: the free parameters (indices, intercept = k), how many of them are
-        features (they come first) and the L2 penalty. From now on every pass computes the step and
-        queues the pass at it (only with a host result in mapped memory: the host must read the
-        step, and cancel, without a copy)."""
-        if self.cancel is None:
+        features (they come first) and the L2 penalty. From now on every pass computes the step, and
+        with ``ahead`` queues the pass at it (only with a host result in mapped memory: the host reads
+        the step there without a copy)."""
+        if not self.mapped:
             return
         self.rule = (tuple(int(j) for j in active), int(n_free_features), float(l2))
         self._mask = sum(1 << int(j) for j in active)
+        self.ahead = bool(ahead)
 
     def launch(self, cw: tuple[float, float], w: np.ndarray | None) -> int:
-        """Queue a pass on the current stream (``w`` None: a speculative one); its launch id."""
+        """Queue a pass on the current stream (``w`` None: a speculative one), and under a step rule its
+        step; its launch id."""
         self.launches += 1
         lid = self.launches
         slot = lid % 2
@@ -131,15 +129,18 @@ class KernelPass:
         else:
             weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
             wsrc = 0
-        nfree, l2 = (self.rule[1], self.rule[2]) if self.rule else (0, 0.0)
         same = self.totals is not None and cw == self._totals_cw
         self._same[slot] = same
         opts = np.int32(self.opts | (_OPT_SAME_TOTALS if same else 0))
+        sums = self.sums[slot].data.ptr if self.rule else 0
         self.fn((self.blocks,), (_THREADS,), (*self.data_args, opts, self.vec, np.float64(cw[0]), np.float64(cw[1]),
-                *weights,
-                np.uint64(wsrc), np.uint32(self._mask), np.int32(nfree), np.float64(l2),
-                np.uint64(self.wnext[slot].data.ptr), np.uint64(self.cancel_ptr), np.int64(lid),
-                self.partials, self.done, np.uint64(self.slots[slot][1])))  # fmt: skip
+                *weights, np.uint64(wsrc), np.uint64(sums), self.partials, self.done,
+                np.uint64(self.slots[slot][1])))  # fmt: skip
+        if self.rule:
+            _, nfree, l2 = self.rule
+            self.step_fn((1,), (1,), (np.uint64(sums), *weights, np.uint64(wsrc), np.uint32(self._mask),
+                         np.int32(nfree), np.float64(l2), np.uint64(self.slots[slot][1] + 8 * self.m),
+                         self.wnext[slot]))  # fmt: skip
         return lid
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -152,10 +153,9 @@ class KernelPass:
             lid = self.launch(cw, w)
         event = cupy.cuda.Event(disable_timing=True)
         event.record()
-        if self.rule is not None:  # the pass the solver most likely asks for next (module docstring)
-            spec = self.launch(cw, None)
+        if self.rule is not None and self.ahead:  # the pass the solver most likely asks for next
+            self.pending = (self.launch(cw, None), cw)
             self.speculated += 1
-            self.pending = (spec, cw)
         event.synchronize()
         host = self.slots[lid % 2][0]
         res = self.out.get() if host is None else host.copy()
@@ -169,7 +169,7 @@ class KernelPass:
         return vec, (tail[: self.k + 1].copy() if ok else None)
 
     def _claim(self, cw: tuple[float, float], w: np.ndarray) -> int | None:
-        """The pending speculative launch if it is the pass at ``w`` (else it is cancelled)."""
+        """The pending speculative launch if it is the pass at ``w`` (else its work is lost)."""
         if self.pending is None:
             return None
         lid, spec_cw = self.pending
@@ -179,25 +179,14 @@ class KernelPass:
         if spec_cw == cw and before[2 * _STRIDE] == 1.0 and np.array_equal(nxt, w):
             self.hits += 1
             return lid
-        self._cancel(lid)  # the kernel stops at its next poll; its sums are never read
         return None
 
-    def _cancel(self, lid: int) -> None:
-        """Give up launch ``lid`` (and every earlier one): its id copied to the device beside the pass."""
-        from cupy.cuda import runtime
-
-        self._cancel_src[0] = lid
-        runtime.memcpyAsync(self.cancel_ptr, self._cancel_src.ctypes.data, 8, runtime.memcpyHostToDevice,
-                            self._side.ptr)  # fmt: skip
-
     def close(self) -> None:
-        """Cancel a speculative pass still queued and wait for it (it writes into this object's buffers)."""
+        """Wait for a speculative pass still queued (it writes into this object's buffers)."""
         if self.pending is not None:
             import cupy
 
-            self._cancel(self.pending[0])
             self.pending = None
-            self._side.synchronize()
             cupy.cuda.get_current_stream().synchronize()
 
 

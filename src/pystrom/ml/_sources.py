@@ -128,9 +128,10 @@ class Source:
     _step: np.ndarray | None = None  # the Newton step the last pass computed under _rule (plan_steps)
     _rule: tuple | None = None
 
-    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float) -> None:
+    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
         """The solver's step rule (free parameters, features among them, L2 penalty), for a source whose
-        passes compute the next Newton step themselves (:mod:`._narrow`); others ignore it."""
+        passes compute the next Newton step themselves (:mod:`._narrow`; ``ahead``: and start the pass
+        at it before it is asked for); others ignore it."""
 
     def close(self) -> None:
         """Release what the fit held for its passes (the fit calls it when it ends, also on an error)."""
@@ -159,8 +160,8 @@ class ArraySource(Source):
     def batches(self) -> Iterable[Batch]:
         return [self.batch]
 
-    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float) -> None:
-        self._plan = (np.array(active), int(n_free_features), float(l2))
+    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
+        self._plan = (np.array(active), int(n_free_features), float(l2), bool(ahead))
         if self._kernel is not None:
             self._kernel.plan(*self._plan)
 
