@@ -49,7 +49,7 @@ struct double2 { double x, y; };
 DRIVER = r"""
 #define DRIVE(TNAME, T, K)                                                                                   \
   extern "C" void drive_##TNAME##_k##K(const T* X, long long n, long long rs, long long cs,                 \
-                                       const unsigned char* y, const double* sw, int opts, int vec,        \
+                                       const unsigned char* y, const double* sw, int has_sw, int vec,        \
                                        double cw0,                                                         \
                                        double cw1, const double* w, double* partials, int blocks,          \
                                        double* out, unsigned* done_after, const double* wsrc,              \
@@ -60,7 +60,7 @@ DRIVER = r"""
     unsigned done = 0;                                                                                      \
     for (unsigned b = 0; b < (unsigned)blocks; ++b) {                                                       \
       blockIdx.x = b;                                                                                       \
-      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, opts, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4],     \
+      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4],     \
                                 v[5], v[6], v[7], v[8], wsrc, sums, partials, &done, out);                  \
     }                                                                                                       \
     *done_after = done;                                                                                     \
@@ -123,7 +123,7 @@ P_, I64, F64 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
 TAIL = 19  # after the M sums: the step (9), the next weights (9), the flag (newton_step in logistic.cu)
 
 
-def drive(emulated, X, y, sw, cw, w, blocks, wsrc=None, mask=0, nfree=0, l2=0.0, same_totals=False):
+def drive(emulated, X, y, sw, cw, w, blocks, wsrc=None, mask=0, nfree=0, l2=0.0):
     """One emulated pass, and with a step rule (``mask``) the step kernel after it, as KernelPass
     launches them; (the M sums and the tail, the device weights the step wrote, the done counter)."""
     n, k = X.shape
@@ -141,7 +141,7 @@ def drive(emulated, X, y, sw, cw, w, blocks, wsrc=None, mask=0, nfree=0, l2=0.0,
     wp = P_(None if wsrc is None else wsrc.ctypes.data)
     getattr(emulated, f"drive_{tname}_k{k}")(
         P_(X.ctypes.data), I64(n), I64(rs), I64(cs), P_(y.ctypes.data), P_(swa.ctypes.data),
-        ctypes.c_int(int(sw is not None) | (2 if same_totals else 0)), ctypes.c_int(int(vec)), F64(cw[0]),
+        ctypes.c_int(int(sw is not None)), ctypes.c_int(int(vec)), F64(cw[0]),
         F64(cw[1]), P_(w.ctypes.data), P_(partials.ctypes.data), ctypes.c_int(blocks), P_(out.ctypes.data),
         ctypes.byref(done), wp, P_(sums.ctypes.data if mask else None),
     )  # fmt: skip
@@ -185,12 +185,6 @@ def test_kernel_source_matches_numpy_twin(emulated):
                     assert np.isnan(out[-TAIL:]).all() and np.isnan(wnext).all(), "no step asked for: none written"
                     what = f"k={k} {dtype.__name__} {order} vec={vec} weighted={weighted} n={n} blocks={blocks}"
                     assert_pass_close(out[:-TAIL], ref, dtype, n, what)
-                    # OPT_SAME_TOTALS: sum s and sum s y left to the host, every other value the same
-                    same, _, _ = drive(emulated, X, y, sw, cw, w, blocks, same_totals=True)
-                    ll = layout_size(k) - 6
-                    assert (same[ll + 1 : ll + 3] == 0).all(), what
-                    keep = np.r_[0 : ll + 1, ll + 3 : layout_size(k)]
-                    assert np.array_equal(same[keep], out[keep]), what
 
 
 @pytest.mark.parametrize("penalised", [False, True])

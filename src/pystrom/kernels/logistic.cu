@@ -56,12 +56,6 @@
 #endif
 #endif
 
-// `opts` bits. OPT_WEIGHTS: sw holds sample weights (else every row weighs 1). OPT_SAME_TOTALS: sum s and
-// sum s y are left at 0, for the host to fill in from an earlier pass over the same rows: they do not
-// depend on the weights w (every row whose eta is finite counts, and a pass with a non-finite eta is
-// an error), and they cost a float64 add or two a row (KernelPass in ml/_narrow.py).
-#define OPT_WEIGHTS 1
-#define OPT_SAME_TOTALS 2
 
 template <int K>
 struct Layout {
@@ -261,7 +255,7 @@ __device__ void newton_step(const double* __restrict__ sums, const Weights wt, u
 
 template <typename T, int K>
 __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
-                           const unsigned char* __restrict__ y, const double* __restrict__ sw, int opts,
+                           const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
                            int vec, double cw0, double cw1, const double (&w)[9], const double* __restrict__ wsrc,
                            double* __restrict__ sums, double* __restrict__ partials, unsigned int* __restrict__ done,
                            double* __restrict__ out) {
@@ -280,7 +274,6 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
 #pragma unroll
   for (int j = 0; j < NS; ++j) acc[j] = 0.0;
   double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
-  int saturated = 0;  // an integer count: a float64 add a row fewer
 
   const long long stride = (long long)blockDim.x * gridDim.x;
   auto load = [&](long long base, T (&xv)[R_ROWS][K], unsigned char (&yv)[R_ROWS], double (&sv)[R_ROWS]) {
@@ -295,7 +288,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
           for (int j = 0; j < K; ++j) xv[r][j] = X[i * rs + j * cs];
         }
         yv[r] = y[i];
-        sv[r] = (opts & OPT_WEIGHTS) ? sw[i] : 1.0;
+        sv[r] = has_sw ? sw[i] : 1.0;
       }
     }
   };
@@ -317,7 +310,7 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
         continue;
       }
       const int yi = yv[r] != 0;
-      const double s = (opts & OPT_WEIGHTS) ? sv[r] * (yi ? cw1 : cw0) : (yi ? cw1 : cw0);
+      const double s = sv[r] * (yi ? cw1 : cw0);
       if (s == 0.0) continue;
       double e, inv, l1p;  // one exp gives mu, mu (1 - mu) and log(1 + e^eta), stably
       RowMath<T>::eval(eta, e, inv, l1p);
@@ -333,13 +326,11 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       }
 #pragma unroll
       for (int a = 0; a < P; ++a) acc[NT + a] = fma(resid, x[a], acc[NT + a]);
+      acc[NT + P] += s * ((double)yi * eta - (fmax(eta, 0.0) + l1p));
+      acc[NT + P + 1] += s;
+      acc[NT + P + 2] += s * (double)yi;
       const double margin = yi ? eta : -eta;
-      acc[NT + P] = fma(s, fmin(margin, 0.0) - l1p, acc[NT + P]);  // y eta - max(eta, 0) = min(margin, 0)
-      if (!(opts & OPT_SAME_TOTALS)) {
-        acc[NT + P + 1] += s;
-        if (yi) acc[NT + P + 2] += s;
-      }
-      saturated += margin > 20.0;
+      if (margin > 20.0) acc[NS - 1] += 1.0;
       min_margin = fmin(min_margin, margin);
     }
   };
@@ -374,7 +365,6 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   }
 #endif
 
-  acc[NS - 1] = (double)saturated;
   __shared__ double shared[32][M];
   block_reduce<NS>(acc, min_margin, shared, partials + (long long)blockIdx.x * M);
 
@@ -413,12 +403,12 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
   extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, LOGIT_MIN_BLOCKS(K))                          \
       logit_pass_##TNAME##_k##K(                                                                            \
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
-      const double* __restrict__ sw, int opts, int vec, double cw0, double cw1, double w0, double w1,    \
+      const double* __restrict__ sw, int has_sw, int vec, double cw0, double cw1, double w0, double w1,    \
       double w2, double w3, double w4, double w5, double w6, double w7, double w8,                         \
       const double* __restrict__ wsrc, double* __restrict__ sums, double* __restrict__ partials,           \
       unsigned int* __restrict__ done, double* __restrict__ out) {                                          \
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
-    logit_pass<T, K>(X, n, rs, cs, y, sw, opts, vec, cw0, cw1, w, wsrc, sums, partials, done, out);        \
+    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, w, wsrc, sums, partials, done, out);        \
   }
 
 // The step after a pass (newton_step): `sums` its M sums, the weights it used (scalars, or wsrc when it

@@ -42,7 +42,6 @@ MAX_KERNEL_FEATURES = 8  # the fused kernel keeps P(P+1)/2 + P + 6 float64 sums 
 
 _THREADS = 128  # LOGIT_THREADS in logistic.cu
 _STRIDE = 9  # STEP_STRIDE in logistic.cu: the step's and the next weights' slots
-_OPT_WEIGHTS, _OPT_SAME_TOTALS = 1, 2  # `opts` bits of the kernel
 STEP_TAIL = 2 * _STRIDE + 1  # after a pass's sums: the step, the next weights, the flag (1: a step)
 
 
@@ -95,10 +94,7 @@ class KernelPass:
         rs, cs = X.strides[0] // item, X.strides[1] // item
         self.vec = np.int32(vector_loads(X.dtype.itemsize, k, rs, cs, X.data.ptr))
         self.data_args = (X, np.int64(n), np.int64(rs), np.int64(cs), y, sw if has_sw else self.partials)
-        self.opts = _OPT_WEIGHTS if has_sw else 0
-        self.totals: tuple[float, float] | None = None  # sum s and sum s y, from the first pass (_OPT_SAME_TOTALS)
-        self._same = [False, False]  # per slot: its launch left them to the host
-        self._totals_cw: tuple[float, float] | None = None
+        self.has_sw = np.int32(has_sw)
         self.rule: tuple | None = None  # the solver's step rule (plan)
         self.ahead = False  # queue the pass at each step (plan)
         self._mask = 0
@@ -129,12 +125,9 @@ class KernelPass:
         else:
             weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
             wsrc = 0
-        same = self.totals is not None and cw == self._totals_cw
-        self._same[slot] = same
-        opts = np.int32(self.opts | (_OPT_SAME_TOTALS if same else 0))
         sums = self.sums[slot].data.ptr if self.rule else 0
-        self.fn((self.blocks,), (_THREADS,), (*self.data_args, opts, self.vec, np.float64(cw[0]), np.float64(cw[1]),
-                *weights, np.uint64(wsrc), np.uint64(sums), self.partials, self.done,
+        self.fn((self.blocks,), (_THREADS,), (*self.data_args, self.has_sw, self.vec, np.float64(cw[0]),
+                np.float64(cw[1]), *weights, np.uint64(wsrc), np.uint64(sums), self.partials, self.done,
                 np.uint64(self.slots[slot][1])))  # fmt: skip
         if self.rule:
             _, nfree, l2 = self.rule
@@ -160,11 +153,6 @@ class KernelPass:
         host = self.slots[lid % 2][0]
         res = self.out.get() if host is None else host.copy()
         vec, tail = res[: self.m], res[self.m :]
-        nt = (self.k + 1) * (self.k + 2) // 2 + self.k + 1  # the log-likelihood's place; sum s, sum s y after it
-        if self._same[lid % 2]:
-            vec[nt + 1], vec[nt + 2] = self.totals
-        elif vec[nt + 3] == 0:  # no non-finite eta: the totals of every later pass (logistic.cu, `opts`)
-            self.totals, self._totals_cw = (float(vec[nt + 1]), float(vec[nt + 2])), cw
         ok = self.rule is not None and tail[2 * _STRIDE] == 1.0
         return vec, (tail[: self.k + 1].copy() if ok else None)
 

@@ -149,9 +149,8 @@ def xp_pass(
         H[k, k] += r.sum()
         g[:k] += both[:, 1]
         g[k] += resid.sum()
-        signed = xp.where(yc > 0, eta, -eta)
-        margin = xp.where(live, signed, np.inf)  # rows of weight 0 have none
-        scal[0] += (s * (xp.minimum(signed, 0.0) - l1p)).sum()  # y eta - max(eta, 0) = min(signed margin, 0)
+        margin = xp.where(live, xp.where(yc > 0, eta, -eta), np.inf)  # rows of weight 0 have none
+        scal[0] += (s * (yc * eta - (xp.maximum(eta, 0.0) + l1p))).sum()
         scal[1] += s.sum()
         scal[2] += (s * yc).sum()
         scal[4] += ((margin > SATURATED_MARGIN) & live).sum()
