@@ -60,8 +60,12 @@ DRIVER = r"""
     unsigned done = 0;                                                                                      \
     for (unsigned b = 0; b < (unsigned)blocks; ++b) {                                                       \
       blockIdx.x = b;                                                                                       \
-      logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4],     \
-                                v[5], v[6], v[7], v[8], wsrc, sums, partials, &done, out);                  \
+      if (wsrc)                                                                                             \
+        logit_spec_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4], \
+                                  v[5], v[6], v[7], v[8], wsrc, sums, partials, &done, out);                \
+      else                                                                                                  \
+        logit_pass_##TNAME##_k##K(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, v[0], v[1], v[2], v[3], v[4], \
+                                  v[5], v[6], v[7], v[8], wsrc, sums, partials, &done, out);                \
     }                                                                                                       \
     *done_after = done;                                                                                     \
   }

@@ -253,7 +253,7 @@ __device__ void newton_step(const double* __restrict__ sums, const Weights wt, u
   wnext[STEP_STRIDE] = ok ? 1.0 : 0.0;
 }
 
-template <typename T, int K>
+template <typename T, int K, bool SPEC>
 __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
                            const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
                            int vec, double cw0, double cw1, const double (&w)[9], const double* __restrict__ wsrc,
@@ -261,8 +261,12 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
                            double* __restrict__ out) {
   using L = Layout<K>;
   constexpr int P = L::P, NT = L::NT, NS = L::NS, M = L::M;
+  // The weights: kernel parameters, which the compiler reads from the constant bank as operands, or for
+  // a speculative pass (SPEC) the ones the step after the pass before it computed (newton_step), in
+  // registers. A kernel of each kind: one kernel choosing at run time held them in registers for every
+  // pass, and where registers were short the sums spilled (float64 K = 4 on an H100: 310 -> 378 us).
   double wv[P];
-  if (wsrc) {  // a speculative pass: the weights the step after the pass before it computed (newton_step)
+  if constexpr (SPEC) {
     if (wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
 #pragma unroll
     for (int j = 0; j < P; ++j) wv[j] = wsrc[j];
@@ -399,17 +403,23 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
 #ifndef LOGIT_MIN_BLOCKS
 #define LOGIT_MIN_BLOCKS(K) (K <= 4 ? 4 : (K <= 6 ? 3 : 2))
 #endif
-#define LOGIT_PASS(TNAME, T, K)                                                                              \
+// logit_pass_<t>_k<K> takes its weights as the scalars w0..w8 (wsrc unused); logit_spec_<t>_k<K> from
+// wsrc (a speculative pass). `sums`: where the last block also writes the M sums for the step kernel
+// (0: nowhere).
+#define LOGIT_PASS_KIND(NAME, SPEC, TNAME, T, K)                                                             \
   extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, LOGIT_MIN_BLOCKS(K))                          \
-      logit_pass_##TNAME##_k##K(                                                                            \
+      NAME##_##TNAME##_k##K(                                                                                \
       const T* __restrict__ X, long long n, long long rs, long long cs, const unsigned char* __restrict__ y, \
       const double* __restrict__ sw, int has_sw, int vec, double cw0, double cw1, double w0, double w1,    \
       double w2, double w3, double w4, double w5, double w6, double w7, double w8,                         \
       const double* __restrict__ wsrc, double* __restrict__ sums, double* __restrict__ partials,           \
       unsigned int* __restrict__ done, double* __restrict__ out) {                                          \
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
-    logit_pass<T, K>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, w, wsrc, sums, partials, done, out);        \
+    logit_pass<T, K, SPEC>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, w, wsrc, sums, partials, done, out);  \
   }
+#define LOGIT_PASS(TNAME, T, K)                      \
+  LOGIT_PASS_KIND(logit_pass, false, TNAME, T, K)    \
+  LOGIT_PASS_KIND(logit_spec, true, TNAME, T, K)
 
 // The step after a pass (newton_step): `sums` its M sums, the weights it used (scalars, or wsrc when it
 // was speculative: flag 0 there means it did not run, and neither does this step), the rule, and where

@@ -71,7 +71,11 @@ class KernelPass:
         item = X.dtype.itemsize
         tname = "f32" if X.dtype == np.float32 else "f64"
         self.fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
+        self.spec_fn = kernel("logistic", f"logit_spec_{tname}_k{k}", ordinal)
         self.step_fn = kernel("logistic", f"logit_step_k{k}", ordinal)
+        # the speculative kind holds the weights in registers: where that spills the sums (the compiler
+        # moved some to local memory) it is slower than the host's round trip it saves
+        self.spec_ok = _local_bytes(self.spec_fn) == 0
         self.blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(self.fn, k)))
         self.partials = cupy.empty((self.blocks, m), dtype=np.float64)
         self.done = cupy.zeros(1, dtype=np.uint32)  # blocks finished; the last one resets it
@@ -111,7 +115,7 @@ class KernelPass:
             return
         self.rule = (tuple(int(j) for j in active), int(n_free_features), float(l2))
         self._mask = sum(1 << int(j) for j in active)
-        self.ahead = bool(ahead)
+        self.ahead = bool(ahead) and self.spec_ok
 
     def launch(self, cw: tuple[float, float], w: np.ndarray | None) -> int:
         """Queue a pass on the current stream (``w`` None: a speculative one), and under a step rule its
@@ -126,9 +130,10 @@ class KernelPass:
             weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
             wsrc = 0
         sums = self.sums[slot].data.ptr if self.rule else 0
-        self.fn((self.blocks,), (_THREADS,), (*self.data_args, self.has_sw, self.vec, np.float64(cw[0]),
-                np.float64(cw[1]), *weights, np.uint64(wsrc), np.uint64(sums), self.partials, self.done,
-                np.uint64(self.slots[slot][1])))  # fmt: skip
+        fn = self.fn if w is not None else self.spec_fn
+        fn((self.blocks,), (_THREADS,), (*self.data_args, self.has_sw, self.vec, np.float64(cw[0]), np.float64(cw[1]),
+           *weights, np.uint64(wsrc), np.uint64(sums), self.partials, self.done,
+           np.uint64(self.slots[slot][1])))  # fmt: skip
         if self.rule:
             _, nfree, l2 = self.rule
             self.step_fn((1,), (1,), (np.uint64(sums), *weights, np.uint64(wsrc), np.uint32(self._mask),
@@ -190,6 +195,14 @@ def vector_loads(itemsize: int, k: int, row_stride: int, col_stride: int, addres
         else 0
     )
     return bool(width) and row_stride == k and (col_stride == 1 or k == 1) and address % width == 0
+
+
+def _local_bytes(fn: Any) -> int:
+    """Local memory a thread of the kernel uses (spilled registers), 0 where CuPy cannot tell."""
+    try:
+        return int(getattr(fn, "local_size_bytes", 0) or 0)
+    except Exception:  # noqa: BLE001 - an attribute query of an older CuPy: assume none
+        return 0
 
 
 def _mapped(count: int, dtype: Any) -> tuple[np.ndarray | None, int]:
