@@ -125,6 +125,11 @@ class IRLSSolver:
         form in reduced precision, cheapest first (2^-17 for TF32, 2^-24 for float32;
         ``PassTotals.exact_hessian`` says whether a pass was); the solver asks for the cheapest that
         :meth:`allow_approximate` admits, in the iterations its checks allow.
+    plan_steps
+        ``(active, n_free_features, l2, ahead)``: tells the source the step rule, for a source whose
+        passes compute the Newton step themselves (``PassTotals.newton_step``, used only when its
+        ``step_rule`` is the solver's :meth:`step_rule`) and, with ``ahead``, start the pass at the
+        full step before it is asked for (the narrow GPU kernel: ``_narrow.py``).
     """
 
     def __init__(
