@@ -56,7 +56,6 @@
 #endif
 #endif
 
-
 template <int K>
 struct Layout {
   static constexpr int P = K + 1;
@@ -189,8 +188,8 @@ struct Weights {
 };
 
 template <int K>
-__device__ void newton_step(const double* __restrict__ sums, const Weights wt, unsigned mask, int nfree,
-                                         double l2, double* __restrict__ tail, double* __restrict__ wnext) {
+__device__ void newton_step(const double* __restrict__ sums, const Weights wt, unsigned mask, int nfree, double l2,
+                            double* __restrict__ tail, double* __restrict__ wnext) {
   constexpr int P = K + 1, NT = P * (P + 1) / 2;
   const double* w = wt.v;
   int idx[P];
