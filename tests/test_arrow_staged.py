@@ -19,6 +19,7 @@ from test_arrow_compressed import (
     _plain,
     _read_quietly,
     _reference,
+    _spy,
     _store_uncompressed,
     _table,
     _write,
@@ -40,15 +41,7 @@ CODECS = ["lz4", "zstd"]
 def staged_reads(device, monkeypatch):
     """Every codec through the staged path (the CPU twin on the CPU); the readers made, to read counters."""
     monkeypatch.setattr(inflating, "staged", lambda backend, codec: True)
-    seen = []
-    original = inflating.InflatingReader.wait
-
-    def wait(self):
-        seen.append(self)
-        return original(self)
-
-    monkeypatch.setattr(inflating.InflatingReader, "wait", wait)
-    return seen
+    return _spy(monkeypatch)
 
 
 def _used_staged(seen) -> None:
@@ -276,14 +269,7 @@ def test_host_copies_twin():
 @needs_gpu
 def test_zstd_on_a_gpu_is_staged_by_itself(tmp_path, monkeypatch):
     monkeypatch.delenv("PYSTROM_NVCOMP", raising=False)
-    seen = []
-    original = inflating.InflatingReader.wait
-
-    def wait(self):
-        seen.append(self)
-        return original(self)
-
-    monkeypatch.setattr(inflating.InflatingReader, "wait", wait)
+    seen = _spy(monkeypatch)
     table = _table(20_000, True)
     path = tmp_path / "z.arrow"
     _write(path, table, "zstd", lengths=[37] * 500)
