@@ -124,3 +124,51 @@ def test_string_column_past_the_limit_is_refused_while_streaming(pg, monkeypatch
     # under the limit the same column reads
     t = pystrom.read_postgres(pg.conninfo, table=name, where="i <= 20000", partitions=partitions, device=device)
     assert t.num_rows == 20000
+
+
+def test_the_failure_that_ends_the_snapshot_is_reported_not_the_joins_it_broke(pg, monkeypatch, device):
+    """The race CI met: the main stream's COPY fails (a string column past its limit) and is cancelled,
+    which ends the transaction whose snapshot the other partitions import; a partition connecting just
+    then fails with "could not import the requested snapshot". Forced here: the joins wait until the
+    main stream's failure has left its COPY, and that failure waits until the joins have failed. The
+    CapacityError is reported (it is noted before the cancel), not the broken import."""
+    import threading
+
+    from pystrom.io.postgres import session, stream
+
+    name = pg.name("bigtext_race")
+    pg.execute(
+        sql.SQL("CREATE TABLE {} AS SELECT i, md5(i::text) AS s FROM generate_series(1, 400000) i").format(
+            sql.Identifier(name)
+        )
+    )
+    monkeypatch.setattr(stream, "STRING_COLUMN_LIMIT", 1 << 20)
+    left_copy, joins_done = threading.Event(), threading.Semaphore(0)
+    joins = []
+    real_join, real_read = session.SnapshotJoiner.__call__, stream.CopyReader.read
+
+    def join_late(self):
+        left_copy.wait(30)
+        try:
+            return real_join(self)
+        except BaseException as exc:
+            joins.append(exc)
+            raise
+        finally:
+            joins_done.release()
+
+    def read_then_hold(self, conn, sql_text, size_hint=None):
+        try:
+            return real_read(self, conn, sql_text, size_hint)
+        except BaseException:
+            left_copy.set()
+            for _ in range(3):  # the other partitions' joins have run (and failed) before this goes on
+                joins_done.acquire(timeout=30)
+            raise
+
+    monkeypatch.setattr(session.SnapshotJoiner, "__call__", join_late)
+    monkeypatch.setattr(stream.CopyReader, "read", read_then_hold)
+    with pystrom.defaults.set(pg_staging_chunk=1 << 20):
+        with pytest.raises(CapacityError, match=r"column 's' \(text\) holds more than 1,048,576 bytes"):
+            pystrom.read_postgres(pg.conninfo, table=name, partitions=4, device=device)
+    assert joins and all("import the requested snapshot" in str(e) for e in joins), joins

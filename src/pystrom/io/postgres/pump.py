@@ -154,9 +154,15 @@ class CopyStream:
         self._pump = _core.CopyPump(conn.pgconn.pgconn_ptr, ncols, flags if arrays else [])
 
     def read(
-        self, sql: str, on_chunk: Callable[[Staged], None] | None = None, size_hint: int | None = None
+        self,
+        sql: str,
+        on_chunk: Callable[[Staged], None] | None = None,
+        size_hint: int | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> list[Staged]:
-        """Run the COPY; ``size_hint`` (bytes it is expected to produce) sizes the first buffer."""
+        """Run the COPY; ``size_hint`` (bytes it is expected to produce) sizes the first buffer.
+        ``on_failure`` is told of an exception before the COPY is cancelled on its way out: cancelling
+        ends the transaction, and with it a snapshot other connections may be importing just then."""
         chunks: list[Staged] = []
         # Grow from small buffers so a few rows cost little; large reads settle at chunk_bytes. A
         # hint starts at its size class (_size_class).
@@ -182,9 +188,19 @@ class CopyStream:
                 else:
                     size = min(size * 2, self._chunk_bytes) if size < self._chunk_bytes else size
         except _core.PgServerError as exc:
-            raise PostgresError(f"PostgreSQL: {_server_message(exc)}") from None
+            failure: BaseException = PostgresError(f"PostgreSQL: {_server_message(exc)}")
+            if on_failure is not None:
+                on_failure(failure)
+            raise failure from None
         except _core.PgProtocolError as exc:
-            raise PostgresError(f"unexpected data in the binary COPY stream: {exc}") from None
+            failure = PostgresError(f"unexpected data in the binary COPY stream: {exc}")
+            if on_failure is not None:
+                on_failure(failure)
+            raise failure from None
+        except BaseException as exc:
+            if on_failure is not None:
+                on_failure(exc)
+            raise
         finally:
             if self._pump.active:  # an exception (or Ctrl-C) between buffers: cancel on the server
                 self._pump.abort()

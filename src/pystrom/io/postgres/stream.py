@@ -95,6 +95,12 @@ class CopyReader:
         self._lock = threading.Lock()
         self._strings = dict(strings or {})
         self._string_bytes = dict.fromkeys(self._strings, 0)
+        self._first: list[BaseException] = []  # the failure that stopped the read (theirs may follow from it)
+
+    def _note_failure(self, exc: BaseException) -> None:
+        with self._lock:
+            if not self._first:
+                self._first.append(exc)
 
     def _on_chunk(self, chunk: Staged) -> None:
         if self._strings:
@@ -117,10 +123,14 @@ class CopyReader:
     def read(self, conn: Any, sql_text: str, size_hint: int | None = None) -> list[Staged]:
         stream = CopyStream(conn, self._ncols, self._allocate, defaults.pg_staging_chunk, self._arrays)
         lock = getattr(conn, "lock", None)  # psycopg's own lock: nobody else uses the connection meanwhile
+        # a failure is noted as it happens, before the COPY is cancelled (CopyStream.read): cancelling
+        # aborts the transaction whose snapshot a stream still opening may be importing, and that
+        # stream's failure ("could not import the requested snapshot") must not be the one reported
+        # (seen on CI: 4 partitions, a string column past its limit)
         if lock is None:
-            return stream.read(sql_text, self._on_chunk, size_hint)
+            return stream.read(sql_text, self._on_chunk, size_hint, self._note_failure)
         with lock:
-            return stream.read(sql_text, self._on_chunk, size_hint)
+            return stream.read(sql_text, self._on_chunk, size_hint, self._note_failure)
 
     def read_all(self, sources: Sequence[Any], statements: Sequence[str], hints: Sequence[int | None]) -> list:
         """Run the COPY statements, each connection taking the next statement from one queue as it
@@ -143,7 +153,7 @@ class CopyReader:
         results: list[list[Staged]] = [[] for _ in statements]
         queue = iter(range(len(statements)))
         failed = threading.Event()
-        first: list[BaseException] = []  # the failure that stopped the others (theirs may follow from it)
+        self._first = []
         opened: list[Any] = []  # the connections reading now, for cancelling them
 
         def work(source: Any) -> None:
@@ -158,9 +168,7 @@ class CopyReader:
                         return
                     results[i] = self.read(conn, statements[i], hints[i])
             except BaseException as exc:
-                with self._lock:
-                    if not first:
-                        first.append(exc)
+                self._note_failure(exc)  # (a failure inside a COPY was noted before its cancel)
                 failed.set()  # the others take no further range
                 raise
 
@@ -170,12 +178,11 @@ class CopyReader:
                 # React to the first failure at once (a refused connection while the others read),
                 # not when the connections before it in the list have finished.
                 wait(futures, return_when=FIRST_EXCEPTION)
-                if first:
+                if self._first:
                     # The first failure, not the first failed future in list order: a stream that fails
-                    # may close the connection whose snapshot the others import, and a stream still
-                    # opening then fails too ("could not import the requested snapshot"), seen on CI
-                    # with 4 partitions and a string column past its limit.
-                    raise first[0]
+                    # ends the transaction whose snapshot the others import, and a stream still opening
+                    # then fails too ("could not import the requested snapshot").
+                    raise self._first[0]
                 return results
             except BaseException:
                 # One stream failed (or Ctrl-C): ask the server to stop the others, then let them drain.
