@@ -164,6 +164,21 @@ class CopyStream:
         ``on_failure`` is told of an exception before the COPY is cancelled on its way out: cancelling
         ends the transaction, and with it a snapshot other connections may be importing just then."""
         chunks: list[Staged] = []
+        try:
+            self._drain(sql, on_chunk, size_hint, chunks)
+        except BaseException as exc:
+            if on_failure is not None:
+                on_failure(exc)
+            raise
+        finally:
+            if self._pump.active:  # an exception (or Ctrl-C) between buffers: cancel on the server
+                self._pump.abort()
+        return chunks
+
+    def _drain(
+        self, sql: str, on_chunk: Callable[[Staged], None] | None, size_hint: int | None, chunks: list[Staged]
+    ) -> None:
+        """The COPY's rows into ``chunks``, the pump's errors as PostgresError."""
         # Grow from small buffers so a few rows cost little; large reads settle at chunk_bytes. A
         # hint starts at its size class (_size_class).
         size = min(_size_class(size_hint or 0), self._chunk_bytes)
@@ -188,23 +203,9 @@ class CopyStream:
                 else:
                     size = min(size * 2, self._chunk_bytes) if size < self._chunk_bytes else size
         except _core.PgServerError as exc:
-            failure: BaseException = PostgresError(f"PostgreSQL: {_server_message(exc)}")
-            if on_failure is not None:
-                on_failure(failure)
-            raise failure from None
+            raise PostgresError(f"PostgreSQL: {_server_message(exc)}") from None
         except _core.PgProtocolError as exc:
-            failure = PostgresError(f"unexpected data in the binary COPY stream: {exc}")
-            if on_failure is not None:
-                on_failure(failure)
-            raise failure from None
-        except BaseException as exc:
-            if on_failure is not None:
-                on_failure(exc)
-            raise
-        finally:
-            if self._pump.active:  # an exception (or Ctrl-C) between buffers: cancel on the server
-                self._pump.abort()
-        return chunks
+            raise PostgresError(f"unexpected data in the binary COPY stream: {exc}") from None
 
     def abort(self) -> None:
         self._pump.abort()
