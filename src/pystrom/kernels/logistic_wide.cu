@@ -1,19 +1,17 @@
-// One IRLS pass for wide fits (more than 8 features, C-order rows) in three steps, with the
-// features' block of the Hessian formed in float32 by cuBLAS (ml/_wide.py):
+// One IRLS pass for wide fits (more than 8 features, C-order rows), with the features' block of the
+// Hessian formed by cuBLAS from the scaled rows Z (ml/_wide.py):
 //
-//   logit_wide_rows_<t>: a warp per row: eta = x . w + b summed in float64 (the lanes take every 32nd
-//     feature, a shuffle reduction adds them), the row's weight r and residual s (y - mu) stored in
-//     float64, the log-likelihood and the other per-row totals summed per block, and the row scaled
-//     by sqrt(r) written in float32 (Z, for Z^T Z: one GEMM or syrk instead of a float64 GEMM of the
-//     upcast matrix), or in float64 for the exact passes (the first, and the statistics at the end);
-//   logit_wide_cols_<t>: X^T [resid, r] in float64, a thread per feature over a slice of rows;
-//   cuBLAS: Z^T Z.
+//   logit_wide_fused_*: one read of X: eta, each row's weight r and residual s (y - mu), the per-row
+//     totals, X^T [resid, r] in float64, and Z = the rows scaled by sqrt(r), in float32 (for a float32
+//     or TF32 GEMM) or float64 (the exact passes: the first, and the statistics' at the end);
+//   cuBLAS: Z^T Z by blocks of rows (logit_wide_gram_sum adds the blocks in float64);
+//   logit_wide_finish: the pass's flat vector and its full Hessian;
+//   logit_wide_system, cuSOLVER, logit_wide_next: the Newton step on the device and the next weights.
 //
-// The per-row arithmetic is the fused kernel's (logistic.cu: float32 sigmoids and logs for float32
+// The per-row arithmetic is the narrow kernel's (logistic.cu: float32 sigmoids and logs for float32
 // input), so its CPU twin is the same, ml/_pass.py xp_pass with hessian="float32"; the tests compare
 // the two (tests/test_logistic_wide.py).
 
-#define WIDE_TOTALS 6  // log-likelihood, sum s, sum s y, non-finite rows, saturated rows, min margin
 #define SATURATED_MARGIN 20.0  // ml/_pass.py
 
 template <typename T>
@@ -42,107 +40,269 @@ __device__ __forceinline__ Z scaled(T x, double root) { return (Z)((double)x * r
 template <>
 __device__ __forceinline__ float scaled<float, float>(float x, double root) { return x * (float)root; }
 
-template <typename T, typename ZT>
-__device__ void wide_rows(const T* __restrict__ X, long long n, int k, long long rs, const unsigned char* __restrict__ y,
-                          const double* __restrict__ sw, int has_sw, double cw0, double cw1,
-                          const double* __restrict__ w, double* __restrict__ rr, double* __restrict__ resid,
-                          ZT* __restrict__ Z, double* __restrict__ partials) {
-  __shared__ double shared[32][WIDE_TOTALS];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long gwarp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+// ---------------------------------------------------------------------------------------------------
+// The fused pass: rows and columns in one read of X, for k <= F x threads.
+//
+// A block walks tiles of W R rows (W = its warps). Phase A, a warp per R rows: eta, the row's weight r
+// and residual, its per-row totals, with r, the residual and sqrt(r) left in shared memory. Phase B, a thread per feature (F features a thread): for each row of the tile, x_ij r_i and
+// x_ij resid_i added to float64 sums held in registers, and z_ij = x_ij sqrt(r_i) written; the tile's
+// values were just loaded by phase A, so phase B reads them from the SM's cache, and X crosses the
+// memory bus once a pass instead of twice. The shared values are double-buffered: one barrier a tile.
+//
+// acc, per block, FUSED_STRIDE(k) float64: [0, k) sum x resid, [k, 2k) sum x r, then FUSED_TOTALS:
+// log-likelihood, sum s, sum s y, non-finite rows, saturated rows, sum r, sum resid, min margin.
+// A pass over several chunks launches the same grid each time; ``accumulate`` adds to the block's
+// slots instead of overwriting them (blocks own their slots: no atomics).
+
+#define FUSED_TOTALS 8
+#define FUSED_STRIDE(k) (2 * (long long)(k) + FUSED_TOTALS)
+
+template <typename T, typename ZT, int F, int R>
+__device__ __forceinline__ void wide_fused(const T* __restrict__ X, long long n, int k, long long rs,
+                                           const unsigned char* __restrict__ y, const double* __restrict__ sw,
+                                           int has_sw, double cw0, double cw1, const double* __restrict__ w,
+                                           ZT* __restrict__ Z, double* __restrict__ acc, int accumulate) {
+  __shared__ double s_r[2][32 * R], s_res[2][32 * R], s_root[2][32 * R];
+  __shared__ double s_tot[32][FUSED_TOTALS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int tile = warps * R;
   const double b = w[k];
-  double ll = 0, ssum = 0, sy = 0, nonfinite = 0, saturated = 0, margin = __longlong_as_double(0x7ff0000000000000LL);
-  for (long long i = gwarp; i < n; i += nwarps) {
-    const T* x = X + i * rs;
-    double acc = 0;
-    for (int j = lane; j < k; j += 32) acc = fma((double)x[j], w[j], acc);
+  double g[F], h[F];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    double eta = acc + b;
-    const double yv = y[i] ? 1.0 : 0.0;
-    double s = (y[i] ? cw1 : cw0) * (has_sw ? sw[i] : 1.0);
-    if (!isfinite(eta)) {  // counted; weight 0 (the pass is then an error: ml/_sources.py)
-      nonfinite += 1;
-      eta = 0;
-      s = 0;
+  for (int f = 0; f < F; ++f) g[f] = h[f] = 0.0;
+  double ll = 0, ssum = 0, sy = 0, nonfinite = 0, saturated = 0, rsum = 0, ressum = 0;
+  double margin = __longlong_as_double(0x7ff0000000000000LL);
+  int buf = 0;
+  for (long long base = (long long)blockIdx.x * tile; base < n; base += (long long)gridDim.x * tile) {
+    // phase A: R rows a warp, their loads interleaved (a row past n reads row n - 1 and is dropped)
+    const T* xr[R];
+    double dot[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      xr[r] = X + min(base + warp * R + r, n - 1) * rs;
+      dot[r] = 0.0;
     }
-    double e, inv, l1p;
-    WideMath<T>::eval(eta, e, inv, l1p);
-    const double mu = eta >= 0 ? inv : e * inv;
-    const double r = s * e * inv * inv;
-    const double res = s * (yv - mu);
-    if (lane == 0) {
-      rr[i] = r;
-      resid[i] = res;
+#pragma unroll 8
+    for (int j = lane; j < k; j += 32) {  // unrolled: a lane's loads of a row in flight together
+      const double wj = w[j];
+#pragma unroll
+      for (int r = 0; r < R; ++r) dot[r] = fma((double)xr[r][j], wj, dot[r]);
     }
-    ll += s * (yv * eta - (fmax(eta, 0.0) + l1p));
-    ssum += s;
-    sy += s * yv;
-    if (s != 0) {
-      const double m = yv > 0 ? eta : -eta;
-      margin = fmin(margin, m);
-      if (m > SATURATED_MARGIN) saturated += 1;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const long long i = base + warp * R + r;
+      double acc_r = dot[r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc_r += __shfl_xor_sync(0xffffffffu, acc_r, o);
+      if (i >= n) continue;
+      double eta = acc_r + b;
+      const double yv = y[i] ? 1.0 : 0.0;
+      double s = (y[i] ? cw1 : cw0) * (has_sw ? sw[i] : 1.0);
+      if (!isfinite(eta)) {  // counted; weight 0 (the pass is then an error: ml/_sources.py)
+        nonfinite += 1;
+        eta = 0;
+        s = 0;
+      }
+      double e, inv, l1p;
+      WideMath<T>::eval(eta, e, inv, l1p);
+      const double mu = eta >= 0 ? inv : e * inv;
+      const double rw = s * e * inv * inv;
+      const double res = s * (yv - mu);
+      ll += s * (yv * eta - (fmax(eta, 0.0) + l1p));
+      ssum += s;
+      sy += s * yv;
+      rsum += rw;
+      ressum += res;
+      if (s != 0) {
+        const double m = yv > 0 ? eta : -eta;
+        margin = fmin(margin, m);
+        if (m > SATURATED_MARGIN) saturated += 1;
+      }
+      if (lane == 0) {
+        s_r[buf][warp * R + r] = rw;
+        s_res[buf][warp * R + r] = res;
+        s_root[buf][warp * R + r] = sqrt(rw);
+      }
     }
-    if (Z != nullptr) {
-      const double root = sqrt(r);
-      ZT* z = Z + i * (long long)k;
-      for (int j = lane; j < k; j += 32) z[j] = scaled<T, ZT>(x[j], root);
+    __syncthreads();
+    // phase B: a thread per feature over the tile's rows
+    const int rows = (int)min((long long)tile, n - base);
+    for (int q = 0; q < rows; ++q) {
+      const long long iq = base + q;
+      const T* x = X + iq * rs;
+      const double rq = s_r[buf][q], resq = s_res[buf][q], rootq = s_root[buf][q];
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        const int j = threadIdx.x + f * blockDim.x;
+        if (j < k) {
+          const T xv = x[j];
+          g[f] = fma((double)xv, resq, g[f]);
+          h[f] = fma((double)xv, rq, h[f]);
+          if (Z != nullptr) Z[iq * (long long)k + j] = scaled<T, ZT>(xv, rootq);
+        }
+      }
+    }
+    buf ^= 1;  // the next tile writes the other buffer; the one after it waits at the next barrier
+  }
+  double* out = acc + (long long)blockIdx.x * FUSED_STRIDE(k);
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    const int j = threadIdx.x + f * blockDim.x;
+    if (j < k) {
+      out[j] = accumulate ? out[j] + g[f] : g[f];
+      out[k + j] = accumulate ? out[k + j] + h[f] : h[f];
     }
   }
-  // Every lane of a warp holds the same totals: lane 0 of each warp reports them.
-  if (lane == 0) {
-    shared[warp][0] = ll;
-    shared[warp][1] = ssum;
-    shared[warp][2] = sy;
-    shared[warp][3] = nonfinite;
-    shared[warp][4] = saturated;
-    shared[warp][5] = margin;
+  if (lane == 0) {  // every lane of a warp holds the same totals
+    s_tot[warp][0] = ll;
+    s_tot[warp][1] = ssum;
+    s_tot[warp][2] = sy;
+    s_tot[warp][3] = nonfinite;
+    s_tot[warp][4] = saturated;
+    s_tot[warp][5] = rsum;
+    s_tot[warp][6] = ressum;
+    s_tot[warp][7] = margin;
   }
   __syncthreads();
-  if (threadIdx.x < WIDE_TOTALS) {
+  if (threadIdx.x < FUSED_TOTALS) {
     const int t = threadIdx.x;
-    double v = shared[0][t];
-    for (int q = 1; q < (int)(blockDim.x >> 5); ++q) v = t == 5 ? fmin(v, shared[q][t]) : v + shared[q][t];
-    partials[(long long)blockIdx.x * WIDE_TOTALS + t] = v;
+    double v = s_tot[0][t];
+    for (int q = 1; q < warps; ++q) v = t == 7 ? fmin(v, s_tot[q][t]) : v + s_tot[q][t];
+    double* slot = out + 2 * (long long)k + t;
+    *slot = !accumulate ? v : t == 7 ? fmin(*slot, v) : *slot + v;
   }
 }
 
-// out: gridDim.y x 2 x k: rows of slice q summed into out[q][0][j] = sum x_ij resid_i, out[q][1][j] = sum x_ij r_i.
-template <typename T>
-__device__ void wide_cols(const T* __restrict__ X, long long n, int k, long long rs, const double* __restrict__ resid,
-                          const double* __restrict__ rr, long long rows_per_slice, double* __restrict__ out) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= k) return;
-  const long long start = (long long)blockIdx.y * rows_per_slice;
-  const long long stop = min(n, start + rows_per_slice);
-  double g = 0, h = 0;
-  for (long long i = start; i < stop; ++i) {
-    const double x = (double)X[i * rs + j];
-    g = fma(x, resid[i], g);
-    h = fma(x, rr[i], h);
+#define WIDE_FUSED(T, ZT, F, R, THREADS, NAME)                                                                   \
+  extern "C" __global__ void __launch_bounds__(THREADS, THREADS == 256 && F < 8 ? 4 : 2048 / THREADS / 2)       \
+      logit_wide_fused_##NAME(                                   \
+      const T* __restrict__ X, long long n, int k, long long rs, const unsigned char* __restrict__ y,            \
+      const double* __restrict__ sw, int has_sw, double cw0, double cw1, const double* __restrict__ w,           \
+      ZT* __restrict__ Z, double* __restrict__ acc, int accumulate) {                                            \
+    wide_fused<T, ZT, F, R>(X, n, k, rs, y, sw, has_sw, cw0, cw1, w, Z, acc, accumulate);                        \
   }
-  out[((long long)blockIdx.y * 2) * k + j] = g;
-  out[((long long)blockIdx.y * 2 + 1) * k + j] = h;
+// names: logit_wide_fused_<x>_z<z>_f<F>_r<R>_t<threads>; k <= F x threads, R rows a warp in phase A
+#define WIDE_FUSED_ALL(F, R, THREADS)                                               \
+  WIDE_FUSED(float, float, F, R, THREADS, f32_z32_f##F##_r##R##_t##THREADS)         \
+  WIDE_FUSED(float, double, F, R, THREADS, f32_z64_f##F##_r##R##_t##THREADS)        \
+  WIDE_FUSED(double, float, F, R, THREADS, f64_z32_f##F##_r##R##_t##THREADS)        \
+  WIDE_FUSED(double, double, F, R, THREADS, f64_z64_f##F##_r##R##_t##THREADS)
+#define WIDE_FUSED_SHAPES(R)    \
+  WIDE_FUSED_ALL(1, R, 256)     \
+  WIDE_FUSED_ALL(2, R, 256)     \
+  WIDE_FUSED_ALL(4, R, 256)     \
+  WIDE_FUSED_ALL(8, R, 256)     \
+  WIDE_FUSED_ALL(8, R, 1024)
+WIDE_FUSED_SHAPES(1)
+WIDE_FUSED_SHAPES(2)
+WIDE_FUSED_SHAPES(4)
+
+// gram (k x k float64) = (or +=) the sum over ``blocks`` GEMM results (k x k each, column-major) of
+// the elements (r, c) with r <= c: the column-major upper triangle, which logit_wide_finish reads as
+// the row-major lower one (the GEMMs of the panels below it are not made: _wide.py _gram_blocks).
+template <typename ZT>
+__device__ __forceinline__ void gram_sum(const ZT* __restrict__ parts, int blocks, int k, double* __restrict__ gram,
+                                         int accumulate) {
+  const long long kk = (long long)k * k;
+  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < kk; e += (long long)gridDim.x * blockDim.x) {
+    if (e % k > e / k) continue;
+    double v = 0;
+    for (int q = 0; q < blocks; ++q) v += (double)parts[q * kk + e];
+    gram[e] = accumulate ? gram[e] + v : v;
+  }
+}
+extern "C" __global__ void logit_wide_gram_sum_z32(const float* __restrict__ parts, int blocks, int k,
+                                                   double* __restrict__ gram, int accumulate) {
+  gram_sum<float>(parts, blocks, k, gram, accumulate);
+}
+extern "C" __global__ void logit_wide_gram_sum_z64(const double* __restrict__ parts, int blocks, int k,
+                                                   double* __restrict__ gram, int accumulate) {
+  gram_sum<double>(parts, blocks, k, gram, accumulate);
 }
 
-#define WIDE_ROWS(T, ZT, NAME)                                                                                     \
-  extern "C" __global__ void logit_wide_rows_##NAME(                                                               \
-      const T* __restrict__ X, long long n, int k, long long rs, const unsigned char* __restrict__ y,              \
-      const double* __restrict__ sw, int has_sw, double cw0, double cw1, const double* __restrict__ w,             \
-      double* __restrict__ rr, double* __restrict__ resid, ZT* __restrict__ Z, double* __restrict__ partials) {    \
-    wide_rows<T, ZT>(X, n, k, rs, y, sw, has_sw, cw0, cw1, w, rr, resid, Z, partials);                             \
+// The pass's flat vector (ml/_pass.py's layout, P = k + 1) and its full Hessian, from the blocks' acc
+// and the features' Gram matrix (k x k float64, row-major; the GEMMs' two triangles may differ in their
+// last bits, so the lower one is read for both): a thread per output value, each summing its value
+// over the blocks (min for the margin).
+extern "C" __global__ void logit_wide_finish(const double* __restrict__ acc, int blocks, int k,
+                                             const double* __restrict__ gram, double* __restrict__ out,
+                                             double* __restrict__ H) {
+  const long long p = k + 1, nt = p * (p + 1) / 2, stride = FUSED_STRIDE(k);
+  const long long total = nt + p + 6;
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < total;
+       o += (long long)gridDim.x * blockDim.x) {
+    long long src = -1;  // a column of acc to sum over the blocks, or -1: from the Gram matrix
+    long long r = 0, c = 0;
+    if (o < nt) {  // row r, column c >= r of the upper triangle, row-major
+      long long rem = o;
+      while (rem >= p - r) {
+        rem -= p - r;
+        ++r;
+      }
+      c = r + rem;
+      if (c == k && r == k) src = 2 * (long long)k + 5;  // sum r
+      else if (c == k) src = k + r;                      // sum x_r r
+    } else if (o < nt + k) {
+      src = o - nt;  // sum x resid
+    } else if (o == nt + k) {
+      src = 2 * (long long)k + 6;  // sum resid
+    } else {
+      const long long t = o - nt - p;  // 0..4: ll, s, s y, non-finite, saturated; 5: margin
+      src = 2 * (long long)k + (t < 5 ? t : 7);
+    }
+    double v;
+    if (src < 0) {
+      v = gram[c * (long long)k + r];  // c >= r: the lower triangle's (c, r)
+    } else if (src == 2 * (long long)k + 7) {
+      v = acc[src];
+      for (int q = 1; q < blocks; ++q) v = fmin(v, acc[q * stride + src]);
+    } else {
+      v = 0;
+      for (int q = 0; q < blocks; ++q) v += acc[q * stride + src];
+    }
+    out[o] = v;
+    if (o < nt && H != nullptr) {
+      H[r * p + c] = v;
+      H[c * p + r] = v;
+    }
   }
-#define WIDE_COLS(T, NAME)                                                                                         \
-  extern "C" __global__ void logit_wide_cols_##NAME(const T* __restrict__ X, long long n, int k, long long rs,      \
-                                                    const double* __restrict__ resid, const double* __restrict__ rr, \
-                                                    long long rows_per_slice, double* __restrict__ out) {           \
-    wide_cols<T>(X, n, k, rs, resid, rr, rows_per_slice, out);                                                     \
-  }
+}
 
-WIDE_ROWS(float, float, f32_z32)
-WIDE_ROWS(float, double, f32_z64)
-WIDE_ROWS(double, float, f64_z32)
-WIDE_ROWS(double, double, f64_z64)
-WIDE_COLS(float, f32)
-WIDE_COLS(double, f64)
+// The Newton step's system over the free parameters (ml/_irls.py IRLSSolver.penalized): A = H[a, a]
+// plus l2 on the free features' diagonal, rhs = g[a] minus l2 w there; m = len(a), features first.
+extern "C" __global__ void logit_wide_system(const double* __restrict__ H, const double* __restrict__ g,
+                                             const double* __restrict__ w, const long long* __restrict__ a, int m,
+                                             int nfree, double l2, int p, double* __restrict__ A,
+                                             double* __restrict__ rhs) {
+  const long long total = (long long)m * m;
+  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < total;
+       o += (long long)gridDim.x * blockDim.x) {
+    const int i = (int)(o / m), j = (int)(o % m);
+    A[o] = H[a[i] * (long long)p + a[j]] + (i == j && i < nfree ? l2 : 0.0);
+    if (j == 0) rhs[i] = g[a[i]] - (i < nfree ? l2 * w[a[i]] : 0.0);
+  }
+}
+
+// After cuSOLVER's factorisation and solve: the step over all P parameters (0 where not free), the next
+// weights w + step, and a flag (1: the step exists, positive definite and finite), into tail =
+// [step (P), next weights (P), flag]; wnext gets the next weights too (the speculative pass reads them).
+// One block; ``info`` holds potrf's and potrs's devInfo.
+extern "C" __global__ void logit_wide_next(const double* __restrict__ sol, const long long* __restrict__ a, int m,
+                                           const int* __restrict__ info, const double* __restrict__ w, int p,
+                                           double* __restrict__ tail, double* __restrict__ wnext) {
+  __shared__ int bad;
+  if (threadIdx.x == 0) bad = info[0] != 0 || info[1] != 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < m; i += blockDim.x)
+    if (!isfinite(sol[i])) bad = 1;
+  for (int j = threadIdx.x; j < p; j += blockDim.x) tail[j] = 0.0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < m; i += blockDim.x) tail[a[i]] = bad ? 0.0 : sol[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < p; j += blockDim.x) {
+    const double v = w[j] + tail[j];
+    tail[p + j] = v;
+    wnext[j] = v;
+  }
+  if (threadIdx.x == 0) tail[2 * p] = bad ? 0.0 : 1.0;
+}

@@ -517,6 +517,18 @@ def find_aliased(H: np.ndarray, order: list[int], tol: float = ALIAS_TOL) -> lis
     """
     A = H[np.ix_(order, order)]
     p = len(order)
+    # Where no column is aliased the loop below is a plain Cholesky factorisation, whose pivots L_jj^2
+    # are its v[0]s: LAPACK's says so at once (a 1025-parameter fit: ~15 ms instead of ~200 ms of the
+    # loop's copies); the loop decides the rest (up to rounding the same pivots, as LAPACK sums in
+    # another order)
+    d = np.diag(A)
+    if p and np.isfinite(A).all() and (d > 0).all():
+        try:
+            pivots = np.diag(np.linalg.cholesky(A)) ** 2
+        except np.linalg.LinAlgError:
+            pivots = None
+        if pivots is not None and (pivots > 4 * tol * d).all():
+            return []
     L = np.zeros((p, p))
     keep = np.zeros(p, dtype=bool)
     for j in range(p):

@@ -141,9 +141,12 @@ class KernelPass:
                          self.wnext[slot]))  # fmt: skip
         return lid
 
-    def __call__(self, cw: tuple[float, float], w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def __call__(
+        self, cw: tuple[float, float], w: np.ndarray, hessian: str = "float64", next_hessian: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """One pass at ``w``, waited for: the flat float64 sums on the host, and the Newton step under the
-        planned rule (None: no rule, or the step failed on the device)."""
+        planned rule (None: no rule, or the step failed on the device). Its Hessian is always float64
+        (``hessian`` and ``next_hessian``: as ``WidePass``'s, ignored)."""
         import cupy
 
         lid = self._claim(cw, w)

@@ -28,6 +28,7 @@ from ._pass import (
     reduced_hessians,
 )
 from ._staging import HostStaging
+from ._wide import WidePass, uses_wide
 
 __all__ = ["Source", "ArraySource", "ScanSource"]
 
@@ -154,7 +155,7 @@ class ArraySource(Source):
         self.rows = batch.X.shape[0]
         self.skipped = batch.skipped
         self.single_precision = batch.X.dtype == np.float32
-        self._kernel: KernelPass | None = None
+        self._passes: KernelPass | WidePass | None = None  # in-memory passes on a GPU, set up once
         self._plan: tuple | None = None
 
     def batches(self) -> Iterable[Batch]:
@@ -162,25 +163,32 @@ class ArraySource(Source):
 
     def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
         self._plan = (np.array(active), int(n_free_features), float(l2), bool(ahead))
-        if self._kernel is not None:
-            self._kernel.plan(*self._plan)
+        if self._passes is not None:
+            self._passes.plan(*self._plan)
 
     def close(self) -> None:
-        if self._kernel is not None:
+        if self._passes is not None:
             with self.backend.activate():
-                self._kernel.close()
+                self._passes.close()
 
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
         b = self.batch
         self._step = None
         with self.backend.activate():
-            if b.X.shape[0] and uses_kernel(self.backend, b.X):
-                if self._kernel is None:
-                    self._kernel = KernelPass(b.X, b.y, b.sw, self.backend.ordinal, to_host=True)
-                    if self._plan is not None:
-                        self._kernel.plan(*self._plan)
-                vec, self._step = self._kernel(self.class_weight, w)
-                self._rule = self._kernel.rule
+            if self._passes is None and b.X.shape[0]:
+                if uses_kernel(self.backend, b.X):
+                    self._passes = KernelPass(b.X, b.y, b.sw, self.backend.ordinal, to_host=True)
+                elif uses_wide(self.backend, b.X) and not defaults.logit_chunk_rows:
+                    self._passes = WidePass(self.backend, b.X, b.y, b.sw, to_host=True)
+                if self._passes is not None and self._plan is not None:
+                    self._passes.plan(*self._plan)
+            if self._passes is not None:
+                # the pass queued after this one: in this one's precision, or after the first (always
+                # float64) in the cheapest reduced one, which the solver's guard most often admits
+                reduced = self.reduced_hessians()
+                after = reduced[0][0] if first and reduced else self._hessian
+                vec, self._step = self._passes(self.class_weight, w, self._hessian, after)
+                self._rule = self._passes.rule
                 return vec
             out = batch_pass(
                 self.backend, b.X, b.y, b.sw, self.class_weight, w, self._hessian, defaults.logit_chunk_rows
