@@ -93,7 +93,7 @@ def _packed(path, columns=None) -> list[Packed]:
     with open_arrow_file(path) as f:
         layouts = parse_batches(f, columns if columns is not None else f.schema.names)
     assert layouts is not None, "the compressed file was left to pyarrow"
-    return inflating.packed_buffers(layouts)
+    return layouts.packed_buffers()
 
 
 def _read_quietly(path, **kw):

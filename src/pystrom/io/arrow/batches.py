@@ -26,7 +26,8 @@ that was a fifth of read_arrow. Here, in order:
    8-byte aligned, row counts equal to the batch's, NULL counts in [0, rows], a validity bitmap
    wherever there are NULLs, every buffer as long as its row count needs (the checks of
    :meth:`.file.ArrowFile.layout`, over every field rather than only the selected ones);
-4. the :class:`.file.BatchLayout` of each batch for the selected columns, as pyarrow's path builds it.
+4. the :class:`.layouts.Layouts` of the selected columns: per column and buffer, arrays over the batches
+   of what pyarrow's path builds batch by batch.
 
 Anything unexpected in 1-3 declines rather than raises: the fast path never accepts a file pyarrow's
 path would refuse, and the error a corrupt file gets stays the one pyarrow's path gives.
@@ -44,9 +45,10 @@ from ... import _core
 from ..._types import ColumnType, Layout
 from ...errors import FileFormatError
 from .compressed import compressed_layouts, field_counts
-from .file import ARROW_ERRORS, ArrowFile, BatchLayout, ChunkLayout, Range, direct_types
+from .file import ARROW_ERRORS, ArrowFile, direct_types
 from .format import MAX_FOOTER_BYTES, METADATA_V5, FooterError, _Reader, read_footer, read_key_values
 from .inflate import CODECS
+from .layouts import Buffers, Chunks, Layouts
 
 __all__ = ["batch_layouts", "parse_batches"]
 
@@ -58,15 +60,16 @@ class _Decline(Exception):
     """The fast path does not apply to this file; pyarrow's path decides."""
 
 
-def batch_layouts(file: ArrowFile, columns: Sequence[str], types: dict[str, ColumnType | None]) -> list[BatchLayout]:
+def batch_layouts(file: ArrowFile, columns: Sequence[str], types: dict[str, ColumnType | None]) -> Layouts:
     """The layout of every record batch of ``file`` for ``columns`` (``types``: :func:`.file.direct_types`)."""
     fast = parse_batches(file, columns)
     if fast is not None:
         return fast
-    return [file.layout(i, columns, types) for i in range(file.num_batches)]
+    slow = [file.layout(i, columns, types) for i in range(file.num_batches)]
+    return Layouts.of(slow, [] if file.compressed else [c for c in columns if types[c] is not None])
 
 
-def parse_batches(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout] | None:
+def parse_batches(file: ArrowFile, columns: Sequence[str]) -> Layouts | None:
     """Every batch's layout from the raw metadata (steps 1-4 above), or None where pyarrow's path must decide."""
     try:
         return _parse(file, columns)
@@ -76,7 +79,7 @@ def parse_batches(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout] 
         return None
 
 
-def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
+def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
     if file.is_stream or file.compressed:
         raise _Decline
     names = file.schema.names
@@ -106,7 +109,7 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
         raise _Decline
     flat = _check_footer(footer) and flat
     if not blocks:
-        return []
+        return Layouts.of([], [c for c in columns if types[c] is not None])
 
     count = len(blocks)
     rows = np.empty(count, dtype=np.int64)
@@ -246,29 +249,25 @@ def _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, types) ->
         raise _Decline
 
 
-def _layouts(rows, bodies, nodes, buffers, per_field, names, columns) -> list[BatchLayout]:
+def _layouts(rows, bodies, nodes, buffers, per_field, names, columns) -> Layouts:
     """Step 4: the selected columns' chunks of every batch (file offsets; empty buffers at 0, as pyarrow's path)."""
     first = np.cumsum([0, *per_field[:-1]]).tolist()
     base = bodies[:, 0]
-    empty = Range(0, 0)  # immutable: one for every empty buffer
 
-    def ranges(k: int, used: np.ndarray | None = None) -> list[Range | None]:
-        """Buffer ``k`` of every batch (None where ``used`` is False), from flat lists: a nested
-        ``tolist()`` of every batch's buffers built 50,000 small lists for 2048 batches x 8 columns."""
+    def ranges(k: int, used: np.ndarray | None = None) -> Buffers:
+        """Buffer ``k`` of every batch (none where ``used`` is False)."""
         size = buffers[:, k, 1]
-        at = np.where(size > 0, base + buffers[:, k, 0], 0).tolist()
-        out = [Range(a, n) if n else empty for a, n in zip(at, size.tolist())]
-        if used is not None:
-            out = [r if u else None for r, u in zip(out, used.tolist())]
-        return out
+        offset = np.where(size > 0, base + buffers[:, k, 0], 0)
+        if used is None:
+            return Buffers(offset, size.copy())
+        return Buffers(np.where(used, offset, -1), np.where(used, size, 0))
 
-    per_batch: list[dict[str, ChunkLayout]] = [{} for _ in range(len(rows))]
+    zeros = np.zeros(len(rows), dtype=np.int64)
+    chunks = {}
     for name in columns:
-        j = names.index(name)
+        j = names.index(name)  # a flat schema: one FieldNode a field
         b = first[j]
-        n, nulls = nodes[:, j, 0], nodes[:, j, 1]
-        validity = ranges(b, nulls > 0)
-        data = ranges(b + 2) if per_field[j] == 3 else [None] * len(rows)
-        for out, *args in zip(per_batch, n.tolist(), nulls.tolist(), validity, ranges(b + 1), data):
-            out[name] = ChunkLayout(*args)
-    return [BatchLayout(i, num_rows, chunks) for i, (num_rows, chunks) in enumerate(zip(rows.tolist(), per_batch))]
+        n, nulls = nodes[:, j, 0].copy(), nodes[:, j, 1].copy()
+        data = ranges(b + 2) if per_field[j] == 3 else None
+        chunks[name] = Chunks(n, nulls, ranges(b, nulls > 0), ranges(b + 1), data, zeros, zeros)
+    return Layouts(np.arange(len(rows), dtype=np.int64), rows.copy(), chunks)

@@ -50,6 +50,16 @@ class Catalog:
     frame_offset: np.ndarray  # the compressed frame's file range
     frame_size: np.ndarray
     codec: np.ndarray  # int8, index into CODECS
+    # for errors: each buffer's record batch and an index into ``labels`` ("column 'x', buffer 1 (values)");
+    # a batch of -1: the label is the whole description
+    batch: np.ndarray
+    label: np.ndarray
+    labels: list[str]
+
+    def what(self, k: int) -> str:
+        """Buffer ``k`` in words (Packed.what): "record batch 3, column 'x', buffer 1 (values)"."""
+        batch, label = int(self.batch[k]), self.labels[int(self.label[k])]
+        return label if batch < 0 else f"record batch {batch}, {label}"
 
     @classmethod
     def of(cls, packed: Sequence[Any]) -> Catalog:
@@ -60,7 +70,23 @@ class Catalog:
             np.fromiter((p.frame.offset for p in packed), np.int64, n),
             np.fromiter((p.frame.size for p in packed), np.int64, n),
             np.fromiter((CODECS.index(p.codec) for p in packed), np.int8, n),
+            np.full(n, -1, dtype=np.int64),
+            np.arange(n, dtype=np.int64),
+            [p.what for p in packed],
         )
+
+    @classmethod
+    def join(cls, parts: Sequence[Catalog]) -> Catalog:
+        """One catalog of ``parts`` (their places ascending part after part), labels renumbered."""
+        labels: list[str] = []
+        shifted = []
+        for p in parts:
+            shifted.append(p.label + len(labels))
+            labels += p.labels
+        cat = [np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
+               for f in ("place", "size", "frame_offset", "frame_size", "codec", "batch")]  # fmt: skip
+        label = np.concatenate(shifted) if parts else np.zeros(0, np.int64)
+        return cls(*cat[:4], cat[4].astype(np.int8), cat[5], label, labels)
 
 
 @dataclass

@@ -57,13 +57,13 @@ import numpy as np
 
 from ..._backend import stream_group_bytes
 from ...errors import FileFormatError
-from .file import PACKED_BASE, BatchLayout, Packed
+from .file import PACKED_BASE, Packed
 from .inflate import CODECS, Frames, inflate, staged
 from .inflate_plan import Catalog, Needed, Reads, Slice, cut, frames_of, gather, up
 from .inflate_staged import StagedInflater
 from .zstd_frames import check_zstd, zstd_reason
 
-__all__ = ["InflatingReader", "packed_buffers", "scratch_bytes"]
+__all__ = ["InflatingReader", "scratch_bytes"]
 
 _DEPTH = 3  # src arrays: slice i + 1 is read into the one slice i - 2 was inflated from (module docstring)
 
@@ -75,28 +75,17 @@ def scratch_bytes(backend: Any) -> int:
     return max(16 << 20, min(2 << 30, 2 * stream_group_bytes(backend)))
 
 
-def packed_buffers(batches: Sequence[BatchLayout]) -> list[Packed]:
-    """Every compressed buffer the batches' chunks name, by offset (each once: a batch may be listed twice)."""
-    # one flat comprehension: per chunk and buffer, a loop body cost 10 ms for 2048 batches x 8 columns
-    found = [r for b in batches for c in b.chunks.values()
-             for r in (c.validity, c.values, c.data, c.child_validity) if type(r) is Packed]  # fmt: skip
-    found.sort(key=_offset)
-    return [p for i, p in enumerate(found) if not i or found[i - 1].offset != p.offset]
-
-
-def _offset(p: Packed) -> int:
-    return p.offset
-
-
 class InflatingReader:
-    """:class:`.ranges.RangeReader`'s interface over ``reader`` (the file's), serving ``packed``."""
+    """:class:`.ranges.RangeReader`'s interface over ``reader`` (the file's), serving the compressed
+    buffers of ``packed`` (a layouts' catalog, or :class:`.file.Packed` objects)."""
 
-    def __init__(self, reader: Any, packed: Sequence[Packed], scratch: int | None = None):
+    def __init__(self, reader: Any, packed: Catalog | Sequence[Packed], scratch: int | None = None):
         self._reader = reader
         self.backend = reader.backend
         self.path = reader.path
-        self._packed = sorted(packed, key=lambda p: p.offset)
-        self._catalog = Catalog.of(self._packed)
+        if not isinstance(packed, Catalog):
+            packed = Catalog.of(sorted(packed, key=lambda p: p.offset))
+        self._catalog = packed
         self._scratch = scratch_bytes(self.backend) if scratch is None else scratch
         self._queued: list[tuple[int, int, Any]] = []
         self._side: Any = None  # the GPU stream inflation runs on (_on_side_stream)
@@ -115,6 +104,12 @@ class InflatingReader:
         progress = getattr(self._reader, "progress", None)
         if progress is not None:
             progress(self._reader.bytes_read + staged_bytes)
+
+    def read_many(self, offsets: np.ndarray, sizes: np.ndarray, dst: Any, at: np.ndarray) -> None:
+        """:meth:`.ranges.RangeReader.read_many`: file offsets or places in the catalog's buffers."""
+        for offset, size, pos in zip(offsets.tolist(), sizes.tolist(), at.tolist()):
+            if size > 0:
+                self.read(offset, size, dst[pos : pos + size])
 
     def read(self, offset: int, size: int, dst: Any) -> None:
         if size <= 0:
@@ -237,21 +232,23 @@ class InflatingReader:
         if not len(wrong):
             return
         i = int(wrong[np.argmin(catalog.frame_offset[ks[wrong]])])
-        p, n = self._packed[int(ks[i])], int(got[i])
+        k, n = int(ks[i]), int(got[i])
+        codec, claim = CODECS[int(catalog.codec[k])], int(catalog.size[k])
         why = "its frame is corrupt" if n < 0 else f"its frame decompresses to {n:,} bytes"
-        if n < 0 and p.codec == "zstd":
-            why += self._zstd_why(p)
+        if n < 0 and codec == "zstd":
+            why += self._zstd_why(k)
         raise FileFormatError(
-            f"{self.path!r}: {p.what}: {why}, its length prefix claims {p.size:,} ({p.codec}; corrupt file)"
+            f"{self.path!r}: {catalog.what(k)}: {why}, its length prefix claims {claim:,} ({codec}; corrupt file)"
         )
 
-    def _zstd_why(self, p: Packed) -> str:
-        """The structural fault of a refused ZSTD frame, if it has one (its bytes read again on the host:
-        the scratch they were read into may hold another slice by now)."""
+    def _zstd_why(self, k: int) -> str:
+        """The structural fault of the refused ZSTD frame ``k``, if it has one (its bytes read again on
+        the host: the scratch they were read into may hold another slice by now)."""
+        offset, size = int(self._catalog.frame_offset[k]), int(self._catalog.frame_size[k])
         with open(self.path, "rb") as f:
-            f.seek(p.frame.offset)
-            frame = np.frombuffer(f.read(p.frame.size), dtype=np.uint8)
-        if frame.shape[0] != p.frame.size:
+            f.seek(offset)
+            frame = np.frombuffer(f.read(size), dtype=np.uint8)
+        if frame.shape[0] != size:
             return ""
-        code = int(check_zstd(frame, np.zeros(1, np.int64), np.array([p.frame.size]), np.array([p.size]))[0])
+        code = int(check_zstd(frame, np.zeros(1, np.int64), np.array([size]), np.array([self._catalog.size[k]]))[0])
         return f" ({zstd_reason(code)})" if code else ""

@@ -135,6 +135,13 @@ class RangeReader:
             return
         self._pending.append((offset, size, memoryview(dst).cast("B")[:size]))
 
+    def read_many(self, offsets: np.ndarray, sizes: np.ndarray, dst: Any, at: np.ndarray) -> None:
+        """Read ``sizes[i]`` bytes at file ``offsets[i]`` into ``dst[at[i] : at[i] + sizes[i]]`` for every
+        ``i`` (int64 arrays; empty reads skipped), ``dst`` a contiguous 1-D uint8 array."""
+        for offset, size, pos in zip(offsets.tolist(), sizes.tolist(), at.tolist()):
+            if size > 0:
+                self.read(offset, size, dst[pos : pos + size])
+
     def _submit_pending(self) -> None:
         """Hand the queued CPU reads to the pool, coalesced into tasks (module docstring)."""
         pending, self._pending = self._pending, []
