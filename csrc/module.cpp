@@ -18,6 +18,7 @@
 #include "pg_encode.hpp"
 #include "pg_decode.hpp"
 #include "pg_pump.hpp"
+#include "pread_runs.hpp"
 #include "zstd_frame.hpp"
 
 namespace py = pybind11;
@@ -143,6 +144,47 @@ PYBIND11_MODULE(_core, m) {
                               reinterpret_cast<int64_t*>(b.ptr), reinterpret_cast<int64_t*>(nd.ptr),
                               reinterpret_cast<int64_t*>(bf.ptr), reinterpret_cast<int64_t*>(c.ptr),
                               reinterpret_cast<int32_t*>(st.ptr));
+  });
+
+  m.def("plan_runs", [](py::buffer offsets, py::buffer sizes, int64_t max_gap, int64_t max_bytes,
+                        py::buffer run_first) {
+    Bytes o = request(offsets, false, "offsets");
+    Bytes z = request(sizes, false, "sizes");
+    Bytes r = request(run_first, true, "run_first");
+    const std::size_t n = o.size / sizeof(int64_t);
+    if (z.size != o.size || r.size != (n + 1) * sizeof(int64_t)) {
+      throw std::invalid_argument("plan_runs: offsets and sizes (int64) differ in length, or run_first is not one longer");
+    }
+    py::gil_scoped_release nogil;
+    return pystrom::plan_runs(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n,
+                              max_gap, max_bytes, reinterpret_cast<int64_t*>(r.ptr));
+  });
+
+  // ptrs are addresses of memory the caller owns and keeps alive (io/arrow/ranges.py checks each piece
+  // lies inside its destination array); the runs' bounds are checked here.
+  m.def("pread_runs", [](int fd, py::buffer offsets, py::buffer sizes, py::buffer ptrs, py::buffer run_first,
+                         int64_t max_call, py::buffer got) {
+    Bytes o = request(offsets, false, "offsets");
+    Bytes z = request(sizes, false, "sizes");
+    Bytes p = request(ptrs, false, "ptrs");
+    Bytes r = request(run_first, false, "run_first");
+    Bytes g = request(got, true, "got");
+    const std::size_t n = o.size / sizeof(int64_t);
+    const std::size_t runs = g.size / sizeof(int64_t);
+    if (z.size != o.size || p.size != o.size || r.size != (runs + 1) * sizeof(int64_t)) {
+      throw std::invalid_argument("pread_runs: offsets, sizes, ptrs (int64) differ in length, or run_first is not "
+                                  "one longer than got");
+    }
+    const int64_t* first = reinterpret_cast<const int64_t*>(r.ptr);
+    for (std::size_t k = 0; k < runs; ++k) {
+      if (first[k] < 0 || first[k] > first[k + 1] || static_cast<std::size_t>(first[k + 1]) > n) {
+        throw std::out_of_range("pread_runs: run_first is not ascending inside the pieces");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::pread_runs(fd, reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr),
+                        reinterpret_cast<const int64_t*>(p.ptr), first, runs, max_call,
+                        reinterpret_cast<int64_t*>(g.ptr));
   });
 
   m.def("gather_varbinary", [](py::buffer src_offsets, py::buffer src_data, py::buffer rows, py::buffer dst_offsets,

@@ -27,6 +27,17 @@ def gather_varbinary(
 ) -> None:
     """Copy the bytes of string rows ``rows`` (int64) into ``dst_data`` at ``dst_offsets`` (int32 prefix sums)."""
 
+def plan_runs(offsets: Buffer, sizes: Buffer, max_gap: int, max_bytes: int, run_first: Buffer) -> int:
+    """Pieces sorted by file offset (int64) cut into runs of consecutive pieces (gaps of at most ``max_gap``
+    bytes, spans of at most ``max_bytes``): their first pieces into ``run_first`` (n + 1 entries, the last
+    one n); the number of runs (csrc/pread_runs.hpp)."""
+
+def pread_runs(
+    fd: int, offsets: Buffer, sizes: Buffer, ptrs: Buffer, run_first: Buffer, max_call: int, got: Buffer
+) -> None:
+    """Read each run of :func:`plan_runs` with preadv, piece i to the address ``ptrs[i]``, without the GIL;
+    ``got[r]``: the bytes run r read (gaps included), or -errno. ``max_call`` > 0 caps each call (tests)."""
+
 # -- Arrow arrays handed to consumers (csrc/arrow_keep.cpp): owners let go of without the GIL ------------
 
 def arrow_keep(owner: object) -> int:

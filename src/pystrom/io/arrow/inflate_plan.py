@@ -98,14 +98,25 @@ class Reads:
     size: np.ndarray
     ptr: np.ndarray  # the destination's address
     usable: np.ndarray  # bool: the destination is a 1-D contiguous uint8 array of at least ``size`` bytes
-    dsts: list  # the destination arrays
+    group: np.ndarray  # the queued group (an index into ``dsts``) each read came in
+    at: np.ndarray  # where in that group's destination it goes
+    dsts: list  # each group's destination array
+
+    def dst(self, r: int) -> Any:
+        """Read ``r``'s destination (its ``size`` bytes, when usable)."""
+        at, d = int(self.at[r]), self.dsts[int(self.group[r])]
+        return d[at : at + int(self.size[r])] if self.usable[r] else d
 
 
-def gather(queued: Sequence[tuple[int, int, Any]], catalog: Catalog, backend: Any, path: str) -> Reads:
-    """``queued`` reads ``(offset above PACKED_BASE, size, destination)`` as :class:`Reads`."""
-    n = len(queued)
-    offsets = np.fromiter((q[0] for q in queued), np.int64, n)
-    sizes = np.fromiter((q[1] for q in queued), np.int64, n)
+def gather(queued: Sequence[tuple[Any, ...]], catalog: Catalog, backend: Any, path: str) -> Reads:
+    """``queued`` groups of reads ``(offsets above PACKED_BASE, sizes, destination, places in it,
+    usable)`` as :class:`Reads`: a group of read_many's (many pieces of one contiguous uint8 array: usable
+    by contract) or of one read (into an array of its own: ``usable`` None, found here)."""
+    counts = np.array([len(q[0]) for q in queued], dtype=np.int64)
+    offsets = np.concatenate([q[0] for q in queued])
+    sizes = np.concatenate([q[1] for q in queued])
+    at = np.concatenate([q[3] for q in queued])
+    group = np.repeat(np.arange(len(queued)), counts)
     dsts = [q[2] for q in queued]
     k = np.searchsorted(catalog.place, offsets, side="right") - 1
     inside = k >= 0
@@ -115,13 +126,16 @@ def gather(queued: Sequence[tuple[int, int, Any]], catalog: Catalog, backend: An
         i = int(np.flatnonzero(~inside)[0])
         raise FileFormatError(f"{path!r}: a read of {int(sizes[i])} bytes past a compressed buffer's end")
     if backend.kind == "cpu":  # one attribute walk per destination: asked per read, it was 1/8 of the planning
-        ptr = np.fromiter((d.ctypes.data for d in dsts), np.int64, n)
+        base = np.fromiter((d.ctypes.data for d in dsts), np.int64, len(dsts))
     else:
-        ptr = np.fromiter((d.data.ptr for d in dsts), np.int64, n)
-    pairs = zip(dsts, sizes.tolist())
-    fits = (d.ndim == 1 and d.dtype == _U8 and d.flags.c_contiguous and d.shape[0] >= s for d, s in pairs)
-    usable = np.fromiter(fits, bool, n)
-    return Reads(k, offsets - catalog.place[k], sizes, ptr, usable, dsts)
+        base = np.fromiter((d.data.ptr for d in dsts), np.int64, len(dsts))
+
+    def fits(q: tuple[Any, ...]) -> bool:
+        d, size = q[2], int(q[1][0])
+        return d.ndim == 1 and d.dtype == _U8 and d.flags.c_contiguous and d.shape[0] >= size
+
+    usable = np.fromiter((True if q[4] else fits(q) for q in queued), bool, len(queued))
+    return Reads(k, offsets - catalog.place[k], sizes, base[group] + at, usable[group], group, at, dsts)
 
 
 @dataclass

@@ -61,6 +61,7 @@ from .file import PACKED_BASE, Packed
 from .inflate import CODECS, Frames, inflate, staged
 from .inflate_plan import Catalog, Needed, Reads, Slice, cut, frames_of, gather, up
 from .inflate_staged import StagedInflater
+from .ranges import check_pieces
 from .zstd_frames import check_zstd, zstd_reason
 
 __all__ = ["InflatingReader", "scratch_bytes"]
@@ -87,7 +88,7 @@ class InflatingReader:
             packed = Catalog.of(sorted(packed, key=lambda p: p.offset))
         self._catalog = packed
         self._scratch = scratch_bytes(self.backend) if scratch is None else scratch
-        self._queued: list[tuple[int, int, Any]] = []
+        self._queued: list[tuple[Any, ...]] = []  # groups of reads (inflate_plan.gather)
         self._side: Any = None  # the GPU stream inflation runs on (_on_side_stream)
         self._staged = StagedInflater(self.path, self.backend, self._scratch, self._report)
         self.frames_inflated = 0  # frames decompressed so far (one frame twice if read in two waits)
@@ -107,9 +108,14 @@ class InflatingReader:
 
     def read_many(self, offsets: np.ndarray, sizes: np.ndarray, dst: Any, at: np.ndarray) -> None:
         """:meth:`.ranges.RangeReader.read_many`: file offsets or places in the catalog's buffers."""
-        for offset, size, pos in zip(offsets.tolist(), sizes.tolist(), at.tolist()):
-            if size > 0:
-                self.read(offset, size, dst[pos : pos + size])
+        keep = sizes > 0
+        offsets, sizes, at = offsets[keep], sizes[keep], at[keep]
+        check_pieces(dst, sizes, at)
+        packed = offsets >= PACKED_BASE
+        if not packed.all():
+            self._reader.read_many(offsets[~packed], sizes[~packed], dst, at[~packed])
+        if packed.any():
+            self._queued.append((offsets[packed], sizes[packed], dst, at[packed], True))
 
     def read(self, offset: int, size: int, dst: Any) -> None:
         if size <= 0:
@@ -117,7 +123,8 @@ class InflatingReader:
         if offset < PACKED_BASE:
             self._reader.read(offset, size, dst)
         else:
-            self._queued.append((offset, size, dst))
+            one = np.ones(1, dtype=np.int64)
+            self._queued.append((one * offset, one * size, dst, one * 0, None))
 
     def wait(self) -> None:
         queued, self._queued = self._queued, []
@@ -202,8 +209,7 @@ class InflatingReader:
         in_place = needed.in_place[s.lo : s.hi]
         first = needed.first()[s.lo : s.hi]
         dst = self.backend.xp.empty(s.dst_bytes, dtype=np.uint8) if s.dst_bytes else None
-        dsts = reads.dsts
-        own = [dsts[r] if whole else None for r, whole in zip(first.tolist(), in_place.tolist())]
+        own = [reads.dst(r) if whole else None for r, whole in zip(first.tolist(), in_place.tolist())]
         addresses = np.where(in_place, reads.ptr[first], 0)
         codecs = catalog.codec[ks]
         parts = []
@@ -217,7 +223,7 @@ class InflatingReader:
         idx, of = needed.reads(np.flatnonzero(~in_place) + s.lo)
         at = s.dst_at[of - s.lo]
         for r, a, rel, size in zip(idx.tolist(), at.tolist(), reads.rel[idx].tolist(), reads.size[idx].tolist()):
-            dsts[r][:size] = dst[a + rel : a + rel + size]
+            reads.dst(r)[:size] = dst[a + rel : a + rel + size]
         return parts
 
     def _check(self, done: list[tuple]) -> None:
