@@ -95,6 +95,38 @@ PYBIND11_MODULE(_core, m) {
     return pystrom::lz4_frame_decode(s.ptr, s.size, d.ptr, d.size);
   });
 
+  // dst: addresses of memory the caller owns, caps[i] bytes each (io/arrow/inflate.py checks or vouches
+  // for them); the frames' spans in src and the indices are checked here.
+  m.def("lz4_frames_decode", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer dst, py::buffer caps,
+                                py::buffer which, py::buffer produced) {
+    Bytes s = request(src, false, "src");
+    Bytes o = request(offsets, false, "offsets");
+    Bytes z = request(sizes, false, "sizes");
+    Bytes d = request(dst, false, "dst");
+    Bytes c = request(caps, false, "caps");
+    Bytes w = request(which, false, "which");
+    Bytes p = request(produced, true, "produced");
+    const std::size_t n = o.size / sizeof(int64_t);
+    if (z.size != o.size || d.size != o.size || c.size != o.size || p.size != o.size) {
+      throw std::invalid_argument("lz4_frames_decode: offsets, sizes, dst, caps and produced (int64) differ in length");
+    }
+    const int64_t* off = reinterpret_cast<const int64_t*>(o.ptr);
+    const int64_t* len = reinterpret_cast<const int64_t*>(z.ptr);
+    const int64_t* idx = reinterpret_cast<const int64_t*>(w.ptr);
+    const std::size_t count = w.size / sizeof(int64_t);
+    for (std::size_t j = 0; j < count; ++j) {
+      if (idx[j] < 0 || static_cast<std::size_t>(idx[j]) >= n) throw std::out_of_range("lz4_frames_decode: which");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (off[i] < 0 || len[i] < 0 || static_cast<uint64_t>(off[i]) + static_cast<uint64_t>(len[i]) > s.size) {
+        throw std::out_of_range("lz4_frames_decode: a frame's span lies outside src");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::lz4_frames_decode(s.ptr, off, len, reinterpret_cast<const int64_t*>(d.ptr),
+                               reinterpret_cast<const int64_t*>(c.ptr), idx, count, reinterpret_cast<int64_t*>(p.ptr));
+  });
+
   m.def("zstd_frames_check", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer claims,
                                 py::buffer out) {
     Bytes s = request(src, false, "src");

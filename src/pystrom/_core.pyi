@@ -18,6 +18,13 @@ def lz4_frame_decode(src: Buffer, dst: Buffer) -> int:
     """Decode the single LZ4 frame in ``src`` into ``dst`` (writable, contiguous): the bytes produced,
     -1 where the frame is malformed, -2 where it would produce more than ``dst`` holds."""
 
+def lz4_frames_decode(
+    src: Buffer, offsets: Buffer, sizes: Buffer, dst: Buffer, caps: Buffer, which: Buffer, produced: Buffer
+) -> None:
+    """Frames ``which`` (int64 indices) of ``src[offsets[i], + sizes[i])`` decoded into ``caps[i]`` bytes at the
+    address ``dst[i]`` (memory the caller owns), as :func:`lz4_frame_decode` does, without the GIL;
+    ``produced[i]``: the bytes frame i produces, -1 where it is malformed (csrc/lz4_size.hpp)."""
+
 def zstd_frames_check(src: Buffer, offsets: Buffer, sizes: Buffer, claims: Buffer, out: Buffer) -> None:
     """Per frame ``src[offsets[i], + sizes[i])`` (int64) claimed to decompress to ``claims[i]`` bytes: 0 in
     ``out[i]`` (int32) where it is one well-formed zstd frame that can, else a reason code (zstd_frames.py)."""

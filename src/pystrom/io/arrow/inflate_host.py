@@ -7,7 +7,9 @@ the largest first (the C++ and pyarrow's codecs release the GIL).
   the claimed size whatever the frame produced (so each frame was first walked for its real size):
   on the 2-core VM, a 240 MiB LZ4 file of 64Ki-row batches read in 66.6 ms that way against
   ``feather.read_table``'s 44.9, and in 49.3 against 49.0 decoded here. Its tests compare it with
-  pyarrow's codec (tests/test_lz4_decode.py).
+  pyarrow's codec (tests/test_lz4_decode.py). A pool task decodes its frames in one call
+  (``_core.lz4_frames_decode``, to the addresses :func:`.inflate.inflate` worked out): a Python call
+  and an output array a frame cost more than decoding the frames of a many-batch file (16,384 of 4 KiB).
 - ZSTD: pyarrow's codec (``pa.Codec("zstd")``), its output copied to its place. Its decoder refuses a
   frame that does not fill the claimed size exactly ("Corrupt ZSTD compressed data"), and every ZSTD
   frame is first checked for structure (:mod:`.zstd_frames`, the check the GPU path needs before
@@ -43,50 +45,49 @@ def _codec(name: str) -> pa.Codec:
     return pa.Codec(_PYARROW_NAMES[name])
 
 
-def inflate_host(frames: Any) -> np.ndarray:
-    """:func:`.inflate.inflate` for NumPy ``src``/``dst`` (an :class:`.inflate.Frames`)."""
+def inflate_host(frames: Any, at: np.ndarray | None = None) -> np.ndarray:
+    """:func:`.inflate.inflate` for NumPy ``src``/``dst`` (an :class:`.inflate.Frames`); ``at``: where each
+    frame's output starts (addresses :func:`.inflate.inflate` checked or was vouched for; None: from
+    ``frames``' arrays)."""
+    n = len(frames.src_offsets)
+    produced = np.empty(n, dtype=np.int64)
+    order = np.argsort(-np.asarray(frames.dst_sizes, dtype=np.int64), kind="stable")  # largest first (module docstring)
+    # Frames dealt round-robin (largest first) into a few tasks a thread: a task a frame cost ~15 us of
+    # the pool's Python each (2048 batches x 8 columns: 0.25 s of a 0.65 s read on the 2-core VM)
+    tasks = min(n, 4 * io_threads())
+    if frames.codec == "lz4_frame":  # a task's frames in one call (module docstring)
+        if at is None:
+            at = np.array([frames.out(i).ctypes.data for i in range(n)], dtype=np.int64)
+        ints = (frames.src_offsets, frames.src_sizes, at, frames.dst_sizes)
+        args = (frames.src, *(np.ascontiguousarray(a, dtype=np.int64) for a in ints))
+
+        def lz4(t: int) -> None:
+            _core.lz4_frames_decode(*args, order[t::tasks].copy(), produced)
+
+        list(_pool().map(lz4, range(tasks)) if tasks > 1 else map(lz4, range(tasks)))
+        return produced
     codec = _codec(frames.codec)
-    lz4 = frames.codec == "lz4_frame"
     src = frames.src
     so, ss = frames.src_offsets.tolist(), frames.src_sizes.tolist()
     ds = frames.dst_sizes.tolist()
-    refused = (
-        check_zstd(src, frames.src_offsets, frames.src_sizes, frames.dst_sizes).tolist()
-        if frames.codec == "zstd"
-        else [0] * len(so)
-    )
+    refused = check_zstd(src, frames.src_offsets, frames.src_sizes, frames.dst_sizes).tolist()
 
     def one(i: int) -> int:
-        frame = src[so[i] : so[i] + ss[i]]
-        want = ds[i]
-        if lz4:  # decoded in one pass straight into its place (module docstring)
-            produced = _core.lz4_frame_decode(frame, frames.out(i)) if want else _core.lz4_frame_size(frame)
-            # more than the claim: the walk finds how much, for the error (-1 where it is malformed too)
-            return _core.lz4_frame_size(frame) if produced == -2 else produced
         if refused[i]:
             return -1
         try:
-            out = codec.decompress(frame, decompressed_size=want)
+            out = codec.decompress(src[so[i] : so[i] + ss[i]], decompressed_size=ds[i])
         except (pa.ArrowException, OSError, ValueError):
             return -1
-        if out.size != want:
+        if out.size != ds[i]:
             return -1
-        if want:
+        if ds[i]:
             frames.out(i)[:] = np.frombuffer(out, dtype=np.uint8)
-        return want
-
-    order = sorted(range(len(so)), key=lambda i: -ds[i])  # largest first: the pool ends together
-    produced = np.empty(len(so), dtype=np.int64)
-    if len(order) == 1:
-        produced[0] = one(0)
-        return produced
-    # Frames dealt round-robin (largest first) into a few tasks a thread: a task a frame cost ~15 us of
-    # the pool's Python each (2048 batches x 8 columns: 0.25 s of a 0.65 s read on the 2-core VM)
-    tasks = min(len(order), 4 * io_threads())
+        return ds[i]
 
     def some(t: int) -> list[int]:
-        return [one(i) for i in order[t::tasks]]
+        return [one(i) for i in order[t::tasks].tolist()]
 
-    for t, got in enumerate(_pool().map(some, range(tasks))):
+    for t, got in enumerate(_pool().map(some, range(tasks)) if tasks > 1 else map(some, range(tasks))):
         produced[order[t::tasks]] = got
     return produced

@@ -209,15 +209,14 @@ class InflatingReader:
         in_place = needed.in_place[s.lo : s.hi]
         first = needed.first()[s.lo : s.hi]
         dst = self.backend.xp.empty(s.dst_bytes, dtype=np.uint8) if s.dst_bytes else None
-        own = [reads.dst(r) if whole else None for r, whole in zip(first.tolist(), in_place.tolist())]
         addresses = np.where(in_place, reads.ptr[first], 0)
         codecs = catalog.codec[ks]
         parts = []
         for c in np.unique(codecs).tolist():
             mine = np.flatnonzero(codecs == c)
             frames = Frames(CODECS[c], src, s.src_at[mine], catalog.frame_size[ks[mine]], dst,
-                            np.maximum(s.dst_at[mine], 0), catalog.size[ks[mine]], [own[i] for i in mine],
-                            addresses[mine])  # fmt: skip
+                            np.maximum(s.dst_at[mine], 0), catalog.size[ks[mine]],
+                            _Outputs(reads, first[mine], in_place[mine]), addresses[mine])  # fmt: skip
             parts.append((ks[mine], inflate(self.backend, frames, wait=False)))
         self.slices += 1
         idx, of = needed.reads(np.flatnonzero(~in_place) + s.lo)
@@ -258,3 +257,18 @@ class InflatingReader:
             return ""
         code = int(check_zstd(frame, np.zeros(1, np.int64), np.array([size]), np.array([self._catalog.size[k]]))[0])
         return f" ({zstd_reason(code)})" if code else ""
+
+
+class _Outputs(Sequence):
+    """Each frame's own output array (its one read's destination where it is inflated in place, else
+    None), built only when a codec asks for it (:attr:`.inflate.Frames.dst_arrays`): LZ4 on the CPU and
+    the GPU's kernel take the addresses alone."""
+
+    def __init__(self, reads: Reads, first: np.ndarray, in_place: np.ndarray):
+        self._reads, self._first, self._in_place = reads, first, in_place
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._reads.dst(int(self._first[i])) if self._in_place[i] else None
