@@ -36,9 +36,10 @@ path would refuse, and the error a corrupt file gets stays the one pyarrow's pat
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ... import _core
@@ -46,7 +47,7 @@ from ..._types import ColumnType, Layout
 from ...errors import FileFormatError
 from .compressed import compressed_layouts, field_counts
 from .file import ARROW_ERRORS, ArrowFile, direct_types
-from .format import MAX_FOOTER_BYTES, METADATA_V5, FooterError, _Reader, read_footer, read_key_values
+from .format import MAX_FOOTER_BYTES, METADATA_V5, FooterError, _Reader, read_footer, read_key_value_pairs
 from .inflate import CODECS
 from .layouts import Buffers, Chunks, Layouts
 
@@ -122,7 +123,7 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
     _core.arrow_batch_meta(np.frombuffer(file._whole, dtype=np.uint8), footer_start, block[:, 0].copy(),
                            block[:, 1].copy(), block[:, 2].copy(), num_fields, num_buffers, rows, bodies, nodes,
                            buffers, codecs, status)  # fmt: skip
-    metadata: list[dict[bytes, bytes]] = [{} for _ in range(count)]
+    metadata: list[Mapping[bytes, bytes]] = [{} for _ in range(count)]
     # the batches the C++ parser left to this one (custom metadata, or anything unusual: declined or
     # refused here, with the errors this path always raised), in order: the first to fail decides
     for i in np.flatnonzero((status != 0) | ((codecs < 0) & (not flat))).tolist():
@@ -138,7 +139,9 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
         file.batch_metadata = metadata  # pyarrow would inflate a whole batch to hand out its metadata
         return out
     _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, [types[n] for n in names])
-    return _layouts(rows, bodies, nodes, buffers, per_field, names, columns)
+    out = _layouts(rows, bodies, nodes, buffers, per_field, names, columns)
+    file.batch_metadata = metadata  # a scan's statistics: pyarrow would parse each batch again to hand it out
+    return out
 
 
 def _parse_one(file, whole, blk, footer_start, i, flat, num_fields, num_buffers) -> tuple:
@@ -166,7 +169,9 @@ def _parse_one(file, whole, blk, footer_start, i, flat, num_fields, num_buffers)
     codec = _compression(file, r, batch, i)
     if codec < 0 and not flat:
         raise _Decline
-    metadata = read_key_values(r, r.field(message, 4))
+    pairs = read_key_value_pairs(r, r.field(message, 4))
+    # as pyarrow hands it out: a key written twice stays twice (the statistics of such a column are not trusted)
+    metadata = pa.KeyValueMetadata(pairs) if pairs else {}
     body = (blk.offset + blk.metadata_length, body_length)
     nodes, buffers = _structs(r, batch, 1, num_fields), _structs(r, batch, 2, num_buffers)
     return _scalar(r, batch, 0, "<q", 0), body, nodes, buffers, codec, metadata

@@ -205,9 +205,9 @@ class ArrowFile:
             kind = "pre-0.15 legacy IPC stream" if self.legacy_stream else "Arrow IPC file"
             raise FileFormatError(f"{path!r} is not a readable {kind}: {type(exc).__name__}: {exc}") from None
         self.compressed = False  # pyarrow inflated (or byte-swapped) a body: every column goes through the host
-        # each record batch's custom metadata where :mod:`.batches` parsed the messages itself (compressed
-        # files: asking pyarrow would inflate the whole batch to hand it out)
-        self.batch_metadata: list[dict[bytes, bytes]] | None = None
+        # each record batch's custom metadata where :mod:`.batches` parsed the messages itself (asking
+        # pyarrow parses the batch again, and inflates a compressed one whole): KeyValueMetadata, {} for none
+        self.batch_metadata: list[Any] | None = None
 
     # -- batches ---------------------------------------------------------------------------------
 

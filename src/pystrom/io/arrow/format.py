@@ -369,7 +369,12 @@ def read_footer(footer: bytes | memoryview) -> tuple[list[Block], dict[bytes, by
 
 def read_key_values(r: _Reader, at: int | None) -> dict[bytes, bytes]:
     """The ``[KeyValue]`` vector whose offset sits at ``at`` (None: absent) of ``r``'s flatbuffer."""
-    meta: dict[bytes, bytes] = {}
+    return dict(read_key_value_pairs(r, at))
+
+
+def read_key_value_pairs(r: _Reader, at: int | None) -> list[tuple[bytes, bytes]]:
+    """:func:`read_key_values` as pairs in the file's order, a key repeated as often as it is there."""
+    pairs = []
     if at is not None:
         first, count = r.vector(at, 4)
         if count > _MAX_KEY_VALUES:
@@ -378,5 +383,5 @@ def read_key_values(r: _Reader, at: int | None) -> dict[bytes, bytes]:
             kv = r.table(r.deref(first + 4 * i))
             k, v = r.field(kv, 0), r.field(kv, 1)
             if k is not None and v is not None:
-                meta[r.string(k)] = r.string(v)
-    return meta
+                pairs.append((r.string(k), r.string(v)))
+    return pairs

@@ -32,7 +32,7 @@ from .batches import batch_layouts
 from .direct import read_batches
 from .file import ArrowFile, check_types, direct_types, open_arrow_file, resolve_columns
 from .layouts import Layouts
-from .stats import batch_stats
+from .stats import StatsReader
 
 __all__ = ["read_arrow", "scan_arrow", "ArrowScan", "ScanStats"]
 
@@ -149,8 +149,9 @@ class ArrowScan:
         stats.bytes += int(nbytes.sum())
         kept = np.ones(len(layouts), dtype=bool)
         if self.predicate is not None:
+            stats_of = _stats_reader(file, self.predicate.columns)
             for i, index in enumerate(layouts.index.tolist()):
-                kept[i] = self.predicate.may_match(_batch_stats(file, index))
+                kept[i] = self.predicate.may_match(stats_of(index, file.custom_metadata(index)))
             stats.batches_skipped += int((~kept).sum())
             stats.bytes_skipped += int(nbytes[~kept].sum())
         group: list[int] = []
@@ -275,10 +276,10 @@ class ArrowScan:
         return f"<pystrom.ArrowScan {files}, columns={self.columns}{where}, device={self.backend.device}>"
 
 
-def _batch_stats(file: ArrowFile, index: int) -> dict:
+def _stats_reader(file: ArrowFile, columns: Sequence[str]) -> StatsReader:
     # Footer lists count only where their fingerprint says they describe these batches (stats.py).
     schema = file.raw_schema if file.footer_stats_trusted else file.schema
-    return batch_stats(schema, index, file.custom_metadata(index), num_batches=file.num_batches)
+    return StatsReader(schema, num_batches=file.num_batches, columns=columns)
 
 
 def _warn_if_slow(file: ArrowFile, columns: Sequence[str], parsed: bool = False) -> None:
