@@ -149,13 +149,14 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def("arrow_batch_meta", [](py::buffer src, int64_t footer_start, py::buffer offsets, py::buffer meta_lengths,
-                               py::buffer body_lengths, std::size_t num_fields, std::size_t num_buffers,
-                               py::buffer rows, py::buffer bodies, py::buffer nodes, py::buffer buffers,
-                               py::buffer codecs, py::buffer status) {
+                               py::buffer body_lengths, py::buffer msg_at, std::size_t num_fields,
+                               std::size_t num_buffers, py::buffer rows, py::buffer bodies, py::buffer nodes,
+                               py::buffer buffers, py::buffer codecs, py::buffer status) {
     Bytes s = request(src, false, "src");
     Bytes o = request(offsets, false, "offsets");
     Bytes ml = request(meta_lengths, false, "meta_lengths");
     Bytes bl = request(body_lengths, false, "body_lengths");
+    Bytes ma = request(msg_at, false, "msg_at");
     Bytes r = request(rows, true, "rows");
     Bytes b = request(bodies, true, "bodies");
     Bytes nd = request(nodes, true, "nodes");
@@ -164,15 +165,15 @@ PYBIND11_MODULE(_core, m) {
     Bytes st = request(status, true, "status");
     const std::size_t n = o.size / sizeof(int64_t);
     const std::size_t w = sizeof(int64_t);
-    if (ml.size != n * w || bl.size != n * w || r.size != n * w || b.size != 2 * n * w ||
+    if (ml.size != n * w || bl.size != n * w || ma.size != n * w || r.size != n * w || b.size != 2 * n * w ||
         nd.size != 2 * num_fields * n * w || bf.size != 2 * num_buffers * n * w || c.size != n * w ||
         st.size != n * sizeof(int32_t)) {
       throw std::invalid_argument("arrow_batch_meta: the arrays' lengths do not match the Blocks' count");
     }
     py::gil_scoped_release nogil;
     pystrom::arrow_batch_meta(s.ptr, s.size, footer_start, reinterpret_cast<const int64_t*>(o.ptr),
-                              reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr), n,
-                              num_fields, num_buffers, reinterpret_cast<int64_t*>(r.ptr),
+                              reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr),
+                              reinterpret_cast<const int64_t*>(ma.ptr), n, num_fields, num_buffers, reinterpret_cast<int64_t*>(r.ptr),
                               reinterpret_cast<int64_t*>(b.ptr), reinterpret_cast<int64_t*>(nd.ptr),
                               reinterpret_cast<int64_t*>(bf.ptr), reinterpret_cast<int64_t*>(c.ptr),
                               reinterpret_cast<int32_t*>(st.ptr));

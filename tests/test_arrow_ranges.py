@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import pystrom
 from pystrom import _core
 from pystrom._backend import resolve_device
+from pystrom.io.arrow import ranges
 from pystrom.io.arrow.ranges import RangeReader
 
 
@@ -114,3 +115,19 @@ def test_a_ticket_waits_for_the_reads_before_it(blob):
             reader.wait(later)
             assert second.tobytes() == data[200_000:290_000] and reader.bytes_read == 290_000
             reader.wait()
+
+
+@pytest.mark.parametrize("count", [5, 5000])  # 5000: read by several pool tasks
+def test_read_pieces_in_the_order_given(blob, count):
+    path, data = blob
+    rng = np.random.default_rng(count)
+    offsets = rng.integers(0, len(data) - 64, count).astype(np.int64)
+    sizes = rng.integers(0, 64, count).astype(np.int64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = ranges.read_pieces(fd, offsets, sizes, path, max_gap=100).tobytes()
+        with pytest.raises(pystrom.FileFormatError, match="blob.bin.*truncated"):
+            ranges.read_pieces(fd, np.array([0, len(data) - 4]), np.array([8, 8]), path)
+    finally:
+        os.close(fd)
+    assert got[: int(sizes.sum())] == b"".join(data[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist()))

@@ -47,7 +47,7 @@ from ..._types import ColumnType, Layout
 from ...errors import FileFormatError
 from .compressed import compressed_layouts, field_counts
 from .file import ARROW_ERRORS, ArrowFile, direct_types
-from .format import MAX_FOOTER_BYTES, METADATA_V5, FooterError, _Reader, read_footer, read_key_value_pairs
+from .format import MAX_FOOTER_BYTES, METADATA_V5, Block, FooterError, _Reader, footer_blocks, read_key_value_pairs
 from .inflate import CODECS
 from .layouts import Buffers, Chunks, Layouts
 
@@ -105,29 +105,29 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
         raise _Decline
     footer_start = size - 10 - footer_len
     footer = whole[footer_start : size - 10]
-    blocks, _ = read_footer(footer)
-    if len(blocks) != file.num_batches:
+    block, _ = footer_blocks(footer)
+    if len(block) != file.num_batches:
         raise _Decline
     flat = _check_footer(footer) and flat
-    if not blocks:
+    if not len(block):
         return Layouts.of([], [c for c in columns if types[c] is not None])
 
-    count = len(blocks)
+    count = len(block)
     rows = np.empty(count, dtype=np.int64)
     bodies = np.empty((count, 2), dtype=np.int64)  # file offset, length
     nodes = np.empty((count, num_fields, 2), dtype=np.int64)  # length, null count
     buffers = np.empty((count, num_buffers, 2), dtype=np.int64)  # body offset, length
     codecs = np.empty(count, dtype=np.int64)  # index into CODECS, -1: uncompressed
     status = np.empty(count, dtype=np.int32)
-    block = np.array([(b.offset, b.metadata_length, b.body_length) for b in blocks], dtype=np.int64)
-    _core.arrow_batch_meta(np.frombuffer(file._whole, dtype=np.uint8), footer_start, block[:, 0].copy(),
-                           block[:, 1].copy(), block[:, 2].copy(), num_fields, num_buffers, rows, bodies, nodes,
-                           buffers, codecs, status)  # fmt: skip
+    offset, meta_length, body_length = (block[:, j].copy() for j in range(3))
+    src, msg_at = _messages(file, offset, meta_length, footer_start)
+    _core.arrow_batch_meta(src, footer_start, offset, meta_length, body_length, msg_at, num_fields, num_buffers,
+                           rows, bodies, nodes, buffers, codecs, status)  # fmt: skip
     metadata: list[Mapping[bytes, bytes]] = [{} for _ in range(count)]
     # the batches the C++ parser left to this one (custom metadata, or anything unusual: declined or
     # refused here, with the errors this path always raised), in order: the first to fail decides
     for i in np.flatnonzero((status != 0) | ((codecs < 0) & (not flat))).tolist():
-        blk = blocks[i]
+        blk = Block(*block[i].tolist())
         rows[i], bodies[i], nodes[i], buffers[i], codecs[i], metadata[i] = _parse_one(
             file, whole, blk, footer_start, i, flat, num_fields, num_buffers
         )
@@ -142,6 +142,18 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
     out = _layouts(rows, bodies, nodes, buffers, per_field, names, columns)
     file.batch_metadata = metadata  # a scan's statistics: pyarrow would parse each batch again to hand it out
     return out
+
+
+def _messages(file: ArrowFile, offset: np.ndarray, meta_length: np.ndarray, footer_start: int) -> tuple:
+    """(src, msg_at) for csrc/arrow_meta.cpp: the messages read by ``pread`` one after the other (through the
+    mapping each costs a page fault, and one more page to unmap: ~3 ms for 2048 batches), those of Blocks
+    outside [8, footer_start) left out (refused there); the whole mapping if they would add up to more
+    than the file (overlapping Blocks: a hostile footer)."""
+    inside = (offset >= 8) & (meta_length >= 8) & (offset <= footer_start - meta_length)
+    sizes = np.where(inside, meta_length, 0)
+    if int(sizes.sum()) > file.size:
+        return np.frombuffer(file._whole, dtype=np.uint8), offset
+    return file.read_pieces(offset, sizes), np.where(inside, np.cumsum(sizes) - sizes, -1)
 
 
 def _parse_one(file, whole, blk, footer_start, i, flat, num_fields, num_buffers) -> tuple:

@@ -100,16 +100,31 @@ def compressed_layouts(
     buf_first = np.cumsum([0, *[c[1] for c in counts]]).tolist()
     owner = np.repeat(np.arange(len(names)), [c[1] for c in counts])  # the field of each buffer
     _check_structure(file, rows, bodies, buffers, lambda k: names[int(owner[k])])
+    direct = [(name, names.index(name)) for name in columns if types[name] is not None]
+    prefixes = _prefixes(file, bodies, buffers, [k for _, j in direct for k in range(buf_first[j], buf_first[j + 1])])
     out: dict[str, Chunks] = {}
     packed: list[Catalog] = []
-    for name in columns:
-        ctype = types[name]
-        if ctype is None:
-            continue
-        j = names.index(name)
-        out[name] = _column(file, name, ctype, nodes, node_first[j], buffers, buf_first[j], rows, bodies, codecs,
-                            packed)  # fmt: skip
+    for name, j in direct:
+        out[name] = _column(file, name, types[name], nodes, node_first[j], buffers, buf_first[j], rows, bodies,
+                            codecs, prefixes, packed)  # fmt: skip
     return Layouts(np.arange(len(rows), dtype=np.int64), rows.copy(), out, Catalog.join(packed))
+
+
+def _prefixes(file: ArrowFile, bodies: np.ndarray, buffers: np.ndarray, ks: Sequence[int]) -> np.ndarray:
+    """(B, M) int64: the 8-byte length prefix of buffers ``ks`` (the direct columns') in every batch, where
+    the buffer can hold one (0 elsewhere), all read at once by pread (:meth:`.file.ArrowFile.read_pieces`:
+    through the mapping a prefix a page, 64 KiB buffers: 16,384 page faults, 65 ms against 15)."""
+    out = np.zeros(buffers.shape[:2], dtype=np.int64)
+    if not len(ks):
+        return out
+    ks = np.asarray(ks, dtype=np.int64)
+    chosen = buffers[:, ks]
+    holds = chosen[..., 1] >= 8  # inside the body (_check_structure), the body inside the file
+    at = (bodies[:, :1] + chosen[..., 0])[holds]
+    got = np.zeros(holds.shape, dtype=np.int64)
+    got[holds] = file.read_pieces(at, np.full(len(at), 8, dtype=np.int64))[: 8 * len(at)].view("<i8")
+    out[:, ks] = got
+    return out
 
 
 def _bad(file: ArrowFile, batch: int, what: str, why: str) -> FileFormatError:
@@ -130,7 +145,7 @@ def _check_structure(file, rows, bodies, buffers, field_of) -> None:
                    f"{int(bodies[i, 1])}-byte body")  # fmt: skip
 
 
-def _column(file, name, ctype, nodes, nn, buffers, nb, rows, bodies, codecs, packed) -> Chunks:
+def _column(file, name, ctype, nodes, nn, buffers, nb, rows, bodies, codecs, prefixes, packed) -> Chunks:
     """The chunks of one direct column in every batch; its compressed buffers appended to ``packed``."""
     layout = ctype.layout
     n, nulls = nodes[:, nn, 0], nodes[:, nn, 1]
@@ -166,7 +181,7 @@ def _column(file, name, ctype, nodes, nn, buffers, nb, rows, bodies, codecs, pac
     }
     ranges: dict[str, Buffers] = {}
     for k, (role, _) in enumerate(roles):
-        ranges[role] = _ranges(file, name, role, nb + k, buffers[:, nb + k], needs[role],
+        ranges[role] = _ranges(file, name, role, nb + k, buffers[:, nb + k], prefixes[:, nb + k], needs[role],
                                used.get(role), bodies, codecs, packed)  # fmt: skip
     values_role = {Layout.FIXED_LIST: "elements", Layout.VARBINARY: "offsets", Layout.LIST: "offsets"}.get(
         layout, "values"
@@ -176,11 +191,10 @@ def _column(file, name, ctype, nodes, nn, buffers, nb, rows, bodies, codecs, pac
                   child_nulls.copy(), ranges["element validity"] if nested else None)  # fmt: skip
 
 
-def _ranges(file, name, role, k, bufs, need, used, bodies, codecs, packed) -> Buffers:
+def _ranges(file, name, role, k, bufs, prefixes, need, used, bodies, codecs, packed) -> Buffers:
     """One buffer (index ``k`` of the batch's buffers) of every batch: a file range, a place above
     PACKED_BASE (its frame appended to ``packed``) or none (an unused bitmap: no NULLs); checks its
     prefix and length (module docstring)."""
-    whole = np.frombuffer(file._whole, dtype=np.uint8)
     length = bufs[:, 1]
     body = bodies[:, 0] + bufs[:, 0]
     live = np.ones(len(bufs), dtype=bool) if used is None else used
@@ -190,10 +204,7 @@ def _ranges(file, name, role, k, bufs, need, used, bodies, codecs, packed) -> Bu
     if (stored & (length < 8)).any():
         i = int(np.flatnonzero(stored & (length < 8))[0])
         raise _bad(file, i, what, f"{int(length[i])} bytes cannot hold the 8-byte length prefix of a compressed buffer")
-    prefix = np.zeros(len(bufs), dtype=np.int64)
-    at = np.flatnonzero(stored)
-    if len(at):
-        prefix[at] = whole[body[at, None] + np.arange(8)].copy().view("<i8")[:, 0]
+    prefix = np.where(stored, prefixes, 0)
     if (prefix < -1).any():
         i = int(np.flatnonzero(prefix < -1)[0])
         raise _bad(file, i, what, f"its length prefix claims {int(prefix[i])} bytes")
