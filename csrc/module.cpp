@@ -19,6 +19,7 @@
 #include "pg_decode.hpp"
 #include "pg_pump.hpp"
 #include "pread_runs.hpp"
+#include "zstd_decode.hpp"
 #include "zstd_frame.hpp"
 
 namespace py = pybind11;
@@ -50,6 +51,46 @@ void check_range(const Bytes& b, uint64_t bit_offset, uint64_t count, const char
                             std::to_string(bit_offset + count) + ") exceed a buffer of " +
                             std::to_string(b.size) + " bytes");
   }
+}
+
+struct FramesArgs {
+  const uint8_t* src;
+  const int64_t *offsets, *sizes, *dst, *caps, *which;
+  std::size_t count;
+  int64_t* produced;
+};
+
+// The arguments of lz4_frames_decode / zstd_frames_decode: int64 arrays of one length (which: indices
+// into them), every frame's span inside src.
+FramesArgs frames_args(const py::buffer& src, const py::buffer& offsets, const py::buffer& sizes, const py::buffer& dst,
+                       const py::buffer& caps, const py::buffer& which, const py::buffer& produced, const char* name) {
+  Bytes s = request(src, false, "src");
+  Bytes o = request(offsets, false, "offsets");
+  Bytes z = request(sizes, false, "sizes");
+  Bytes d = request(dst, false, "dst");
+  Bytes c = request(caps, false, "caps");
+  Bytes w = request(which, false, "which");
+  Bytes p = request(produced, true, "produced");
+  const std::size_t n = o.size / sizeof(int64_t);
+  if (z.size != o.size || d.size != o.size || c.size != o.size || p.size != o.size) {
+    throw std::invalid_argument(std::string(name) + ": offsets, sizes, dst, caps and produced (int64) differ in length");
+  }
+  const int64_t* off = reinterpret_cast<const int64_t*>(o.ptr);
+  const int64_t* len = reinterpret_cast<const int64_t*>(z.ptr);
+  const int64_t* cap = reinterpret_cast<const int64_t*>(c.ptr);
+  const int64_t* idx = reinterpret_cast<const int64_t*>(w.ptr);
+  const std::size_t count = w.size / sizeof(int64_t);
+  for (std::size_t j = 0; j < count; ++j) {
+    if (idx[j] < 0 || static_cast<std::size_t>(idx[j]) >= n) throw std::out_of_range(std::string(name) + ": which");
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (off[i] < 0 || len[i] < 0 || cap[i] < 0 ||
+        static_cast<uint64_t>(off[i]) + static_cast<uint64_t>(len[i]) > s.size) {
+      throw std::out_of_range(std::string(name) + ": a frame's span lies outside src, or a size is negative");
+    }
+  }
+  return {s.ptr, off, len, reinterpret_cast<const int64_t*>(d.ptr), cap, idx, count,
+          reinterpret_cast<int64_t*>(p.ptr)};
 }
 
 }  // namespace
@@ -95,36 +136,24 @@ PYBIND11_MODULE(_core, m) {
     return pystrom::lz4_frame_decode(s.ptr, s.size, d.ptr, d.size);
   });
 
-  // dst: addresses of memory the caller owns, caps[i] bytes each (io/arrow/inflate.py checks or vouches
-  // for them); the frames' spans in src and the indices are checked here.
+  // lz4_frames_decode / zstd_frames_decode: dst holds addresses of memory the caller owns, caps[i] bytes
+  // each (io/arrow/inflate.py checks or vouches for them); the frames' spans in src and the indices are
+  // checked here.
   m.def("lz4_frames_decode", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer dst, py::buffer caps,
                                 py::buffer which, py::buffer produced) {
-    Bytes s = request(src, false, "src");
-    Bytes o = request(offsets, false, "offsets");
-    Bytes z = request(sizes, false, "sizes");
-    Bytes d = request(dst, false, "dst");
-    Bytes c = request(caps, false, "caps");
-    Bytes w = request(which, false, "which");
-    Bytes p = request(produced, true, "produced");
-    const std::size_t n = o.size / sizeof(int64_t);
-    if (z.size != o.size || d.size != o.size || c.size != o.size || p.size != o.size) {
-      throw std::invalid_argument("lz4_frames_decode: offsets, sizes, dst, caps and produced (int64) differ in length");
-    }
-    const int64_t* off = reinterpret_cast<const int64_t*>(o.ptr);
-    const int64_t* len = reinterpret_cast<const int64_t*>(z.ptr);
-    const int64_t* idx = reinterpret_cast<const int64_t*>(w.ptr);
-    const std::size_t count = w.size / sizeof(int64_t);
-    for (std::size_t j = 0; j < count; ++j) {
-      if (idx[j] < 0 || static_cast<std::size_t>(idx[j]) >= n) throw std::out_of_range("lz4_frames_decode: which");
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (off[i] < 0 || len[i] < 0 || static_cast<uint64_t>(off[i]) + static_cast<uint64_t>(len[i]) > s.size) {
-        throw std::out_of_range("lz4_frames_decode: a frame's span lies outside src");
-      }
-    }
+    FramesArgs a = frames_args(src, offsets, sizes, dst, caps, which, produced, "lz4_frames_decode");
     py::gil_scoped_release nogil;
-    pystrom::lz4_frames_decode(s.ptr, off, len, reinterpret_cast<const int64_t*>(d.ptr),
-                               reinterpret_cast<const int64_t*>(c.ptr), idx, count, reinterpret_cast<int64_t*>(p.ptr));
+    pystrom::lz4_frames_decode(a.src, a.offsets, a.sizes, a.dst, a.caps, a.which, a.count, a.produced);
+  });
+
+  m.def("zstd_load", []() { return pystrom::zstd_load(); });
+
+  m.def("zstd_frames_decode", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer dst,
+                                 py::buffer caps, py::buffer which, py::buffer produced) {
+    if (pystrom::zstd_load() == 0) throw std::runtime_error("zstd_frames_decode: no libzstd could be loaded");
+    FramesArgs a = frames_args(src, offsets, sizes, dst, caps, which, produced, "zstd_frames_decode");
+    py::gil_scoped_release nogil;
+    pystrom::zstd_frames_decode(a.src, a.offsets, a.sizes, a.dst, a.caps, a.which, a.count, a.produced);
   });
 
   m.def("zstd_frames_check", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer claims,

@@ -5,7 +5,8 @@ The caller (:mod:`.inflating`) has read the compressed frames of a group of batc
 array of its own (``dst_arrays``: a column's place in the table, decoded into without a copy); one
 call decompresses them all:
 
-- CPU: pyarrow's codecs on a thread pool (:mod:`.inflate_host`);
+- CPU: pystrom's LZ4 decoder and libzstd (pyarrow's codec where none loads) on a thread pool
+  (:mod:`.inflate_host`);
 - GPU: :func:`.inflate_device._inflate_device` (nvCOMP's batched decompression is meant to replace the
   host round trip it makes today).
 
