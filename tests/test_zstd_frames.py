@@ -225,7 +225,7 @@ def test_native_decoding_equals_pyarrows_codec(monkeypatch):
     from pystrom.io.arrow import inflate_host as ih
     from pystrom.io.arrow.inflate import Frames
 
-    if not ih.native_zstd():
+    if not ih._libzstd_loads():
         pytest.skip("no libzstd loads here: pyarrow's codec is the only path")
     cases = [(f"good {i}", zc.compress(p, 3), len(p)) for i, p in enumerate(zc.payloads())]
     cases += [(n, f, c) for n, f, c, _ in zc.built()]
@@ -253,13 +253,18 @@ def test_native_decoding_equals_pyarrows_codec(monkeypatch):
         assert (out[at + claim : at + claim + 64] == 0xEE).all(), name
 
 
-def test_read_arrow_decodes_zstd_without_libzstd_too(tmp_path, monkeypatch):
-    """pyarrow's codec, where no libzstd loads: the same table."""
+@pytest.mark.parametrize("decoder", ["pyarrow", "libzstd"])
+def test_read_arrow_with_either_zstd_decoder(tmp_path, decoder, monkeypatch):
+    """``defaults.zstd_decoder``: the same table either way (pyarrow's codec where no libzstd loads); a
+    frame that does not fill its claim refused either way."""
     from pystrom.io.arrow import inflate_host as ih
 
     table = pa.table({"x": np.arange(5000, dtype=np.int64), "y": np.random.default_rng(1).random(5000)})
     path = tmp_path / "z.arrow"
     feather.write_feather(table, path, compression="zstd", chunksize=700)
-    for native in (True, False):
-        monkeypatch.setattr(ih, "native_zstd", lambda native=native: native)
+    calls = []
+    real = pystrom._core.zstd_frames_decode
+    monkeypatch.setattr(ih._core, "zstd_frames_decode", lambda *a: calls.append(1) or real(*a))
+    with pystrom.defaults.set(zstd_decoder=decoder):
         assert pystrom.read_arrow(path, device="cpu").to_arrow().equals(table)
+    assert bool(calls) == (decoder == "libzstd" and ih._libzstd_loads())

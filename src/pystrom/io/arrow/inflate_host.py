@@ -10,13 +10,16 @@ the largest first (the C++ decoders, and pyarrow's codec, release the GIL).
   pyarrow's codec (tests/test_lz4_decode.py). A pool task decodes its frames in one call
   (``_core.lz4_frames_decode``, to the addresses :func:`.inflate.inflate` worked out): a Python call
   and an output array a frame cost more than decoding the frames of a many-batch file (16,384 of 4 KiB).
-- ZSTD: libzstd (the system's, loaded at run time: csrc/zstd_decode.cpp), a task's frames in one call
-  straight into their places, one decompression context a thread; where no libzstd loads, pyarrow's
-  codec (``pa.Codec("zstd")``), its output copied to its place: a Python call, a context and an output
-  buffer a frame, ~12 us (16,384 frames of 4 KiB: 0.2 s of work against 0.06). Either refuses a frame
-  that does not fill the claimed size exactly, and every ZSTD frame is first checked for structure
-  (:mod:`.zstd_frames`, the check the GPU path needs before nvCOMP) so that both devices refuse the same
-  frames (e.g. a skippable or a second frame, which libzstd would accept).
+- ZSTD: pyarrow's codec (``pa.Codec("zstd")``), its output copied to its place: a Python call, a
+  decompression context and an output buffer a frame, ~12 us (16,384 frames of 4 KiB: 0.2 s of work
+  where the decoding takes 0.06). With ``pystrom.defaults.zstd_decoder = "libzstd"`` the system's
+  libzstd instead (loaded at run time: csrc/zstd_decode.cpp), a task's frames in one call straight into
+  their places, one context a thread. Not the default: it is another libzstd version than pyarrow's
+  bundled one, and frames corrupt inside (no checksum in Arrow's) that one notices and the other not,
+  or neither, decode to other bytes (the fuzz tests compare pystrom's rows with pyarrow's). Either
+  refuses a frame that does not fill the claimed size exactly, and every ZSTD frame is first checked
+  for structure (:mod:`.zstd_frames`, the check the GPU path needs before nvCOMP) so that both devices
+  refuse the same frames (e.g. a skippable or a second frame, which libzstd would accept).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from ... import _core
+from ..._settings import defaults
 from .ranges import io_threads
 from .zstd_frames import check_zstd
 
@@ -47,9 +51,14 @@ def _codec(name: str) -> pa.Codec:
     return pa.Codec(_PYARROW_NAMES[name])
 
 
-@functools.cache
 def native_zstd() -> bool:
-    """Whether ZSTD frames are decoded by libzstd in C++ (module docstring), not by pyarrow's codec."""
+    """Whether ZSTD frames are decoded by the system's libzstd in C++ (module docstring), not by pyarrow's
+    codec: ``pystrom.defaults.zstd_decoder`` is 'libzstd' and it loads."""
+    return defaults.zstd_decoder == "libzstd" and _libzstd_loads()
+
+
+@functools.cache
+def _libzstd_loads() -> bool:
     return _core.zstd_load() > 0
 
 
