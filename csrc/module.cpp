@@ -123,6 +123,51 @@ PYBIND11_MODULE(_core, m) {
     return pystrom::count_bits(s.ptr, s.size, src_offset, count);
   });
 
+  // spans: (4, n) int64, rows at, bit, count, start (unpack_bit_spans) or at, count, shift, start (shift_spans)
+  m.def("unpack_bit_spans", [](py::buffer src, py::buffer spans, int missing, py::buffer dst) {
+    Bytes s = request(src, false, "src");
+    Bytes t = request(spans, false, "spans");
+    Bytes d = request(dst, true, "dst");
+    const std::size_t n = t.size / (4 * sizeof(int64_t));
+    if (t.size != 4 * n * sizeof(int64_t)) throw std::invalid_argument("unpack_bit_spans: spans must be (4, n) int64");
+    const int64_t* at = reinterpret_cast<const int64_t*>(t.ptr);
+    const int64_t *bit = at + n, *count = at + 2 * n, *start = at + 3 * n;
+    for (std::size_t k = 0; k < n; ++k) {
+      const bool fits_dst = count[k] >= 0 && start[k] >= 0 && static_cast<uint64_t>(start[k]) <= d.size &&
+                            static_cast<uint64_t>(count[k]) <= d.size - static_cast<uint64_t>(start[k]);
+      const uint64_t bits = at[k] >= 0 && static_cast<uint64_t>(at[k]) <= s.size ? (s.size - at[k]) * 8 : 0;
+      const bool fits_src = at[k] < 0 || (bit[k] >= 0 && static_cast<uint64_t>(at[k]) <= s.size &&
+                                          static_cast<uint64_t>(bit[k]) <= bits &&
+                                          static_cast<uint64_t>(count[k]) <= bits - static_cast<uint64_t>(bit[k]));
+      if (!fits_dst || !fits_src) {
+        throw std::out_of_range("unpack_bit_spans: span " + std::to_string(k) + " lies outside src or dst");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::unpack_bit_spans(s.ptr, s.size, at, bit, count, start, n, static_cast<uint8_t>(missing), d.ptr);
+  });
+
+  m.def("shift_spans", [](py::buffer src, py::buffer spans, py::buffer dst) {
+    Bytes s = request(src, false, "src");
+    Bytes t = request(spans, false, "spans");
+    Bytes d = request(dst, true, "dst");
+    const std::size_t n = t.size / (4 * sizeof(int64_t));
+    if (t.size != 4 * n * sizeof(int64_t)) throw std::invalid_argument("shift_spans: spans must be (4, n) int64");
+    const uint64_t src_n = s.size / sizeof(int32_t), dst_n = d.size / sizeof(int32_t);
+    const int64_t* at = reinterpret_cast<const int64_t*>(t.ptr);
+    const int64_t *count = at + n, *shift = at + 2 * n, *start = at + 3 * n;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (at[k] < 0 || count[k] < 0 || start[k] < 0 || static_cast<uint64_t>(at[k]) > src_n ||
+          static_cast<uint64_t>(count[k]) > src_n - at[k] || static_cast<uint64_t>(start[k]) > dst_n ||
+          static_cast<uint64_t>(count[k]) > dst_n - start[k]) {
+        throw std::out_of_range("shift_spans: span " + std::to_string(k) + " lies outside src or dst");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::shift_spans(reinterpret_cast<const int32_t*>(s.ptr), at, count, shift, start, n,
+                         reinterpret_cast<int32_t*>(d.ptr));
+  });
+
   m.def("lz4_frame_size", [](py::buffer src) {
     Bytes s = request(src, false, "src");
     py::gil_scoped_release nogil;

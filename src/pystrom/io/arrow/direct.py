@@ -220,7 +220,7 @@ def _read_column(
     def fixup() -> tuple[str, int, Any] | None:
         """Lay out what was read; (name, NULLs claimed, NULLs found on the device) for a nullable column."""
         if layout in (Layout.VARBINARY, Layout.LIST):
-            _place_offsets(xp, block, plan, strings, row_starts, chunks.length)
+            _place_offsets(backend, block, plan, strings, row_starts, chunks.length)
         if elements is not None:
             _place_elements(backend, block, plan, elements, chunks.length, row_starts, strings)
         elif layout == Layout.BOOL:
@@ -251,18 +251,21 @@ def _read_bitmaps(reader: RangeReader | InflatingReader, xp: Any, bitmaps: Buffe
 
 def _unpack_batches(backend: Backend, bitmaps: tuple, spans: tuple, out: Any, missing: int | None) -> None:
     """Unpack each batch's bitmap into ``out`` (one byte per row); ``spans``: per batch (first bit, bit
-    count, position in ``out``) arrays; ``missing``: the byte where a batch has no bitmap (None: 0)."""
+    count, position in ``out``) arrays; ``missing``: the byte where a batch has no bitmap (None: 0). All
+    batches in one call (a kernel launch or a C++ call each cost more than a batch's bits)."""
     scratch, where = bitmaps
-    for bit, n, start, p in zip(*(np.asarray(a).tolist() for a in spans), where.tolist()):
-        if n == 0:
-            continue
-        dst = out[start : start + n]
-        if p < 0:
-            dst[...] = missing if missing is not None else 0
-        elif backend.kind == "cpu":
-            _core.unpack_bits(scratch[p:], bit, dst, n)
-        else:
-            launch("bitmap", "unpack_bits", backend.ordinal, n, (scratch[p:], np.int64(bit), np.int64(n), dst))
+    bit, n, start = (np.asarray(a, dtype=np.int64) for a in spans)
+    some = n > 0
+    table = np.ascontiguousarray(np.stack([np.asarray(where, dtype=np.int64)[some], bit[some], n[some], start[some]]))
+    count = table.shape[1]
+    if count == 0:
+        return
+    fill = 0 if missing is None else missing
+    if backend.kind == "cpu":
+        _core.unpack_bit_spans(scratch, table, fill, out)
+    else:  # a block a batch (kernels/bitmap.cu)
+        launch("bitmap", "unpack_bit_spans", backend.ordinal, count * 256,
+               (scratch, backend.xp.asarray(table), np.int64(count), np.int32(fill), out))  # fmt: skip
 
 
 def _place_elements(backend: Backend, block: Block, plan: ColumnPlan, bitmaps: tuple, lengths, row_starts, strings):
@@ -291,13 +294,25 @@ def _pack_into(backend: Backend, bits: Any, out: Any) -> None:
            (bits, np.int64(n), np.int32(0), out, np.int64(out.shape[0])))  # fmt: skip
 
 
-def _place_offsets(xp, block: Block, plan: ColumnPlan, strings: _StringSizes, row_starts, lengths) -> None:
+def _place_offsets(backend: Backend, block: Block, plan: ColumnPlan, strings: _StringSizes, row_starts, lengths):
+    """Each batch's offsets rebased to its bytes' place in the column, all batches in one call."""
     dst = block.array(plan.values.offset, np.int32, (plan.length + 1,))
     dst[0] = 0
+    some = lengths > 0
     data_pos = np.cumsum(strings.nbytes) - strings.nbytes
-    shift = (strings.first - data_pos).tolist()
-    for start, pos, n, by in zip(row_starts.tolist(), strings.starts.tolist(), lengths.tolist(), shift):
-        if n == 0:
-            continue
-        src = strings.scratch[pos : pos + n + 1]
-        xp.subtract(src, np.int32(by), out=dst[start : start + n + 1])
+    shift = strings.first - data_pos
+    table = np.stack([strings.starts[some], lengths[some] + 1, shift[some], row_starts[some]]).astype(np.int64)
+    _shift_spans(backend, strings.scratch, table, dst)
+
+
+def _shift_spans(backend: Backend, src: Any, table: np.ndarray, dst: Any) -> None:
+    """dst[start + j] = src[at + j] - shift for j < count, for each column (at, count, shift, start) of
+    ``table`` (int32 ``src`` and ``dst``)."""
+    count = table.shape[1]
+    if count == 0:
+        return
+    if backend.kind == "cpu":
+        _core.shift_spans(src, table, dst)
+    else:  # a block a batch (kernels/strings.cu)
+        launch("strings", "shift_spans", backend.ordinal, count * 256,
+               (src, backend.xp.asarray(table), np.int64(count), dst))  # fmt: skip
