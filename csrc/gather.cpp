@@ -31,4 +31,11 @@ void shift_spans(const int32_t* src, const int64_t* at, const int64_t* count, co
   }
 }
 
+void copy_out(const uint8_t* src, const int64_t* offset, const int64_t* dst, const int64_t* size, std::size_t n) {
+  for (std::size_t s = 0; s < n; ++s) {
+    std::memcpy(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(dst[s])), src + offset[s],
+                static_cast<std::size_t>(size[s]));
+  }
+}
+
 }  // namespace pystrom

@@ -19,4 +19,10 @@ bool gather_varbinary(const int32_t* src_offsets, std::size_t n, const uint8_t* 
 void shift_spans(const int32_t* src, const int64_t* at, const int64_t* count, const int64_t* shift,
                  const int64_t* start, std::size_t n, int32_t* dst);
 
+// Spans of src copied to addresses (the CPU inflate's partial reads out of its scratch,
+// io/arrow/inflating.py): size[s] bytes from src + offset[s] to the address dst[s], for s < n. Callers
+// guarantee the spans lie inside src (the binding checks) and the addresses are theirs. CPU twin of
+// kernels/copies.cu's copy_out.
+void copy_out(const uint8_t* src, const int64_t* offset, const int64_t* dst, const int64_t* size, std::size_t n);
+
 }  // namespace pystrom

@@ -168,6 +168,25 @@ PYBIND11_MODULE(_core, m) {
                          reinterpret_cast<int32_t*>(d.ptr));
   });
 
+  // dst addresses: memory the caller owns (InflatingReader: the places read_many checked); the spans in src
+  // are checked here
+  m.def("copy_out", [](py::buffer src, py::buffer spans) {
+    Bytes s = request(src, false, "src");
+    Bytes t = request(spans, false, "spans");
+    const std::size_t n = t.size / (3 * sizeof(int64_t));
+    if (t.size != 3 * n * sizeof(int64_t)) throw std::invalid_argument("copy_out: spans must be (3, n) int64");
+    const int64_t* offset = reinterpret_cast<const int64_t*>(t.ptr);
+    const int64_t *dst = offset + n, *size = offset + 2 * n;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (offset[k] < 0 || size[k] < 0 || static_cast<uint64_t>(offset[k]) > s.size ||
+          static_cast<uint64_t>(size[k]) > s.size - offset[k]) {
+        throw std::out_of_range("copy_out: span " + std::to_string(k) + " lies outside src");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::copy_out(s.ptr, offset, dst, size, n);
+  });
+
   m.def("lz4_frame_size", [](py::buffer src) {
     Bytes s = request(src, false, "src");
     py::gil_scoped_release nogil;

@@ -55,8 +55,10 @@ from typing import Any
 
 import numpy as np
 
+from ... import _core
 from ..._backend import stream_group_bytes
 from ...errors import FileFormatError
+from ...kernels import launch
 from .file import PACKED_BASE, Packed
 from .inflate import CODECS, Frames, inflate, staged
 from .inflate_plan import Catalog, Needed, Reads, Slice, cut, frames_of, gather, up
@@ -220,9 +222,11 @@ class InflatingReader:
             parts.append((ks[mine], inflate(self.backend, frames, wait=False)))
         self.slices += 1
         idx, of = needed.reads(np.flatnonzero(~in_place) + s.lo)
-        at = s.dst_at[of - s.lo]
-        for r, a, rel, size in zip(idx.tolist(), at.tolist(), reads.rel[idx].tolist(), reads.size[idx].tolist()):
-            reads.dst(r)[:size] = dst[a + rel : a + rel + size]
+        at = s.dst_at[of - s.lo] + reads.rel[idx]
+        ok = reads.usable[idx]  # read_many's pieces: all at once; another read's array: a copy of its own
+        copy_out(self.backend, dst, at[ok], reads.ptr[idx[ok]], reads.size[idx[ok]])
+        for r, a, size in zip(idx[~ok].tolist(), at[~ok].tolist(), reads.size[idx[~ok]].tolist()):
+            reads.dst(r)[:size] = dst[a : a + size]
         return parts
 
     def _check(self, done: list[tuple]) -> None:
@@ -272,3 +276,16 @@ class _Outputs(Sequence):
 
     def __getitem__(self, i: Any) -> Any:
         return self._reads.dst(int(self._first[i])) if self._in_place[i] else None
+
+
+def copy_out(backend: Any, src: Any, offsets: np.ndarray, addresses: np.ndarray, sizes: np.ndarray) -> None:
+    """``sizes[i]`` bytes from ``src[offsets[i]:]`` to the address ``addresses[i]`` (destinations read_many
+    checked), queued on the current stream: one C++ call on the CPU, one launch on a GPU (kernels/copies.cu)."""
+    table = np.ascontiguousarray(np.stack([offsets, addresses, sizes]).astype(np.int64, copy=False))
+    count = table.shape[1]
+    if count == 0:
+        return
+    if backend.kind == "cpu":
+        _core.copy_out(src, table)
+    else:
+        launch("copies", "copy_out", backend.ordinal, count * 256, (src, backend.xp.asarray(table), np.int64(count)))
