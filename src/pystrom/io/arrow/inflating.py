@@ -13,8 +13,8 @@ pipeline of slices:
 2. a frame read whole by one queued read whose destination is contiguous and 64-byte aligned (the
    common case: a column's values in the table) is inflated in place, straight into that destination;
    any other (a part of a buffer, an unaligned destination, a buffer two reads share) is inflated into
-   a scratch ``dst`` and its reads copied out of it (a device-to-device copy on a GPU, a memcpy on the
-   CPU), queued behind the inflation;
+   a scratch ``dst`` and its reads copied out of it, all of a slice's at once (:func:`copy_out`: one
+   launch on a GPU, C++ memcpy on the CPU), queued behind the inflation;
 3. the reads of slice i + 1 are issued before slice i is inflated (one batched
    :func:`.inflate.inflate` call per codec), so the file and the decoder work at once. They go into the
    ``src`` array slice i - 2 was inflated from (three of them), after the kernel that read it is waited
