@@ -103,17 +103,21 @@ struct Fb {
   }
 };
 
-int32_t one_batch(const uint8_t* src, int64_t footer_start, int64_t offset, int64_t meta_length,
-                  int64_t body_length, std::size_t num_fields, std::size_t num_buffers, int64_t* rows,
-                  int64_t* body, int64_t* nodes, int64_t* buffers, int64_t* codec) {
+int32_t one_batch(const uint8_t* src, std::size_t size, int64_t footer_start, int64_t offset, int64_t msg_at,
+                  int64_t meta_length, int64_t body_length, std::size_t num_fields, std::size_t num_buffers,
+                  int64_t* rows, int64_t* body, int64_t* nodes, int64_t* buffers, int64_t* codec) {
   if (offset < 8 || meta_length < 8 || body_length < 0 || offset > footer_start - meta_length ||
       body_length > footer_start - offset - meta_length) {
     return kMetaBlock;
   }
-  const uint32_t marker = load<uint32_t>(src + offset);
-  const int32_t fb_len = load<int32_t>(src + offset + 4);
+  if (msg_at < 0 || static_cast<uint64_t>(msg_at) > size || static_cast<uint64_t>(meta_length) > size - msg_at) {
+    return kMetaBlock;  // the message's bytes are not in src
+  }
+  const uint8_t* msg = src + msg_at;
+  const uint32_t marker = load<uint32_t>(msg);
+  const int32_t fb_len = load<int32_t>(msg + 4);
   if (marker != kContinuation || fb_len <= 0 || fb_len != meta_length - 8) return kMetaPrefix;
-  const Fb fb{src + offset + 8, static_cast<uint64_t>(fb_len)};
+  const Fb fb{msg + 8, static_cast<uint64_t>(fb_len)};
 
   Fb::Table message, batch, compression;
   uint64_t root;
@@ -160,13 +164,13 @@ int32_t one_batch(const uint8_t* src, int64_t footer_start, int64_t offset, int6
 }  // namespace
 
 void arrow_batch_meta(const uint8_t* src, std::size_t size, int64_t footer_start, const int64_t* offsets,
-                      const int64_t* meta_lengths, const int64_t* body_lengths, std::size_t count,
-                      std::size_t num_fields, std::size_t num_buffers, int64_t* rows, int64_t* bodies,
-                      int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status) {
-  if (footer_start < 0 || static_cast<uint64_t>(footer_start) > size) footer_start = 0;  // every Block refused
+                      const int64_t* meta_lengths, const int64_t* body_lengths, const int64_t* msg_at,
+                      std::size_t count, std::size_t num_fields, std::size_t num_buffers, int64_t* rows,
+                      int64_t* bodies, int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status) {
+  if (footer_start < 0) footer_start = 0;  // every Block refused
   for (std::size_t i = 0; i < count; ++i) {
-    status[i] = one_batch(src, footer_start, offsets[i], meta_lengths[i], body_lengths[i], num_fields,
-                          num_buffers, rows + i, bodies + 2 * i, nodes + 2 * num_fields * i,
+    status[i] = one_batch(src, size, footer_start, offsets[i], msg_at[i], meta_lengths[i], body_lengths[i],
+                          num_fields, num_buffers, rows + i, bodies + 2 * i, nodes + 2 * num_fields * i,
                           buffers + 2 * num_buffers * i, codecs + i);
   }
 }

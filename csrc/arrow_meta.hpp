@@ -27,13 +27,15 @@ enum ArrowMeta : int32_t {
   kMetaCustom = 8,       // the message has custom metadata (Python reads it)
 };
 
-// Batches i < count, Block i = (offsets[i], meta_lengths[i], body_lengths[i]) of the file src[0, size)
-// whose footer starts at footer_start. Out: rows[i], bodies[i] = (file offset, length), nodes[i] (num_fields
+// Batches i < count, Block i = (offsets[i], meta_lengths[i], body_lengths[i]) of a file whose footer starts
+// at footer_start; the message of Block i (its meta_lengths[i] bytes) at src[msg_at[i]] (src the whole file
+// and msg_at the offsets, or the messages alone, read one after the other: a Block whose message is not
+// inside src[0, size) is refused). Out: rows[i], bodies[i] = (file offset, length), nodes[i] (num_fields
 // x (length, null count)), buffers[i] (num_buffers x (body offset, length)), codecs[i] (-1: uncompressed,
 // 0: LZ4_FRAME, 1: ZSTD), status[i]. The outputs of a batch whose status is not ok are unspecified.
 void arrow_batch_meta(const uint8_t* src, std::size_t size, int64_t footer_start, const int64_t* offsets,
-                      const int64_t* meta_lengths, const int64_t* body_lengths, std::size_t count,
-                      std::size_t num_fields, std::size_t num_buffers, int64_t* rows, int64_t* bodies,
-                      int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status);
+                      const int64_t* meta_lengths, const int64_t* body_lengths, const int64_t* msg_at,
+                      std::size_t count, std::size_t num_fields, std::size_t num_buffers, int64_t* rows,
+                      int64_t* bodies, int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status);
 
 }  // namespace pystrom

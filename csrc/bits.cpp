@@ -78,6 +78,20 @@ void unpack_bits(const uint8_t* src, std::size_t src_size, uint64_t src_offset,
   }
 }
 
+void unpack_bit_spans(const uint8_t* src, std::size_t src_size, const int64_t* at, const int64_t* bit,
+                      const int64_t* count, const int64_t* start, std::size_t n, uint8_t missing, uint8_t* dst) {
+  for (std::size_t s = 0; s < n; ++s) {
+    uint8_t* out = dst + start[s];
+    const uint64_t k = static_cast<uint64_t>(count[s]);
+    if (at[s] < 0) {
+      std::memset(out, missing, k);
+    } else {
+      const std::size_t from = static_cast<std::size_t>(at[s]);
+      unpack_bits(src + from, src_size - from, static_cast<uint64_t>(bit[s]), out, k);
+    }
+  }
+}
+
 uint64_t count_bits(const uint8_t* src, std::size_t src_size, uint64_t src_offset, uint64_t count) {
   uint64_t total = 0;
   while (count > 0) {

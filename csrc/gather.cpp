@@ -22,4 +22,20 @@ bool gather_varbinary(const int32_t* src_offsets, std::size_t n, const uint8_t* 
   return true;
 }
 
+void shift_spans(const int32_t* src, const int64_t* at, const int64_t* count, const int64_t* shift,
+                 const int64_t* start, std::size_t n, int32_t* dst) {
+  for (std::size_t s = 0; s < n; ++s) {
+    const int32_t* in = src + at[s];
+    int32_t* out = dst + start[s];
+    for (int64_t j = 0; j < count[s]; ++j) out[j] = static_cast<int32_t>(static_cast<int64_t>(in[j]) - shift[s]);
+  }
+}
+
+void copy_out(const uint8_t* src, const int64_t* offset, const int64_t* dst, const int64_t* size, std::size_t n) {
+  for (std::size_t s = 0; s < n; ++s) {
+    std::memcpy(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(dst[s])), src + offset[s],
+                static_cast<std::size_t>(size[s]));
+  }
+}
+
 }  // namespace pystrom

@@ -136,4 +136,19 @@ int64_t lz4_frame_size(const uint8_t* src, std::size_t size) {
   return got == -2 ? -1 : got;
 }
 
+void lz4_frames_decode(const uint8_t* src, const int64_t* offsets, const int64_t* sizes, const int64_t* dst,
+                       const int64_t* caps, const int64_t* which, std::size_t n, int64_t* produced) {
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::size_t i = which ? static_cast<std::size_t>(which[j]) : j;
+    const uint8_t* frame = src + offsets[i];
+    const std::size_t size = static_cast<std::size_t>(sizes[i]);
+    int64_t got = -2;
+    if (caps[i] > 0) {
+      got = lz4_frame_decode(frame, size, reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(dst[i])),
+                             static_cast<std::size_t>(caps[i]));
+    }
+    produced[i] = got == -2 ? lz4_frame_size(frame, size) : got;  // more than the claim: how much, for the error
+  }
+}
+
 }  // namespace pystrom

@@ -22,4 +22,12 @@ int64_t lz4_frame_size(const uint8_t* src, std::size_t size);
 // of its own that must then be copied, after this file's walk found the real size.
 int64_t lz4_frame_decode(const uint8_t* src, std::size_t size, uint8_t* dst, std::size_t cap);
 
+// Frames i < n (src[offsets[i], + sizes[i]), inside src: the binding checks) each decoded as
+// lz4_frame_decode does into caps[i] bytes at the address dst[i] (memory the caller owns: the CPU inflate
+// checked it), which=nullptr, or frames which[0..n) of those arrays. produced[i]: the bytes frame i produces
+// (its lz4_frame_size where it produces more than its cap, or where the cap is 0), -1 where it is malformed.
+// One call for many frames: a call a frame from Python cost more than decoding a small frame.
+void lz4_frames_decode(const uint8_t* src, const int64_t* offsets, const int64_t* sizes, const int64_t* dst,
+                       const int64_t* caps, const int64_t* which, std::size_t n, int64_t* produced);
+
 }  // namespace pystrom

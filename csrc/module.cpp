@@ -18,6 +18,8 @@
 #include "pg_encode.hpp"
 #include "pg_decode.hpp"
 #include "pg_pump.hpp"
+#include "pread_runs.hpp"
+#include "zstd_decode.hpp"
 #include "zstd_frame.hpp"
 
 namespace py = pybind11;
@@ -51,6 +53,46 @@ void check_range(const Bytes& b, uint64_t bit_offset, uint64_t count, const char
   }
 }
 
+struct FramesArgs {
+  const uint8_t* src;
+  const int64_t *offsets, *sizes, *dst, *caps, *which;
+  std::size_t count;
+  int64_t* produced;
+};
+
+// The arguments of lz4_frames_decode / zstd_frames_decode: int64 arrays of one length (which: indices
+// into them), every frame's span inside src.
+FramesArgs frames_args(const py::buffer& src, const py::buffer& offsets, const py::buffer& sizes, const py::buffer& dst,
+                       const py::buffer& caps, const py::buffer& which, const py::buffer& produced, const char* name) {
+  Bytes s = request(src, false, "src");
+  Bytes o = request(offsets, false, "offsets");
+  Bytes z = request(sizes, false, "sizes");
+  Bytes d = request(dst, false, "dst");
+  Bytes c = request(caps, false, "caps");
+  Bytes w = request(which, false, "which");
+  Bytes p = request(produced, true, "produced");
+  const std::size_t n = o.size / sizeof(int64_t);
+  if (z.size != o.size || d.size != o.size || c.size != o.size || p.size != o.size) {
+    throw std::invalid_argument(std::string(name) + ": offsets, sizes, dst, caps and produced (int64) differ in length");
+  }
+  const int64_t* off = reinterpret_cast<const int64_t*>(o.ptr);
+  const int64_t* len = reinterpret_cast<const int64_t*>(z.ptr);
+  const int64_t* cap = reinterpret_cast<const int64_t*>(c.ptr);
+  const int64_t* idx = reinterpret_cast<const int64_t*>(w.ptr);
+  const std::size_t count = w.size / sizeof(int64_t);
+  for (std::size_t j = 0; j < count; ++j) {
+    if (idx[j] < 0 || static_cast<std::size_t>(idx[j]) >= n) throw std::out_of_range(std::string(name) + ": which");
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (off[i] < 0 || len[i] < 0 || cap[i] < 0 ||
+        static_cast<uint64_t>(off[i]) + static_cast<uint64_t>(len[i]) > s.size) {
+      throw std::out_of_range(std::string(name) + ": a frame's span lies outside src, or a size is negative");
+    }
+  }
+  return {s.ptr, off, len, reinterpret_cast<const int64_t*>(d.ptr), cap, idx, count,
+          reinterpret_cast<int64_t*>(p.ptr)};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -81,6 +123,70 @@ PYBIND11_MODULE(_core, m) {
     return pystrom::count_bits(s.ptr, s.size, src_offset, count);
   });
 
+  // spans: (4, n) int64, rows at, bit, count, start (unpack_bit_spans) or at, count, shift, start (shift_spans)
+  m.def("unpack_bit_spans", [](py::buffer src, py::buffer spans, int missing, py::buffer dst) {
+    Bytes s = request(src, false, "src");
+    Bytes t = request(spans, false, "spans");
+    Bytes d = request(dst, true, "dst");
+    const std::size_t n = t.size / (4 * sizeof(int64_t));
+    if (t.size != 4 * n * sizeof(int64_t)) throw std::invalid_argument("unpack_bit_spans: spans must be (4, n) int64");
+    const int64_t* at = reinterpret_cast<const int64_t*>(t.ptr);
+    const int64_t *bit = at + n, *count = at + 2 * n, *start = at + 3 * n;
+    for (std::size_t k = 0; k < n; ++k) {
+      const bool fits_dst = count[k] >= 0 && start[k] >= 0 && static_cast<uint64_t>(start[k]) <= d.size &&
+                            static_cast<uint64_t>(count[k]) <= d.size - static_cast<uint64_t>(start[k]);
+      const uint64_t bits = at[k] >= 0 && static_cast<uint64_t>(at[k]) <= s.size ? (s.size - at[k]) * 8 : 0;
+      const bool fits_src = at[k] < 0 || (bit[k] >= 0 && static_cast<uint64_t>(at[k]) <= s.size &&
+                                          static_cast<uint64_t>(bit[k]) <= bits &&
+                                          static_cast<uint64_t>(count[k]) <= bits - static_cast<uint64_t>(bit[k]));
+      if (!fits_dst || !fits_src) {
+        throw std::out_of_range("unpack_bit_spans: span " + std::to_string(k) + " lies outside src or dst");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::unpack_bit_spans(s.ptr, s.size, at, bit, count, start, n, static_cast<uint8_t>(missing), d.ptr);
+  });
+
+  m.def("shift_spans", [](py::buffer src, py::buffer spans, py::buffer dst) {
+    Bytes s = request(src, false, "src");
+    Bytes t = request(spans, false, "spans");
+    Bytes d = request(dst, true, "dst");
+    const std::size_t n = t.size / (4 * sizeof(int64_t));
+    if (t.size != 4 * n * sizeof(int64_t)) throw std::invalid_argument("shift_spans: spans must be (4, n) int64");
+    const uint64_t src_n = s.size / sizeof(int32_t), dst_n = d.size / sizeof(int32_t);
+    const int64_t* at = reinterpret_cast<const int64_t*>(t.ptr);
+    const int64_t *count = at + n, *shift = at + 2 * n, *start = at + 3 * n;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (at[k] < 0 || count[k] < 0 || start[k] < 0 || static_cast<uint64_t>(at[k]) > src_n ||
+          static_cast<uint64_t>(count[k]) > src_n - at[k] || static_cast<uint64_t>(start[k]) > dst_n ||
+          static_cast<uint64_t>(count[k]) > dst_n - start[k]) {
+        throw std::out_of_range("shift_spans: span " + std::to_string(k) + " lies outside src or dst");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::shift_spans(reinterpret_cast<const int32_t*>(s.ptr), at, count, shift, start, n,
+                         reinterpret_cast<int32_t*>(d.ptr));
+  });
+
+  // dst addresses: memory the caller owns (InflatingReader: the places read_many checked); the spans in src
+  // are checked here
+  m.def("copy_out", [](py::buffer src, py::buffer spans) {
+    Bytes s = request(src, false, "src");
+    Bytes t = request(spans, false, "spans");
+    const std::size_t n = t.size / (3 * sizeof(int64_t));
+    if (t.size != 3 * n * sizeof(int64_t)) throw std::invalid_argument("copy_out: spans must be (3, n) int64");
+    const int64_t* offset = reinterpret_cast<const int64_t*>(t.ptr);
+    const int64_t *dst = offset + n, *size = offset + 2 * n;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (offset[k] < 0 || size[k] < 0 || static_cast<uint64_t>(offset[k]) > s.size ||
+          static_cast<uint64_t>(size[k]) > s.size - offset[k]) {
+        throw std::out_of_range("copy_out: span " + std::to_string(k) + " lies outside src");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::copy_out(s.ptr, offset, dst, size, n);
+  });
+
   m.def("lz4_frame_size", [](py::buffer src) {
     Bytes s = request(src, false, "src");
     py::gil_scoped_release nogil;
@@ -92,6 +198,26 @@ PYBIND11_MODULE(_core, m) {
     Bytes d = request(dst, true, "dst");
     py::gil_scoped_release nogil;
     return pystrom::lz4_frame_decode(s.ptr, s.size, d.ptr, d.size);
+  });
+
+  // lz4_frames_decode / zstd_frames_decode: dst holds addresses of memory the caller owns, caps[i] bytes
+  // each (io/arrow/inflate.py checks or vouches for them); the frames' spans in src and the indices are
+  // checked here.
+  m.def("lz4_frames_decode", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer dst, py::buffer caps,
+                                py::buffer which, py::buffer produced) {
+    FramesArgs a = frames_args(src, offsets, sizes, dst, caps, which, produced, "lz4_frames_decode");
+    py::gil_scoped_release nogil;
+    pystrom::lz4_frames_decode(a.src, a.offsets, a.sizes, a.dst, a.caps, a.which, a.count, a.produced);
+  });
+
+  m.def("zstd_load", []() { return pystrom::zstd_load(); });
+
+  m.def("zstd_frames_decode", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer dst,
+                                 py::buffer caps, py::buffer which, py::buffer produced) {
+    if (pystrom::zstd_load() == 0) throw std::runtime_error("zstd_frames_decode: no libzstd could be loaded");
+    FramesArgs a = frames_args(src, offsets, sizes, dst, caps, which, produced, "zstd_frames_decode");
+    py::gil_scoped_release nogil;
+    pystrom::zstd_frames_decode(a.src, a.offsets, a.sizes, a.dst, a.caps, a.which, a.count, a.produced);
   });
 
   m.def("zstd_frames_check", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer claims,
@@ -116,13 +242,14 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def("arrow_batch_meta", [](py::buffer src, int64_t footer_start, py::buffer offsets, py::buffer meta_lengths,
-                               py::buffer body_lengths, std::size_t num_fields, std::size_t num_buffers,
-                               py::buffer rows, py::buffer bodies, py::buffer nodes, py::buffer buffers,
-                               py::buffer codecs, py::buffer status) {
+                               py::buffer body_lengths, py::buffer msg_at, std::size_t num_fields,
+                               std::size_t num_buffers, py::buffer rows, py::buffer bodies, py::buffer nodes,
+                               py::buffer buffers, py::buffer codecs, py::buffer status) {
     Bytes s = request(src, false, "src");
     Bytes o = request(offsets, false, "offsets");
     Bytes ml = request(meta_lengths, false, "meta_lengths");
     Bytes bl = request(body_lengths, false, "body_lengths");
+    Bytes ma = request(msg_at, false, "msg_at");
     Bytes r = request(rows, true, "rows");
     Bytes b = request(bodies, true, "bodies");
     Bytes nd = request(nodes, true, "nodes");
@@ -131,18 +258,59 @@ PYBIND11_MODULE(_core, m) {
     Bytes st = request(status, true, "status");
     const std::size_t n = o.size / sizeof(int64_t);
     const std::size_t w = sizeof(int64_t);
-    if (ml.size != n * w || bl.size != n * w || r.size != n * w || b.size != 2 * n * w ||
+    if (ml.size != n * w || bl.size != n * w || ma.size != n * w || r.size != n * w || b.size != 2 * n * w ||
         nd.size != 2 * num_fields * n * w || bf.size != 2 * num_buffers * n * w || c.size != n * w ||
         st.size != n * sizeof(int32_t)) {
       throw std::invalid_argument("arrow_batch_meta: the arrays' lengths do not match the Blocks' count");
     }
     py::gil_scoped_release nogil;
     pystrom::arrow_batch_meta(s.ptr, s.size, footer_start, reinterpret_cast<const int64_t*>(o.ptr),
-                              reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr), n,
-                              num_fields, num_buffers, reinterpret_cast<int64_t*>(r.ptr),
+                              reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr),
+                              reinterpret_cast<const int64_t*>(ma.ptr), n, num_fields, num_buffers, reinterpret_cast<int64_t*>(r.ptr),
                               reinterpret_cast<int64_t*>(b.ptr), reinterpret_cast<int64_t*>(nd.ptr),
                               reinterpret_cast<int64_t*>(bf.ptr), reinterpret_cast<int64_t*>(c.ptr),
                               reinterpret_cast<int32_t*>(st.ptr));
+  });
+
+  m.def("plan_runs", [](py::buffer offsets, py::buffer sizes, int64_t max_gap, int64_t max_bytes,
+                        py::buffer run_first) {
+    Bytes o = request(offsets, false, "offsets");
+    Bytes z = request(sizes, false, "sizes");
+    Bytes r = request(run_first, true, "run_first");
+    const std::size_t n = o.size / sizeof(int64_t);
+    if (z.size != o.size || r.size != (n + 1) * sizeof(int64_t)) {
+      throw std::invalid_argument("plan_runs: offsets and sizes (int64) differ in length, or run_first is not one longer");
+    }
+    py::gil_scoped_release nogil;
+    return pystrom::plan_runs(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n,
+                              max_gap, max_bytes, reinterpret_cast<int64_t*>(r.ptr));
+  });
+
+  // ptrs are addresses of memory the caller owns and keeps alive (io/arrow/ranges.py checks each piece
+  // lies inside its destination array); the runs' bounds are checked here.
+  m.def("pread_runs", [](int fd, py::buffer offsets, py::buffer sizes, py::buffer ptrs, py::buffer run_first,
+                         int64_t max_call, py::buffer got) {
+    Bytes o = request(offsets, false, "offsets");
+    Bytes z = request(sizes, false, "sizes");
+    Bytes p = request(ptrs, false, "ptrs");
+    Bytes r = request(run_first, false, "run_first");
+    Bytes g = request(got, true, "got");
+    const std::size_t n = o.size / sizeof(int64_t);
+    const std::size_t runs = g.size / sizeof(int64_t);
+    if (z.size != o.size || p.size != o.size || r.size != (runs + 1) * sizeof(int64_t)) {
+      throw std::invalid_argument("pread_runs: offsets, sizes, ptrs (int64) differ in length, or run_first is not "
+                                  "one longer than got");
+    }
+    const int64_t* first = reinterpret_cast<const int64_t*>(r.ptr);
+    for (std::size_t k = 0; k < runs; ++k) {
+      if (first[k] < 0 || first[k] > first[k + 1] || static_cast<std::size_t>(first[k + 1]) > n) {
+        throw std::out_of_range("pread_runs: run_first is not ascending inside the pieces");
+      }
+    }
+    py::gil_scoped_release nogil;
+    pystrom::pread_runs(fd, reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr),
+                        reinterpret_cast<const int64_t*>(p.ptr), first, runs, max_call,
+                        reinterpret_cast<int64_t*>(g.ptr));
   });
 
   m.def("gather_varbinary", [](py::buffer src_offsets, py::buffer src_data, py::buffer rows, py::buffer dst_offsets,

@@ -93,7 +93,7 @@ def _packed(path, columns=None) -> list[Packed]:
     with open_arrow_file(path) as f:
         layouts = parse_batches(f, columns if columns is not None else f.schema.names)
     assert layouts is not None, "the compressed file was left to pyarrow"
-    return inflating.packed_buffers(layouts)
+    return layouts.packed_buffers()
 
 
 def _read_quietly(path, **kw):
@@ -520,3 +520,30 @@ def test_inflated_ranges_are_never_file_offsets(tmp_path):
     assert all(isinstance(p, Packed) and p.offset >= 1 << 56 and isinstance(p.frame, Range) for p in packed)
     offsets = [p.offset for p in packed]
     assert offsets == sorted(offsets) and all(b - a >= 64 for a, b in zip(offsets, offsets[1:]))
+
+
+def test_copy_out_on_every_device():
+    """InflatingReader's partial reads out of its scratch, all in one call (csrc/gather.cpp copy_out on
+    the CPU, kernels/copies.cu on a GPU), against slice assignments; spans outside the scratch refused."""
+    from pystrom.testing import assert_same_on_all_devices
+
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 256, 5000, dtype=np.uint8)
+    sizes = rng.integers(0, 300, 40).astype(np.int64)
+    offsets = rng.integers(0, 5000 - 300, 40).astype(np.int64)
+    places = np.cumsum(sizes + 5) - sizes - 5  # each destination 5 bytes apart: untouched between
+
+    def run(device):
+        backend = resolve_device(device)
+        out = backend.xp.full(int((sizes + 5).sum()), 7, dtype=np.uint8)
+        base = out.ctypes.data if backend.kind == "cpu" else out.data.ptr
+        inflating.copy_out(backend, backend.from_host(src), offsets, base + places, sizes)
+        return [out]
+
+    got = assert_same_on_all_devices(run)[0]
+    want = np.full(int((sizes + 5).sum()), 7, dtype=np.uint8)
+    for o, n, p in zip(offsets.tolist(), sizes.tolist(), places.tolist()):
+        want[p : p + n] = src[o : o + n]
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(IndexError, match="outside src"):
+        pystrom._core.copy_out(src, np.array([[4990], [want.ctypes.data], [11]], dtype=np.int64))

@@ -85,7 +85,7 @@ def _both(path: Path):
         status = np.full(b, -1, np.int32)
         block = np.array([(x.offset, x.metadata_length, x.body_length) for x in blocks], np.int64).reshape(b, 3)
         _core.arrow_batch_meta(np.frombuffer(raw, np.uint8), footer_start, block[:, 0].copy(), block[:, 1].copy(),
-                               block[:, 2].copy(), nf, nb, *native, status)  # fmt: skip
+                               block[:, 2].copy(), block[:, 0].copy(), nf, nb, *native, status)  # fmt: skip
         python = []
         for i, blk in enumerate(blocks):
             try:
@@ -220,3 +220,35 @@ def test_mutated_messages_are_never_accepted_where_python_refuses(tmp_path, seed
 
 if __name__ == "__main__":
     print(json.dumps(mutants(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+
+
+def test_the_messages_read_alone_parse_as_in_the_whole_file(tmp_path):
+    """parse_batches hands the C++ parser the messages read by pread one after the other (``msg_at``), not
+    the mapping: the same arrays and statuses; Blocks outside the file, or overlapping ones that would add
+    up to more than the file, are not read that way."""
+    for path in _files(tmp_path):
+        native, status, _ = _both(path)
+        with open_arrow_file(path) as f:
+            whole = memoryview(f._whole)
+            footer_start = f.size - 10 - struct.unpack_from("<i", whole, f.size - 10)[0]
+            blocks, _ = read_footer(whole[footer_start : f.size - 10])
+            block = np.array([(x.offset, x.metadata_length, x.body_length) for x in blocks], np.int64).reshape(-1, 3)
+            offset, meta, body = (block[:, j].copy() for j in range(3))
+            src, msg_at = batches._messages(f, offset, meta, footer_start)
+            assert src.shape[0] <= max(1, int(meta.sum()))
+            b, nf, nb = len(block), native[2].shape[1], native[3].shape[1]
+            again = (np.empty(b, np.int64), np.empty((b, 2), np.int64), np.empty((b, nf, 2), np.int64),
+                     np.empty((b, nb, 2), np.int64), np.empty(b, np.int64))  # fmt: skip
+            status2 = np.full(b, -1, np.int32)
+            _core.arrow_batch_meta(src, footer_start, offset, meta, body, msg_at, nf, nb, *again, status2)
+            assert np.array_equal(status, status2), path.name
+            ok = status == 0
+            for x, y in zip(native, again):
+                assert np.array_equal(x[ok], y[ok]), path.name
+            outside = offset.copy()
+            outside[:1] = footer_start  # a Block past the messages: left out, refused by the parser
+            _, at = batches._messages(f, outside, meta, footer_start)
+            assert b == 0 or at[0] == -1
+            if b:
+                src, at = batches._messages(f, np.full(b, 8, np.int64), np.full(b, f.size // 2, np.int64), footer_start)
+                assert b < 3 or (src.shape[0] == f.size and (at == 8).all())  # overlapping: the mapping

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pystrom
+from pystrom import _core
 from pystrom._backend import resolve_device
 from pystrom.io.arrow import ranges
 from pystrom.io.arrow.ranges import RangeReader
@@ -54,31 +55,36 @@ def test_a_read_past_the_end_names_the_file(blob):
             reader.wait()
 
 
-def test_pread_all_resumes_inside_a_view(tmp_path, monkeypatch):
-    """preadv may return fewer bytes than asked (signals, some file systems): the rest is read on."""
+def test_pread_runs_resumes_inside_a_piece(tmp_path):
+    """preadv may return fewer bytes than asked (signals, some file systems): the rest is read on
+    (``max_call`` makes every call a short one), gaps between pieces included."""
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(200)))
-    real = os.preadv
-
-    def short(fd, views, offset):  # at most 7 bytes a call
-        total = sum(len(v) for v in views)
-        first = [memoryview(bytearray(min(7, total)))]
-        n = real(fd, first, offset)
-        done = 0
-        for v in views:
-            take = min(len(v), n - done)
-            v[:take] = first[0][done : done + take]
-            done += take
-        return n
-
-    monkeypatch.setattr(ranges.os, "preadv", short)
-    views = [memoryview(bytearray(n)) for n in (3, 10, 0, 50)]
+    dsts = [np.zeros(n, np.uint8) for n in (3, 10, 0, 50, 5)]
+    offsets = np.array([20, 23, 33, 33, 90], dtype=np.int64)  # a 7-byte gap before the last piece
+    sizes = np.array([len(d) for d in dsts], dtype=np.int64)
+    addresses = np.array([d.ctypes.data for d in dsts], dtype=np.int64)
+    first = np.empty(len(dsts) + 1, dtype=np.int64)
+    assert _core.plan_runs(offsets, sizes, 64, 1 << 20, first) == 1 and first.tolist()[:2] == [0, 5]
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert ranges._pread_all(fd, list(views), 20) == 63
+        for cap in (7, 1, 0):
+            for d in dsts:
+                d[:] = 0
+            got = np.zeros(1, np.int64)
+            _core.pread_runs(fd, offsets, sizes, addresses, first[:2], cap, got)
+            assert got[0] == 75, cap
+            assert b"".join(d.tobytes() for d in dsts) == bytes(range(20, 83)) + bytes(range(90, 95)), cap
     finally:
         os.close(fd)
-    assert b"".join(bytes(v) for v in views) == bytes(range(20, 83))
+
+
+def test_plan_runs_breaks_at_overlaps_gaps_and_the_task_size():
+    offsets = np.array([0, 10, 15, 100_000, 100_010, 100_020], dtype=np.int64)
+    sizes = np.array([10, 10, 5, 10, 10, 10], dtype=np.int64)  # 15 overlaps the piece before it
+    first = np.empty(7, dtype=np.int64)
+    runs = _core.plan_runs(offsets, sizes, 1000, 25, first)
+    assert first[: runs + 1].tolist() == [0, 2, 3, 5, 6]  # [0, 20) | 15 overlaps | gap > 1000 | span > 25
 
 
 def test_reads_queued_when_the_caller_fails_are_dropped_not_run(blob):
@@ -109,3 +115,19 @@ def test_a_ticket_waits_for_the_reads_before_it(blob):
             reader.wait(later)
             assert second.tobytes() == data[200_000:290_000] and reader.bytes_read == 290_000
             reader.wait()
+
+
+@pytest.mark.parametrize("count", [5, 5000])  # 5000: read by several pool tasks
+def test_read_pieces_in_the_order_given(blob, count):
+    path, data = blob
+    rng = np.random.default_rng(count)
+    offsets = rng.integers(0, len(data) - 64, count).astype(np.int64)
+    sizes = rng.integers(0, 64, count).astype(np.int64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = ranges.read_pieces(fd, offsets, sizes, path, max_gap=100).tobytes()
+        with pytest.raises(pystrom.FileFormatError, match="blob.bin.*truncated"):
+            ranges.read_pieces(fd, np.array([0, len(data) - 4]), np.array([8, 8]), path)
+    finally:
+        os.close(fd)
+    assert got[: int(sizes.sum())] == b"".join(data[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist()))

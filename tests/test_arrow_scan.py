@@ -200,3 +200,21 @@ def test_several_files_with_host_path_columns(tmp_path, device):
     want = want.filter(pc.equal(pc.bit_wise_and(want["x"], 1), 0))
     assert got.column("x").to_pylist() == want.column("x").to_pylist()
     assert got.column("k").to_pylist() == want.column("k").to_pylist()
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_a_statistics_key_written_twice_is_not_trusted(tmp_path, compression):
+    """pystrom parses the batch messages itself (the custom metadata included): a key a message holds twice
+    stays twice, as pyarrow hands it out, so the column's statistics are doubtful and the batch is read
+    (the last entry alone would skip rows that match)."""
+    path = tmp_path / "dup.arrow"
+    table = pa.table({"x": np.arange(100, dtype=np.int64)})
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_file(path, table.schema, options=options) as w:
+        twice = pa.KeyValueMetadata([(b"min_max_stats.x", b"0,49"), (b"min_max_stats.x", b"1000,2000")])
+        w.write_batch(table.slice(0, 50).to_batches()[0], custom_metadata=twice)
+        w.write_batch(table.slice(50).to_batches()[0], custom_metadata={b"min_max_stats.x": b"50,99"})
+    scan = pystrom.scan_arrow(path, where="x < 10", device="cpu")
+    got = scan.collect()
+    assert to_host(got).column("x").to_pylist() == list(range(10))
+    assert scan.stats.batches_skipped == 1  # the second batch, by its one entry

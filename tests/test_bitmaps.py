@@ -90,3 +90,90 @@ def test_backend_bitmap_ops_agree(src, shift):
     packed = np.packbits(np.concatenate([np.zeros(shift, bool), cpu[0]]), bitorder="little")
     np.testing.assert_array_equal(cpu[1], packed)
     assert len(available_devices()) >= 1
+
+
+@st.composite
+def bit_spans(draw):
+    """A scratch of bitmaps and spans into it (some without a bitmap: at -1), their outputs back to back."""
+    size = draw(st.integers(1, 64))
+    buf = np.frombuffer(draw(st.binary(min_size=size, max_size=size)), dtype=np.uint8).copy()
+    spans = []
+    for _ in range(draw(st.integers(0, 12))):
+        at = draw(st.integers(-1, size - 1))
+        room = (size - max(at, 0)) * 8
+        bit = draw(st.integers(0, min(room, 20)))
+        spans.append((at, bit, draw(st.integers(0, room - bit))))
+    return buf, spans
+
+
+@given(case=bit_spans(), missing=st.sampled_from([None, 1]))
+def test_unpack_batches_on_every_device(case, missing):
+    """io/arrow/direct.py's bitmaps of many batches in one call (csrc/bits.cpp unpack_bit_spans on the CPU,
+    kernels/bitmap.cu on a GPU) against unpack_bits span by span."""
+    from pystrom.io.arrow import direct
+    from pystrom.testing import assert_same_on_all_devices
+
+    buf, spans = case
+    n = np.array([c for _, _, c in spans], dtype=np.int64)
+    start = np.cumsum(n) - n
+    where = np.array([a for a, _, _ in spans], dtype=np.int64)
+    bit = np.array([b for _, b, _ in spans], dtype=np.int64)
+
+    def run(device):
+        backend = resolve_device(device)
+        out = backend.xp.full(int(n.sum()) + 3, 7, dtype=np.uint8)
+        direct._unpack_batches(backend, (backend.from_host(buf), where), (bit, n, start), out, missing)
+        return [out]
+
+    got = assert_same_on_all_devices(run)[0]
+    want = np.full(int(n.sum()) + 3, 7, dtype=np.uint8)
+    for (at, b, c), s in zip(spans, start.tolist()):
+        want[s : s + c] = (missing or 0) if at < 0 else reference_bits(buf[at:], b, c)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_unpack_bit_spans_checks_every_span():
+    buf, out = np.zeros(2, dtype=np.uint8), np.zeros(8, dtype=np.uint8)
+    for span in ([0, 9, 8, 0], [1, 0, 9, 0], [0, 0, 4, 5], [2, 1, 0, 0], [-1, 0, 9, 0], [0, -1, 1, 0]):
+        with pytest.raises(IndexError, match="outside src or dst"):
+            _core.unpack_bit_spans(buf, np.array(span, dtype=np.int64).reshape(4, 1), 0, out)
+    _core.unpack_bit_spans(buf, np.array([[1, -1], [8, 0], [0, 8], [0, 0]], dtype=np.int64), 1, out)
+    assert out.tolist() == [1] * 8
+
+
+@given(data=st.data())
+def test_shift_spans_on_every_device(data):
+    """String offsets of many batches rebased in one call (csrc/gather.cpp shift_spans on the CPU,
+    kernels/strings.cu on a GPU) against a loop; a batch's last entry and the next one's first coincide."""
+    from pystrom.io.arrow import direct
+    from pystrom.testing import assert_same_on_all_devices
+
+    lengths = data.draw(st.lists(st.integers(0, 40), max_size=10))
+    rng = np.random.default_rng(len(lengths))
+    src, at, shift, start, pos, value = [], [], [], [], 0, 0
+    for n in lengths:
+        first = int(rng.integers(0, 1000))
+        steps = np.cumsum(rng.integers(0, 5, n))
+        at.append(len(src))
+        src += [first, *(first + steps).tolist()]
+        shift.append(first - value)
+        start.append(pos)
+        pos, value = pos + n, value + int(steps[-1] if n else 0)
+    src = np.array(src + [0], dtype=np.int32)
+    table = np.array([at, [n + 1 for n in lengths], shift, start], dtype=np.int64).reshape(4, -1)
+
+    def run(device):
+        backend = resolve_device(device)
+        out = backend.xp.full(pos + 1, -7, dtype=np.int32)
+        direct._shift_spans(backend, backend.from_host(src), table, out)
+        return [out]
+
+    got = assert_same_on_all_devices(run)[0]
+    want = np.full(pos + 1, -7, dtype=np.int32)
+    for a, n, sh, s in zip(*table.tolist()):
+        want[s : s + n] = src[a : a + n] - sh
+    np.testing.assert_array_equal(got, want)
+    if lengths:
+        assert (np.diff(got[: pos + 1]) >= 0).all() and got[0] == 0
+    with pytest.raises(IndexError, match="outside src or dst"):
+        _core.shift_spans(src, np.array([[0], [len(src) + 1], [0], [0]], dtype=np.int64), np.zeros(99, np.int32))

@@ -108,3 +108,29 @@ def test_hostile_frames_never_crash():
     proc = subprocess.run([sys.executable, "-c", _HOSTILE, "3"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"the decoder died or disagreed (code {proc.returncode}): {proc.stderr[-2000:]}"
     assert int(proc.stdout.split()[-1]) > 50_000
+
+
+def test_many_frames_in_one_call_as_one_at_a_time():
+    """``lz4_frames_decode`` (the CPU inflate's call for a task's frames) gives what ``lz4_frame_decode``
+    gives frame by frame: the bytes produced, the real size where a cap is too small or 0, -1 where a frame
+    is malformed; only the frames asked for, each into its own place."""
+    codec = pa.Codec("lz4")
+    data = _inputs()
+    frames = [codec.compress(d, asbytes=True) for d in data] + [b"", b"\x04\x22\x4d\x18garbage"]
+    wants = [len(d) for d in data] + [0, 10]
+    caps = [w if k % 3 else max(0, w - 1) for k, w in enumerate(wants)]  # every third one short a byte
+    src = np.frombuffer(b"".join(frames), dtype=np.uint8)
+    sizes = np.array([len(f) for f in frames], dtype=np.int64)
+    offsets = np.cumsum(sizes) - sizes
+    outs = [np.full(c + 8, 0xEE, dtype=np.uint8) for c in caps]
+    which = np.arange(len(frames), dtype=np.int64)[::-1].copy()
+    produced = np.full(len(frames), -9, dtype=np.int64)
+    _core.lz4_frames_decode(src, offsets, sizes, np.array([o.ctypes.data for o in outs], dtype=np.int64),
+                            np.array(caps, dtype=np.int64), which, produced)  # fmt: skip
+    for f, cap, out, got in zip(frames, caps, outs, produced.tolist()):
+        alone = np.full(cap + 8, 0xEE, dtype=np.uint8)
+        want = _core.lz4_frame_decode(f, alone[:cap]) if cap else -2
+        assert got == (_core.lz4_frame_size(f) if want == -2 else want)
+        assert out.tobytes() == alone.tobytes()
+    with pytest.raises(IndexError):
+        _core.lz4_frames_decode(src, offsets, sizes + 10**9, offsets, sizes, which, produced)

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.feather as feather
 import pytest
 import zstd_cases as zc
 
+import pystrom
 from pystrom.io.arrow.zstd_frames import check_zstd, zstd_reason
 
 from conftest import needs_gpu
@@ -208,3 +210,61 @@ def test_read_arrow_names_the_reason(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(pystrom.FileFormatError, match=r"column 'x'.*not a zstd frame \(bad magic number\)"):
         pystrom.read_arrow(path, device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------------
+# CPU decoding: libzstd in C++ (csrc/zstd_decode.cpp) against pyarrow's codec, its fallback
+
+
+def test_native_decoding_equals_pyarrows_codec(monkeypatch):
+    """Good, hand-built and damaged frames through inflate_host both ways. Good and hand-built ones: the
+    same bytes produced (or refused) and the same output. Damaged ones pass the structure check but hold
+    corrupt entropy-coded data: libzstd versions differ in how much of that they notice (the system's
+    1.5.4 decoded 15 of ~6,000 that pyarrow's bundled copy refuses; garbage out of both where neither
+    does), so there only the contract: the claim or -1, nothing written past a claim."""
+    from pystrom.io.arrow import inflate_host as ih
+    from pystrom.io.arrow.inflate import Frames
+
+    if not ih._libzstd_loads():
+        pytest.skip("no libzstd loads here: pyarrow's codec is the only path")
+    cases = [(f"good {i}", zc.compress(p, 3), len(p)) for i, p in enumerate(zc.payloads())]
+    cases += [(n, f, c) for n, f, c, _ in zc.built()]
+    exact = len(cases)
+    cases += [c for c in zc.damaged() if c[2] <= 1 << 22]  # claims of 2**40 would need the memory
+    sizes = np.array([len(f) for _, f, _ in cases], dtype=np.int64)
+    claims = np.array([c for *_, c in cases], dtype=np.int64)
+    src = np.frombuffer(b"".join(f for _, f, _ in cases), dtype=np.uint8)
+    offsets = np.cumsum(sizes) - sizes
+    room = -(-(claims + 64) // 64) * 64  # each output 64 bytes of padding
+    places = np.cumsum(room) - room
+    got = {}
+    for native in (True, False):
+        monkeypatch.setattr(ih, "native_zstd", lambda native=native: native)
+        dst = np.full(int(room.sum()), 0xEE, dtype=np.uint8)
+        got[native] = (ih.inflate_host(Frames("zstd", src, offsets, sizes, dst, places, claims)), dst)
+    (mine, out), (theirs, ref) = got[True], got[False]
+    assert mine[:exact].tolist() == theirs[:exact].tolist()
+    assert sum(p == c for p, c in zip(mine.tolist(), claims.tolist())) > len(zc.payloads())
+    assert ((mine == claims) | (mine == -1)).all()
+    assert (mine == theirs).mean() > 0.99
+    for k, ((name, _, claim), p, at) in enumerate(zip(cases, mine.tolist(), places.tolist())):
+        if k < exact and p == claim:
+            assert out[at : at + claim].tobytes() == ref[at : at + claim].tobytes(), name
+        assert (out[at + claim : at + claim + 64] == 0xEE).all(), name
+
+
+@pytest.mark.parametrize("decoder", ["pyarrow", "libzstd"])
+def test_read_arrow_with_either_zstd_decoder(tmp_path, decoder, monkeypatch):
+    """``defaults.zstd_decoder``: the same table either way (pyarrow's codec where no libzstd loads); a
+    frame that does not fill its claim refused either way."""
+    from pystrom.io.arrow import inflate_host as ih
+
+    table = pa.table({"x": np.arange(5000, dtype=np.int64), "y": np.random.default_rng(1).random(5000)})
+    path = tmp_path / "z.arrow"
+    feather.write_feather(table, path, compression="zstd", chunksize=700)
+    calls = []
+    real = pystrom._core.zstd_frames_decode
+    monkeypatch.setattr(ih._core, "zstd_frames_decode", lambda *a: calls.append(1) or real(*a))
+    with pystrom.defaults.set(zstd_decoder=decoder):
+        assert pystrom.read_arrow(path, device="cpu").to_arrow().equals(table)
+    assert bool(calls) == (decoder == "libzstd" and ih._libzstd_loads())

@@ -18,6 +18,13 @@ def lz4_frame_decode(src: Buffer, dst: Buffer) -> int:
     """Decode the single LZ4 frame in ``src`` into ``dst`` (writable, contiguous): the bytes produced,
     -1 where the frame is malformed, -2 where it would produce more than ``dst`` holds."""
 
+def lz4_frames_decode(
+    src: Buffer, offsets: Buffer, sizes: Buffer, dst: Buffer, caps: Buffer, which: Buffer, produced: Buffer
+) -> None:
+    """Frames ``which`` (int64 indices) of ``src[offsets[i], + sizes[i])`` decoded into ``caps[i]`` bytes at the
+    address ``dst[i]`` (memory the caller owns), as :func:`lz4_frame_decode` does, without the GIL;
+    ``produced[i]``: the bytes frame i produces, -1 where it is malformed (csrc/lz4_size.hpp)."""
+
 def zstd_frames_check(src: Buffer, offsets: Buffer, sizes: Buffer, claims: Buffer, out: Buffer) -> None:
     """Per frame ``src[offsets[i], + sizes[i])`` (int64) claimed to decompress to ``claims[i]`` bytes: 0 in
     ``out[i]`` (int32) where it is one well-formed zstd frame that can, else a reason code (zstd_frames.py)."""
@@ -26,6 +33,17 @@ def gather_varbinary(
     src_offsets: Buffer, src_data: Buffer, rows: Buffer, dst_offsets: Buffer, dst_data: Buffer
 ) -> None:
     """Copy the bytes of string rows ``rows`` (int64) into ``dst_data`` at ``dst_offsets`` (int32 prefix sums)."""
+
+def plan_runs(offsets: Buffer, sizes: Buffer, max_gap: int, max_bytes: int, run_first: Buffer) -> int:
+    """Pieces sorted by file offset (int64) cut into runs of consecutive pieces (gaps of at most ``max_gap``
+    bytes, spans of at most ``max_bytes``): their first pieces into ``run_first`` (n + 1 entries, the last
+    one n); the number of runs (csrc/pread_runs.hpp)."""
+
+def pread_runs(
+    fd: int, offsets: Buffer, sizes: Buffer, ptrs: Buffer, run_first: Buffer, max_call: int, got: Buffer
+) -> None:
+    """Read each run of :func:`plan_runs` with preadv, piece i to the address ``ptrs[i]``, without the GIL;
+    ``got[r]``: the bytes run r read (gaps included), or -errno. ``max_call`` > 0 caps each call (tests)."""
 
 # -- Arrow arrays handed to consumers (csrc/arrow_keep.cpp): owners let go of without the GIL ------------
 

@@ -104,6 +104,17 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 4096,
         "Bytes per file read task (KvikIO's task and bounce buffer size unless KVIKIO_TASK_SIZE is set).",
     ),
+    "zstd_decoder": _Option(
+        "PYSTROM_ZSTD_DECODER",
+        str,
+        "pyarrow",
+        lambda v: v in ("pyarrow", "libzstd"),
+        "What decodes the ZSTD bodies of Arrow files on the host (the CPU backend; a GPU's ZSTD without nvCOMP): "
+        "'pyarrow', its bundled codec; 'libzstd', the system's libzstd.so.1 called from C++ (about 3x faster where "
+        "buffers are small: no Python call and decompression context a frame; pyarrow's where it does not load). "
+        "Both refuse the corrupt frames they notice, but are different libzstd versions: a frame corrupt inside "
+        "that one notices and the other does not, or neither, may decode to other bytes.",
+    ),
     "logit_hessian": _Option(
         "PYSTROM_LOGIT_HESSIAN",
         str,

@@ -1,4 +1,5 @@
-// Row gathers for string/binary columns (int32 offsets + bytes). CPU twin: csrc/gather.cpp.
+// Row gathers for string/binary columns (int32 offsets + bytes), and the offsets of many record batches
+// placed at once. CPU twin: csrc/gather.cpp.
 
 // One thread per gathered row copies that row's bytes. dst_offsets holds the prefix sums of the
 // gathered lengths (computed beforehand), so rows write disjoint ranges.
@@ -14,5 +15,17 @@ extern "C" __global__ void gather_varbinary(const int* __restrict__ src_offsets,
     const int len = src_offsets[row + 1] - start;
     const int dst = dst_offsets[i];
     for (int k = 0; k < len; ++k) dst_data[dst + k] = src_data[start + k];
+  }
+}
+
+// Offsets of many batches rebased in one launch (one launch, not one a batch). spans is a (4, n) int64
+// table, rows at, count, shift, start: dst[start[s] + j] = src[at[s] + j] - shift[s] for j < count[s]. A
+// batch's last entry and the next batch's first land on the same place with the same value. A block a
+// span, grid-stride over the spans.
+extern "C" __global__ void shift_spans(const int* __restrict__ src, const long long* __restrict__ spans, long long n,
+                                       int* __restrict__ dst) {
+  for (long long s = blockIdx.x; s < n; s += gridDim.x) {
+    const long long at = spans[s], count = spans[n + s], shift = spans[2 * n + s], start = spans[3 * n + s];
+    for (long long j = threadIdx.x; j < count; j += blockDim.x) dst[start + j] = (int)((long long)src[at + j] - shift);
   }
 }

@@ -26,7 +26,8 @@ that was a fifth of read_arrow. Here, in order:
    8-byte aligned, row counts equal to the batch's, NULL counts in [0, rows], a validity bitmap
    wherever there are NULLs, every buffer as long as its row count needs (the checks of
    :meth:`.file.ArrowFile.layout`, over every field rather than only the selected ones);
-4. the :class:`.file.BatchLayout` of each batch for the selected columns, as pyarrow's path builds it.
+4. the :class:`.layouts.Layouts` of the selected columns: per column and buffer, arrays over the batches
+   of what pyarrow's path builds batch by batch.
 
 Anything unexpected in 1-3 declines rather than raises: the fast path never accepts a file pyarrow's
 path would refuse, and the error a corrupt file gets stays the one pyarrow's path gives.
@@ -35,18 +36,20 @@ path would refuse, and the error a corrupt file gets stays the one pyarrow's pat
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ... import _core
 from ..._types import ColumnType, Layout
 from ...errors import FileFormatError
 from .compressed import compressed_layouts, field_counts
-from .file import ARROW_ERRORS, ArrowFile, BatchLayout, ChunkLayout, Range, direct_types
-from .format import MAX_FOOTER_BYTES, METADATA_V5, FooterError, _Reader, read_footer, read_key_values
+from .file import ARROW_ERRORS, ArrowFile, direct_types
+from .format import MAX_FOOTER_BYTES, METADATA_V5, Block, FooterError, _Reader, footer_blocks, read_key_value_pairs
 from .inflate import CODECS
+from .layouts import Buffers, Chunks, Layouts
 
 __all__ = ["batch_layouts", "parse_batches"]
 
@@ -58,15 +61,16 @@ class _Decline(Exception):
     """The fast path does not apply to this file; pyarrow's path decides."""
 
 
-def batch_layouts(file: ArrowFile, columns: Sequence[str], types: dict[str, ColumnType | None]) -> list[BatchLayout]:
+def batch_layouts(file: ArrowFile, columns: Sequence[str], types: dict[str, ColumnType | None]) -> Layouts:
     """The layout of every record batch of ``file`` for ``columns`` (``types``: :func:`.file.direct_types`)."""
     fast = parse_batches(file, columns)
     if fast is not None:
         return fast
-    return [file.layout(i, columns, types) for i in range(file.num_batches)]
+    slow = [file.layout(i, columns, types) for i in range(file.num_batches)]
+    return Layouts.of(slow, [] if file.compressed else [c for c in columns if types[c] is not None])
 
 
-def parse_batches(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout] | None:
+def parse_batches(file: ArrowFile, columns: Sequence[str]) -> Layouts | None:
     """Every batch's layout from the raw metadata (steps 1-4 above), or None where pyarrow's path must decide."""
     try:
         return _parse(file, columns)
@@ -76,7 +80,7 @@ def parse_batches(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout] 
         return None
 
 
-def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
+def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
     if file.is_stream or file.compressed:
         raise _Decline
     names = file.schema.names
@@ -101,29 +105,29 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
         raise _Decline
     footer_start = size - 10 - footer_len
     footer = whole[footer_start : size - 10]
-    blocks, _ = read_footer(footer)
-    if len(blocks) != file.num_batches:
+    block, _ = footer_blocks(footer)
+    if len(block) != file.num_batches:
         raise _Decline
     flat = _check_footer(footer) and flat
-    if not blocks:
-        return []
+    if not len(block):
+        return Layouts.of([], [c for c in columns if types[c] is not None])
 
-    count = len(blocks)
+    count = len(block)
     rows = np.empty(count, dtype=np.int64)
     bodies = np.empty((count, 2), dtype=np.int64)  # file offset, length
     nodes = np.empty((count, num_fields, 2), dtype=np.int64)  # length, null count
     buffers = np.empty((count, num_buffers, 2), dtype=np.int64)  # body offset, length
     codecs = np.empty(count, dtype=np.int64)  # index into CODECS, -1: uncompressed
     status = np.empty(count, dtype=np.int32)
-    block = np.array([(b.offset, b.metadata_length, b.body_length) for b in blocks], dtype=np.int64)
-    _core.arrow_batch_meta(np.frombuffer(file._whole, dtype=np.uint8), footer_start, block[:, 0].copy(),
-                           block[:, 1].copy(), block[:, 2].copy(), num_fields, num_buffers, rows, bodies, nodes,
-                           buffers, codecs, status)  # fmt: skip
-    metadata: list[dict[bytes, bytes]] = [{} for _ in range(count)]
+    offset, meta_length, body_length = (block[:, j].copy() for j in range(3))
+    src, msg_at = _messages(file, offset, meta_length, footer_start)
+    _core.arrow_batch_meta(src, footer_start, offset, meta_length, body_length, msg_at, num_fields, num_buffers,
+                           rows, bodies, nodes, buffers, codecs, status)  # fmt: skip
+    metadata: list[Mapping[bytes, bytes]] = [{} for _ in range(count)]
     # the batches the C++ parser left to this one (custom metadata, or anything unusual: declined or
     # refused here, with the errors this path always raised), in order: the first to fail decides
     for i in np.flatnonzero((status != 0) | ((codecs < 0) & (not flat))).tolist():
-        blk = blocks[i]
+        blk = Block(*block[i].tolist())
         rows[i], bodies[i], nodes[i], buffers[i], codecs[i], metadata[i] = _parse_one(
             file, whole, blk, footer_start, i, flat, num_fields, num_buffers
         )
@@ -135,7 +139,21 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> list[BatchLayout]:
         file.batch_metadata = metadata  # pyarrow would inflate a whole batch to hand out its metadata
         return out
     _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, [types[n] for n in names])
-    return _layouts(rows, bodies, nodes, buffers, per_field, names, columns)
+    out = _layouts(rows, bodies, nodes, buffers, per_field, names, columns)
+    file.batch_metadata = metadata  # a scan's statistics: pyarrow would parse each batch again to hand it out
+    return out
+
+
+def _messages(file: ArrowFile, offset: np.ndarray, meta_length: np.ndarray, footer_start: int) -> tuple:
+    """(src, msg_at) for csrc/arrow_meta.cpp: the messages read by ``pread`` one after the other (through the
+    mapping each costs a page fault, and one more page to unmap: ~3 ms for 2048 batches), those of Blocks
+    outside [8, footer_start) left out (refused there); the whole mapping if they would add up to more
+    than the file (overlapping Blocks: a hostile footer)."""
+    inside = (offset >= 8) & (meta_length >= 8) & (offset <= footer_start - meta_length)
+    sizes = np.where(inside, meta_length, 0)
+    if int(sizes.sum()) > file.size:
+        return np.frombuffer(file._whole, dtype=np.uint8), offset
+    return file.read_pieces(offset, sizes), np.where(inside, np.cumsum(sizes) - sizes, -1)
 
 
 def _parse_one(file, whole, blk, footer_start, i, flat, num_fields, num_buffers) -> tuple:
@@ -163,7 +181,9 @@ def _parse_one(file, whole, blk, footer_start, i, flat, num_fields, num_buffers)
     codec = _compression(file, r, batch, i)
     if codec < 0 and not flat:
         raise _Decline
-    metadata = read_key_values(r, r.field(message, 4))
+    pairs = read_key_value_pairs(r, r.field(message, 4))
+    # as pyarrow hands it out: a key written twice stays twice (the statistics of such a column are not trusted)
+    metadata = pa.KeyValueMetadata(pairs) if pairs else {}
     body = (blk.offset + blk.metadata_length, body_length)
     nodes, buffers = _structs(r, batch, 1, num_fields), _structs(r, batch, 2, num_buffers)
     return _scalar(r, batch, 0, "<q", 0), body, nodes, buffers, codec, metadata
@@ -246,24 +266,25 @@ def _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, types) ->
         raise _Decline
 
 
-def _layouts(rows, bodies, nodes, buffers, per_field, names, columns) -> list[BatchLayout]:
+def _layouts(rows, bodies, nodes, buffers, per_field, names, columns) -> Layouts:
     """Step 4: the selected columns' chunks of every batch (file offsets; empty buffers at 0, as pyarrow's path)."""
     first = np.cumsum([0, *per_field[:-1]]).tolist()
-    where = {n: (j, first[j], per_field[j] == 3) for j, n in enumerate(names)}
-    chosen = [(name, *where[name]) for name in columns]
-    body_offsets = bodies[:, 0].tolist()
-    all_rows, all_nodes, all_buffers = rows.tolist(), nodes.tolist(), buffers.tolist()
+    base = bodies[:, 0]
 
-    def rng(base: int, buf: list[int]) -> Range:
-        return Range(base + buf[0], buf[1]) if buf[1] else Range(0, 0)
+    def ranges(k: int, used: np.ndarray | None = None) -> Buffers:
+        """Buffer ``k`` of every batch (none where ``used`` is False)."""
+        size = buffers[:, k, 1]
+        offset = np.where(size > 0, base + buffers[:, k, 0], 0)
+        if used is None:
+            return Buffers(offset, size.copy())
+        return Buffers(np.where(used, offset, -1), np.where(used, size, 0))
 
-    out = []
-    for i, (num_rows, base, fnodes, fbufs) in enumerate(zip(all_rows, body_offsets, all_nodes, all_buffers)):
-        chunks = {}
-        for name, j, b, strings in chosen:
-            n, null_count = fnodes[j]
-            validity = rng(base, fbufs[b]) if null_count else None
-            data = rng(base, fbufs[b + 2]) if strings else None
-            chunks[name] = ChunkLayout(n, null_count, validity, rng(base, fbufs[b + 1]), data)
-        out.append(BatchLayout(i, num_rows, chunks))
-    return out
+    zeros = np.zeros(len(rows), dtype=np.int64)
+    chunks = {}
+    for name in columns:
+        j = names.index(name)  # a flat schema: one FieldNode a field
+        b = first[j]
+        n, nulls = nodes[:, j, 0].copy(), nodes[:, j, 1].copy()
+        data = ranges(b + 2) if per_field[j] == 3 else None
+        chunks[name] = Chunks(n, nulls, ranges(b, nulls > 0), ranges(b + 1), data, zeros, zeros)
+    return Layouts(np.arange(len(rows), dtype=np.int64), rows.copy(), chunks)

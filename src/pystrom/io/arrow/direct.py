@@ -41,9 +41,10 @@ from ...errors import CapacityError, FileFormatError
 from ...interop.build import _fill_host, _Writer
 from ...kernels import launch
 from ...table import Table
-from .file import ArrowFile, BatchLayout
+from .file import ArrowFile
 from .host import host_columns
-from .inflating import InflatingReader, packed_buffers
+from .inflating import InflatingReader
+from .layouts import Buffers, Layouts
 from .offsets import check_offsets
 from .ranges import RangeReader, as_bytes
 
@@ -62,7 +63,7 @@ class _StringSizes:
 
 def read_batches(
     file: ArrowFile,
-    batches: Sequence[BatchLayout],
+    layouts: Layouts,
     columns: Sequence[str],
     types: dict[str, ColumnType | None],
     backend: Backend,
@@ -73,17 +74,16 @@ def read_batches(
     ``progress``, if given, is called with the bytes read so far as the reads complete.
     """
     schema = file.schema
-    num_rows = sum(b.num_rows for b in batches)
-    row_starts = np.cumsum([0] + [b.num_rows for b in batches])[:-1]
+    num_rows = int(layouts.num_rows.sum())
+    row_starts = np.cumsum(layouts.num_rows) - layouts.num_rows
     direct = [c for c in columns if types[c] is not None and not file.compressed]
-    host = host_columns(file, batches, [c for c in columns if c not in direct])
+    host = host_columns(file, layouts, [c for c in columns if c not in direct])
 
     with RangeReader(file.path, backend, progress) as files, backend.activate():
-        packed = packed_buffers(batches)
-        reader = InflatingReader(files, packed) if packed else files
+        reader = InflatingReader(files, layouts.packed) if layouts.packed_count() else files
         xp = backend.xp
         offset_columns = [n for n in direct if types[n].layout in (Layout.VARBINARY, Layout.LIST)]
-        strings = _string_sizes(file, reader, xp, batches, offset_columns, types)
+        strings = _string_sizes(file, reader, xp, layouts, offset_columns, types)
         specs = []
         for name in columns:
             if name in host:
@@ -100,15 +100,16 @@ def read_batches(
                     f"column {name!r} holds {data_size:,} bytes of {schema.field(name).type} data in {file.path!r}; "
                     "one column holds at most 2 GiB (read fewer rows, e.g. with scan_arrow)"
                 )
-            null_count = sum(b.chunks[name].null_count for b in batches)
-            child_nulls = sum(b.chunks[name].child_null_count for b in batches)  # > 0: an element bitmap
+            chunks = layouts.chunks[name]
+            null_count = int(chunks.null_count.sum())
+            child_nulls = int(chunks.child_null_count.sum())  # > 0: an element bitmap
             specs.append(ColumnSpec(name, types[name], num_rows, null_count, data_size, child_nulls))
         plan = plan_table(specs)
         block = backend.allocate(plan.nbytes)
         fixups = []
         for col_plan in plan.columns:
             if col_plan.name in direct:
-                fixups.append(_read_column(reader, block, col_plan, batches, row_starts, strings.get(col_plan.name)))
+                fixups.append(_read_column(reader, block, col_plan, layouts, row_starts, strings.get(col_plan.name)))
         reader.wait()
         null_counts = [fixup() for fixup in fixups]
         _check_null_counts(file, backend, plan, [c for c in null_counts if c is not None])
@@ -129,7 +130,7 @@ def _string_sizes(
     file: ArrowFile,
     reader: RangeReader | InflatingReader,
     xp: Any,
-    batches: Sequence[BatchLayout],
+    layouts: Layouts,
     names: Sequence[str],
     types: dict[str, ColumnType | None],
 ) -> dict[str, _StringSizes]:
@@ -137,38 +138,34 @@ def _string_sizes(
     each batch's first offset and byte (list: element) count per column."""
     if not names:
         return {}
-    counts = np.array([[b.chunks[n].length for b in batches] for n in names], dtype=np.int64).reshape(-1)
+    count = len(layouts)
+    chunks = [layouts.chunks[n] for n in names]
+    counts = np.concatenate([c.length for c in chunks])  # column by column, batch by batch
     sizes = np.where(counts > 0, counts + 1, 0)
     starts = np.cumsum(np.concatenate([[0], -(-sizes // 16) * 16]))  # 64-byte aligned: inflated in place
     scratch = xp.zeros(int(starts[-1]), dtype=xp.int32)
-    raw = as_bytes(scratch)
-    chunks = [b.chunks[n] for n in names for b in batches]
-    for chunk, start, size in zip(chunks, starts[:-1], sizes):
-        if size:
-            reader.read(chunk.values.offset, int(size) * 4, raw[int(start) * 4 : int(start + size) * 4])
+    reader.read_many(np.concatenate([c.values.offset for c in chunks]), sizes * 4, as_bytes(scratch), starts[:-1] * 4)
     reader.wait()
     nonempty = np.flatnonzero(sizes)
-    limits = [
-        (c.child_length if types[n].layout == Layout.LIST else (c.data.size if c.data is not None else 0))
-        for n in names
-        for c in (b.chunks[n] for b in batches)
-    ]
-    data_sizes = np.array(limits, dtype=np.int64)
+    # a string column's data (None where no batch has one: pyarrow's path, empty batches only)
+    limits = [c.child_length if types[n].layout == Layout.LIST else c.data.size if c.data else 0 * c.length
+              for n, c in zip(names, chunks)]  # fmt: skip
+    data_sizes = np.concatenate(limits)
     f, la, bad = check_offsets(reader.backend, scratch, starts[:-1][nonempty], sizes[nonempty], data_sizes[nonempty])
     if bad.any():
         k = int(nonempty[int(np.flatnonzero(bad)[0])])
-        name, batch = names[k // len(batches)], batches[k % len(batches)].index
+        name, batch = names[k // count], int(layouts.index[k % count])
         kind, limit = ("list", "its elements") if types[name].layout == Layout.LIST else ("string", "the data buffer")
         raise FileFormatError(
             f"{file.path!r}: record batch {batch}, column {name!r} has invalid {kind} offsets (they decrease, start "
             f"below 0 or end beyond {limit}: corrupt file)"
         )
-    first = np.zeros(len(chunks), dtype=np.int64)
-    last = np.zeros(len(chunks), dtype=np.int64)
+    first = np.zeros(len(counts), dtype=np.int64)
+    last = np.zeros(len(counts), dtype=np.int64)
     first[nonempty], last[nonempty] = f, la
     out = {}
     for i, name in enumerate(names):
-        cols = slice(i * len(batches), (i + 1) * len(batches))
+        cols = slice(i * count, (i + 1) * count)
         out[name] = _StringSizes(scratch, starts[cols], first[cols], last[cols] - first[cols])
     return out
 
@@ -191,114 +188,99 @@ def _read_column(
     reader: RangeReader | InflatingReader,
     block: Block,
     plan: ColumnPlan,
-    batches: Sequence[BatchLayout],
+    layouts: Layouts,
     row_starts: np.ndarray,
     strings: _StringSizes | None,
 ):
     """Submit the reads of one column; return the fix-up to run once they are done."""
     backend = reader.backend
     xp = backend.xp
-    name, ctype = plan.name, plan.type
+    ctype = plan.type
+    chunks = layouts.chunks[plan.name]
     raw = block.array(0, np.uint8, (block.nbytes,))
     layout = ctype.layout
     bits = None
     if layout in (Layout.FIXED, Layout.BYTES, Layout.FIXED_LIST):
         width = ctype.width
-        for b, start in zip(batches, row_starts):
-            chunk = b.chunks[name]
-            dst = plan.values.offset + int(start) * width
-            size = chunk.length * width
-            reader.read(chunk.values.offset, size, raw[dst : dst + size])
+        reader.read_many(chunks.values.offset, chunks.length * width, raw, plan.values.offset + row_starts * width)
     elif layout in (Layout.VARBINARY, Layout.LIST):
         unit = ctype.storage.itemsize if layout == Layout.LIST else 1  # bytes per offset step
-        base = np.cumsum(np.concatenate([[0], strings.nbytes])) * unit
-        for b, first, nbytes, pos in zip(batches, strings.first * unit, strings.nbytes * unit, base):
-            if nbytes:
-                dst = plan.data.offset + int(pos)
-                reader.read(b.chunks[name].data.offset + int(first), int(nbytes), raw[dst : dst + int(nbytes)])
+        nbytes = strings.nbytes * unit
+        at = plan.data.offset + np.cumsum(nbytes) - nbytes
+        if chunks.data is not None:  # None: no batch has bytes (pyarrow's path, empty batches only)
+            reader.read_many(chunks.data.offset + strings.first * unit, nbytes, raw, at)
     else:  # BOOL: bit-packed in the file
-        bits = _read_bitmaps(reader, xp, batches, name, lambda c: c.values)
-    validity = _read_bitmaps(reader, xp, batches, name, lambda c: c.validity) if plan.validity else None
+        bits = _read_bitmaps(reader, xp, chunks.values, chunks.length)
+    validity = _read_bitmaps(reader, xp, chunks.validity, chunks.length) if plan.validity else None
     elements = None
     if plan.child_validity is not None:  # each batch's whole element bitmap; the rows' part is unpacked below
-        elements = _read_bitmaps(reader, xp, batches, name, lambda c: c.child_validity, lambda c: c.child_length)
+        elements = _read_bitmaps(reader, xp, chunks.child_validity, chunks.child_length)
+    rows = (np.zeros_like(row_starts), chunks.length, row_starts)  # each batch's bits: first, count, row
 
     def fixup() -> tuple[str, int, Any] | None:
         """Lay out what was read; (name, NULLs claimed, NULLs found on the device) for a nullable column."""
         if layout in (Layout.VARBINARY, Layout.LIST):
-            _place_offsets(xp, block, plan, strings, row_starts, batches, name)
+            _place_offsets(backend, block, plan, strings, row_starts, chunks.length)
         if elements is not None:
-            _place_elements(backend, block, plan, elements, batches, row_starts, strings)
+            _place_elements(backend, block, plan, elements, chunks.length, row_starts, strings)
         elif layout == Layout.BOOL:
             values = block.array(plan.values.offset, np.uint8, (plan.length,))
-            _unpack_batches(backend, bits, batches, name, row_starts, values, missing=None)
+            _unpack_batches(backend, bits, rows, values, missing=None)
         if validity is None:
             return None
         valid = xp.empty(plan.length, dtype=np.uint8)
-        _unpack_batches(backend, validity, batches, name, row_starts, valid, missing=1)
+        _unpack_batches(backend, validity, rows, valid, missing=1)
         _pack_into(backend, valid, block.array(plan.validity.offset, np.uint8, (plan.validity.size,)))
-        return name, plan.null_count, plan.length - xp.count_nonzero(valid)
+        return plan.name, plan.null_count, plan.length - xp.count_nonzero(valid)
 
     return fixup
 
 
-def _read_bitmaps(
-    reader: RangeReader | InflatingReader, xp: Any, batches: Sequence[BatchLayout], name: str, which, count=None
-) -> tuple:
-    """Read one bitmap per batch into a scratch array; (scratch, per-batch position or -1).
-    ``count(chunk)``: the bits of a batch's bitmap (default: its rows)."""
-    sizes = []
-    for b in batches:
-        r = which(b.chunks[name])
-        bits = b.chunks[name].length if count is None else count(b.chunks[name])
-        sizes.append((bits + 7) // 8 if r is not None and bits else 0)
-    pos = np.cumsum([0] + [-(-n // 64) * 64 for n in sizes])  # 64-byte aligned: inflated in place
-    scratch = xp.empty(max(int(pos[-1]), 1), dtype=np.uint8)
-    where = []
-    for b, p, size in zip(batches, pos[:-1], sizes):
-        if size:
-            reader.read(which(b.chunks[name]).offset, size, scratch[int(p) : int(p) + size])
-            where.append(int(p))
-        else:
-            where.append(-1)
-    return scratch, where
+def _read_bitmaps(reader: RangeReader | InflatingReader, xp: Any, bitmaps: Buffers | None, bits: np.ndarray) -> tuple:
+    """Read one bitmap of ``bits[i]`` bits per batch into a scratch array (none where the batch has no
+    bitmap); (scratch, each batch's position in it or -1)."""
+    have = np.zeros(len(bits), dtype=bool) if bitmaps is None else bitmaps.offset >= 0
+    sizes = np.where(have & (bits > 0), (bits + 7) // 8, 0)
+    padded = -(-sizes // 64) * 64  # 64-byte aligned: inflated in place
+    pos = np.cumsum(padded) - padded
+    scratch = xp.empty(max(int(padded.sum()), 1), dtype=np.uint8)
+    if bitmaps is not None:
+        reader.read_many(bitmaps.offset, sizes, scratch, pos)
+    return scratch, np.where(sizes > 0, pos, -1)
 
 
-def _unpack_batches(
-    backend: Backend, bitmaps: tuple, batches, name, row_starts, out: Any, missing: int | None, spans=None
-) -> None:
-    """Unpack each batch's bitmap into ``out`` (one byte per row) at the batch's first row.
-    ``spans``: per batch (first bit, bit count, position in ``out``) instead of (0, its rows, its first row)."""
+def _unpack_batches(backend: Backend, bitmaps: tuple, spans: tuple, out: Any, missing: int | None) -> None:
+    """Unpack each batch's bitmap into ``out`` (one byte per row); ``spans``: per batch (first bit, bit
+    count, position in ``out``) arrays; ``missing``: the byte where a batch has no bitmap (None: 0). All
+    batches in one call (a kernel launch or a C++ call each cost more than a batch's bits)."""
     scratch, where = bitmaps
-    if spans is None:
-        spans = [(0, b.chunks[name].length, int(start)) for b, start in zip(batches, row_starts)]
-    for (bit, n, start), p in zip(spans, where):
-        if n == 0:
-            continue
-        dst = out[int(start) : int(start) + n]
-        if p < 0:
-            dst[...] = missing if missing is not None else 0
-        elif backend.kind == "cpu":
-            _core.unpack_bits(scratch[p:], int(bit), dst, n)
-        else:
-            launch("bitmap", "unpack_bits", backend.ordinal, n, (scratch[p:], np.int64(bit), np.int64(n), dst))
+    bit, n, start = (np.asarray(a, dtype=np.int64) for a in spans)
+    some = n > 0
+    table = np.ascontiguousarray(np.stack([np.asarray(where, dtype=np.int64)[some], bit[some], n[some], start[some]]))
+    count = table.shape[1]
+    if count == 0:
+        return
+    fill = 0 if missing is None else missing
+    if backend.kind == "cpu":
+        _core.unpack_bit_spans(scratch, table, fill, out)
+    else:  # a block a batch (kernels/bitmap.cu)
+        launch("bitmap", "unpack_bit_spans", backend.ordinal, count * 256,
+               (scratch, backend.xp.asarray(table), np.int64(count), np.int32(fill), out))  # fmt: skip
 
 
-def _place_elements(backend: Backend, block: Block, plan: ColumnPlan, bitmaps: tuple, batches, row_starts, strings):
+def _place_elements(backend: Backend, block: Block, plan: ColumnPlan, bitmaps: tuple, lengths, row_starts, strings):
     """The element bitmap of a list column: each batch's elements of its rows, one after the other."""
     xp = backend.xp
-    name = plan.name
     if plan.type.layout == Layout.FIXED_LIST:
         d = plan.type.list_size
-        spans = [(0, b.chunks[name].length * d, int(start) * d) for b, start in zip(batches, row_starts)]
+        spans = (np.zeros_like(lengths), lengths * d, row_starts * d)
     else:
-        base = np.cumsum(np.concatenate([[0], strings.nbytes]))
-        spans = [(int(f), int(m), int(pos)) for f, m, pos in zip(strings.first, strings.nbytes, base)]
-    count = sum(s[1] for s in spans)
+        spans = (strings.first, strings.nbytes, np.cumsum(strings.nbytes) - strings.nbytes)
+    count = int(spans[1].sum())
     if count == 0:
         return
     valid = xp.empty(count, dtype=np.uint8)
-    _unpack_batches(backend, bitmaps, batches, name, row_starts, valid, missing=1, spans=spans)
+    _unpack_batches(backend, bitmaps, spans, valid, missing=1)
     span = plan.child_validity
     _pack_into(backend, valid, block.array(span.offset, np.uint8, (span.size,)))
 
@@ -312,13 +294,25 @@ def _pack_into(backend: Backend, bits: Any, out: Any) -> None:
            (bits, np.int64(n), np.int32(0), out, np.int64(out.shape[0])))  # fmt: skip
 
 
-def _place_offsets(xp, block: Block, plan: ColumnPlan, strings: _StringSizes, row_starts, batches, name) -> None:
+def _place_offsets(backend: Backend, block: Block, plan: ColumnPlan, strings: _StringSizes, row_starts, lengths):
+    """Each batch's offsets rebased to its bytes' place in the column, all batches in one call."""
     dst = block.array(plan.values.offset, np.int32, (plan.length + 1,))
     dst[0] = 0
-    base = np.cumsum(np.concatenate([[0], strings.nbytes]))
-    for b, start, pos, first, data_pos in zip(batches, row_starts, strings.starts, strings.first, base):
-        n = b.chunks[name].length
-        if n == 0:
-            continue
-        src = strings.scratch[int(pos) : int(pos) + n + 1]
-        xp.subtract(src, np.int32(int(first) - int(data_pos)), out=dst[int(start) : int(start) + n + 1])
+    some = lengths > 0
+    data_pos = np.cumsum(strings.nbytes) - strings.nbytes
+    shift = strings.first - data_pos
+    table = np.stack([strings.starts[some], lengths[some] + 1, shift[some], row_starts[some]]).astype(np.int64)
+    _shift_spans(backend, strings.scratch, table, dst)
+
+
+def _shift_spans(backend: Backend, src: Any, table: np.ndarray, dst: Any) -> None:
+    """dst[start + j] = src[at + j] - shift for j < count, for each column (at, count, shift, start) of
+    ``table`` (int32 ``src`` and ``dst``)."""
+    count = table.shape[1]
+    if count == 0:
+        return
+    if backend.kind == "cpu":
+        _core.shift_spans(src, table, dst)
+    else:  # a block a batch (kernels/strings.cu)
+        launch("strings", "shift_spans", backend.ordinal, count * 256,
+               (src, backend.xp.asarray(table), np.int64(count), dst))  # fmt: skip

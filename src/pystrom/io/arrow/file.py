@@ -31,12 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ..._types import ColumnType, Layout, column_type
 from ...errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError, UnsupportedTypeError
 from .format import MAX_FOOTER_BYTES, FooterError, read_footer
+from .ranges import read_pieces
 from .stats import FINGERPRINT_KEY, FOOTER_MAX_KEY, FOOTER_MIN_KEY, BlocksFingerprint
 
 __all__ = [
@@ -105,7 +107,14 @@ class ChunkLayout:
 
     @property
     def nbytes(self) -> int:
-        return sum(r.size for r in (self.validity, self.values, self.data, self.child_validity) if r is not None)
+        n = self.values.size  # spelled out: summed over every chunk of a file (read_arrow's total)
+        if self.validity is not None:
+            n += self.validity.size
+        if self.data is not None:
+            n += self.data.size
+        if self.child_validity is not None:
+            n += self.child_validity.size
+        return n
 
 
 @dataclass
@@ -144,6 +153,7 @@ class ArrowFile:
     def __init__(self, path: str):
         self.path = path
         self._mmap = None
+        self._raw: Any = None
         # scan_arrow reads several groups at once: pyarrow's file reader is not documented as safe
         # for concurrent calls, so its batches are taken one at a time.
         self._reader_lock = threading.Lock()
@@ -155,7 +165,13 @@ class ArrowFile:
             raise PermissionError(f"Arrow file {path!r} cannot be read: permission denied")
         if os.path.getsize(path) < 8:
             raise FileFormatError(f"{path!r} is not an Arrow IPC file or stream: it holds fewer than 8 bytes")
-        self._mmap = pa.memory_map(path, "r")
+        # small reads (read_pieces) by pread: through the mapping each page touched costs a fault and an unmap
+        self._raw = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+        try:
+            self._mmap = pa.memory_map(path, "r")
+        except BaseException:
+            self._raw.close()
+            raise
         self.size = self._mmap.size()
         self._whole = self._mmap.read_buffer(self.size)
         self._base = self._whole.address
@@ -198,9 +214,9 @@ class ArrowFile:
             kind = "pre-0.15 legacy IPC stream" if self.legacy_stream else "Arrow IPC file"
             raise FileFormatError(f"{path!r} is not a readable {kind}: {type(exc).__name__}: {exc}") from None
         self.compressed = False  # pyarrow inflated (or byte-swapped) a body: every column goes through the host
-        # each record batch's custom metadata where :mod:`.batches` parsed the messages itself (compressed
-        # files: asking pyarrow would inflate the whole batch to hand it out)
-        self.batch_metadata: list[dict[bytes, bytes]] | None = None
+        # each record batch's custom metadata where :mod:`.batches` parsed the messages itself (asking
+        # pyarrow parses the batch again, and inflates a compressed one whole): KeyValueMetadata, {} for none
+        self.batch_metadata: list[Any] | None = None
 
     # -- batches ---------------------------------------------------------------------------------
 
@@ -320,6 +336,11 @@ class ArrowFile:
         except ARROW_ERRORS as exc:
             raise corrupt(self.path, f"record batch {index}", exc) from None
 
+    def read_pieces(self, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Pieces of the file (offsets, sizes: int64 arrays) back to back in one uint8 array, read now
+        (:func:`.ranges.read_pieces`)."""
+        return read_pieces(self._raw.fileno(), offsets, sizes, self.path)
+
     def close(self) -> None:
         self._file_reader = None
         self._stream_batches = None
@@ -327,6 +348,9 @@ class ArrowFile:
         mm, self._mmap = getattr(self, "_mmap", None), None
         if mm is not None:
             mm.close()
+        raw, self._raw = getattr(self, "_raw", None), None
+        if raw is not None:
+            raw.close()
 
     def __enter__(self) -> ArrowFile:
         return self

@@ -22,10 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import flatbuffers
+import numpy as np
 import pyarrow as pa
 import pyarrow.types as pt
 
-__all__ = ["Block", "encode_schema_message", "encode_batch_message", "encode_footer", "read_footer", "METADATA_V5"]
+__all__ = ["Block", "encode_schema_message", "encode_batch_message", "encode_footer", "read_footer", "footer_blocks",
+           "METADATA_V5"]  # fmt: skip
 
 METADATA_V5 = 4  # MetadataVersion.V5: what every Arrow >= 1.0 writes and reads
 
@@ -355,21 +357,36 @@ def read_footer(footer: bytes | memoryview) -> tuple[list[Block], dict[bytes, by
     Raises FooterError on anything malformed (offsets outside the bytes, vectors running past them,
     too many key/value pairs); never reads outside ``footer``.
     """
+    blocks, meta = footer_blocks(footer)
+    return [Block(*b) for b in blocks.tolist()], meta
+
+
+def footer_blocks(footer: bytes | memoryview) -> tuple[np.ndarray, dict[bytes, bytes]]:
+    """:func:`read_footer` with the Blocks as one (n, 3) int64 array: offset, metadata length, body length."""
     r = _Reader(footer)
     if r.n > MAX_FOOTER_BYTES:
         raise FooterError(f"a footer of {r.n:,} bytes")
     root = r.table(r.deref(0))
-    blocks: list[Block] = []
+    blocks = np.zeros((0, 3), dtype=np.int64)
     at = r.field(root, 3)
-    if at is not None:
-        first, count = r.vector(at, 24)  # the whole vector lies inside the footer
-        blocks = [Block(*b) for b in struct.iter_unpack("<qi4xq", r.buf[first : first + 24 * count])]
+    first, count = r.vector(at, 24) if at is not None else (0, 0)  # the whole vector lies inside the footer
+    if count:
+        raw = np.frombuffer(r.buf, dtype=_BLOCK, count=count, offset=first)
+        blocks = np.stack([raw["offset"], raw["meta"], raw["body"]], axis=1).astype(np.int64)
     return blocks, read_key_values(r, r.field(root, 4))
+
+
+_BLOCK = np.dtype([("offset", "<i8"), ("meta", "<i4"), ("pad", "<i4"), ("body", "<i8")])  # struct Block
 
 
 def read_key_values(r: _Reader, at: int | None) -> dict[bytes, bytes]:
     """The ``[KeyValue]`` vector whose offset sits at ``at`` (None: absent) of ``r``'s flatbuffer."""
-    meta: dict[bytes, bytes] = {}
+    return dict(read_key_value_pairs(r, at))
+
+
+def read_key_value_pairs(r: _Reader, at: int | None) -> list[tuple[bytes, bytes]]:
+    """:func:`read_key_values` as pairs in the file's order, a key repeated as often as it is there."""
+    pairs = []
     if at is not None:
         first, count = r.vector(at, 4)
         if count > _MAX_KEY_VALUES:
@@ -378,5 +395,5 @@ def read_key_values(r: _Reader, at: int | None) -> dict[bytes, bytes]:
             kv = r.table(r.deref(first + 4 * i))
             k, v = r.field(kv, 0), r.field(kv, 1)
             if k is not None and v is not None:
-                meta[r.string(k)] = r.string(v)
-    return meta
+                pairs.append((r.string(k), r.string(v)))
+    return pairs

@@ -27,22 +27,23 @@ import pyarrow as pa
 from ...errors import Error
 from ...interop.arrow_import import host_column
 from ...interop.build import HostColumn
-from .file import ARROW_ERRORS, LEGACY_INTERVALS, ArrowFile, BatchLayout, corrupt
+from .file import ARROW_ERRORS, LEGACY_INTERVALS, ArrowFile, corrupt
 from .intervals import widen_interval
+from .layouts import Layouts
 
 __all__ = ["host_columns"]
 
 
-def host_columns(file: ArrowFile, batches: Sequence[BatchLayout], names: Sequence[str]) -> dict[str, HostColumn]:
+def host_columns(file: ArrowFile, batches: Layouts, names: Sequence[str]) -> dict[str, HostColumn]:
     """``names`` of ``batches`` read, validated and normalised on the host."""
     if not names:
         return {}
     schema = file.schema
     pieces: dict[str, list[pa.Array]] = {name: [] for name in names}
-    for b in batches:
-        batch = file.host_batch(b.index, names)
-        if batch.num_rows != b.num_rows:
-            raise corrupt(file.path, f"record batch {b.index} ({batch.num_rows} rows, the plan said {b.num_rows})")
+    for index, num_rows in zip(batches.index.tolist(), batches.num_rows.tolist()):
+        batch = file.host_batch(index, names)
+        if batch.num_rows != num_rows:
+            raise corrupt(file.path, f"record batch {index} ({batch.num_rows} rows, the plan said {num_rows})")
         for i, name in enumerate(names):
             try:
                 if batch.schema.field(i).type.id in LEGACY_INTERVALS:  # pyarrow cannot wrap it: checked as a batch
@@ -54,7 +55,7 @@ def host_columns(file: ArrowFile, batches: Sequence[BatchLayout], names: Sequenc
                     raise ValueError(f"{len(arr)} rows in a batch of {batch.num_rows}")
                 arr.validate(full=True)
             except ARROW_ERRORS as exc:
-                raise corrupt(file.path, f"record batch {b.index}, column {name!r}", exc) from None
+                raise corrupt(file.path, f"record batch {index}, column {name!r}", exc) from None
             pieces[name].append(arr)
     out = {}
     for name in names:

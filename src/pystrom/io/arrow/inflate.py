@@ -5,7 +5,8 @@ The caller (:mod:`.inflating`) has read the compressed frames of a group of batc
 array of its own (``dst_arrays``: a column's place in the table, decoded into without a copy); one
 call decompresses them all:
 
-- CPU: pyarrow's codecs on a thread pool (:mod:`.inflate_host`);
+- CPU: pystrom's LZ4 decoder and libzstd (pyarrow's codec where none loads) on a thread pool
+  (:mod:`.inflate_host`);
 - GPU: :func:`.inflate_device._inflate_device` (nvCOMP's batched decompression is meant to replace the
   host round trip it makes today).
 
@@ -45,8 +46,11 @@ class Frames:
     # per frame, None or its own 1-D contiguous uint8 backend array (64-byte aligned, at least dst_sizes[i]
     # bytes): the output then starts there and dst_offsets[i] is unused
     dst_arrays: Sequence[Any] | None = None
-    # per frame the address of its own array, 0 where it has none: the caller's (who knows them already:
-    # asking 16,384 arrays again cost more than a tenth of a many-batch read's planning); None: asked here
+    # per frame the address of its own output, 0 where it goes to dst; None: asked of dst_arrays (and
+    # those checked). Given, they decide: the caller vouches for dst_sizes[i] writable bytes at each, and
+    # dst_arrays (any sequence, e.g. one that builds each array when asked) are views of them for the
+    # codecs that want arrays. The reader's (:mod:`.inflating`) are the places of reads read_many checked
+    # inside their destination: checking 16,384 arrays again cost more than a tenth of a many-batch read.
     dst_addresses: np.ndarray | None = None
 
     def out(self, i: int) -> Any:
@@ -79,21 +83,23 @@ def inflate(backend: Any, frames: Frames, wait: bool = True) -> Any:
         raise ValueError("src and dst describe different numbers of frames")
     _check_spans(frames.src_offsets, frames.src_sizes, int(frames.src.shape[0]), "src")
     shared = np.ones(n, dtype=bool)
-    for i, own in enumerate(frames.dst_arrays or ()):
-        if own is not None:
-            shared[i] = False
-            size = int(frames.dst_sizes[i])
-            if own.ndim != 1 or own.dtype != np.uint8 or not own.flags.c_contiguous or not 0 <= size <= own.shape[0]:
-                raise ValueError(f"frame {i}: its output array is not {frames.dst_sizes[i]} contiguous bytes")
+    if frames.dst_addresses is not None:  # the caller's word for them (Frames.dst_addresses)
+        at = np.asarray(frames.dst_addresses, dtype=np.int64).copy()
+        shared = at == 0
+    else:
+        at = np.zeros(n, dtype=np.int64)
+        for i, own in enumerate(frames.dst_arrays or ()):
+            if own is not None:
+                shared[i] = False
+                size = int(frames.dst_sizes[i])
+                if (own.ndim != 1 or own.dtype != np.uint8 or not own.flags.c_contiguous
+                        or not 0 <= size <= own.shape[0]):  # fmt: skip
+                    raise ValueError(f"frame {i}: its output array is not {frames.dst_sizes[i]} contiguous bytes")
+                at[i] = backend.array_ptr(own)
     total = 0 if frames.dst is None else int(frames.dst.shape[0])
     _check_spans(frames.dst_offsets[shared], frames.dst_sizes[shared], total, "dst")
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    if frames.dst_addresses is not None:
-        at = np.where(shared, 0, np.asarray(frames.dst_addresses, dtype=np.int64))
-    else:
-        owns = frames.dst_arrays or [None] * n
-        at = np.array([0 if own is None else backend.array_ptr(own) for own in owns], np.int64)
     if shared.any() and frames.dst is not None:
         at[shared] = backend.array_ptr(frames.dst) + frames.dst_offsets[shared]
     order = np.flatnonzero(frames.dst_sizes > 0)  # frames write in parallel: no two outputs may overlap
@@ -101,7 +107,7 @@ def inflate(backend: Any, frames: Frames, wait: bool = True) -> Any:
     if (at[order][:-1] + frames.dst_sizes[order][:-1] > at[order][1:]).any():
         raise ValueError("two frames' outputs overlap")
     if backend.kind == "cpu":
-        return inflate_host(frames)
+        return inflate_host(frames, at)
     return _inflate_device(backend, frames, at, wait)
 
 

@@ -14,7 +14,7 @@
   whose entropy-coded contents are corrupt still made it fault or hang, and no check short of
   decoding finds them. Frames claiming 0 bytes (nvCOMP wants room to write) go through the CPU codecs.
 
-The CPU twin for both is :func:`.inflate_host.inflate_host` (liblz4 and libzstd through pyarrow);
+The CPU twin for both is :func:`.inflate_host.inflate_host` (pystrom's LZ4 decoder, libzstd);
 tests/test_lz4_kernel.py and tests/test_arrow_compressed.py compare them. The contract of
 :func:`.inflate.inflate` holds: every frame's output at its place (in ``dst`` or its own array), the
 bytes each produced returned (-1 for a corrupt frame), nothing written outside its

@@ -1,5 +1,5 @@
 """Compressed Arrow buffers decompressed on the CPU, on a thread pool: ``io_threads`` frames at once,
-the largest first (the C++ and pyarrow's codecs release the GIL).
+the largest first (the C++ decoders, and pyarrow's codec, release the GIL).
 
 - LZ4_FRAME: pystrom's own decoder (``_core.lz4_frame_decode``, csrc/lz4_size.cpp, the CPU twin of
   kernels/lz4.cu), one pass straight into the frame's place (:meth:`.inflate.Frames.out`). It replaced
@@ -7,12 +7,19 @@ the largest first (the C++ and pyarrow's codecs release the GIL).
   the claimed size whatever the frame produced (so each frame was first walked for its real size):
   on the 2-core VM, a 240 MiB LZ4 file of 64Ki-row batches read in 66.6 ms that way against
   ``feather.read_table``'s 44.9, and in 49.3 against 49.0 decoded here. Its tests compare it with
-  pyarrow's codec (tests/test_lz4_decode.py).
-- ZSTD: pyarrow's codec (``pa.Codec("zstd")``), its output copied to its place. Its decoder refuses a
-  frame that does not fill the claimed size exactly ("Corrupt ZSTD compressed data"), and every ZSTD
-  frame is first checked for structure (:mod:`.zstd_frames`, the check the GPU path needs before
-  nvCOMP) so that both devices refuse the same frames (e.g. a skippable or a second frame, which
-  libzstd would accept).
+  pyarrow's codec (tests/test_lz4_decode.py). A pool task decodes its frames in one call
+  (``_core.lz4_frames_decode``, to the addresses :func:`.inflate.inflate` worked out): a Python call
+  and an output array a frame cost more than decoding the frames of a many-batch file (16,384 of 4 KiB).
+- ZSTD: pyarrow's codec (``pa.Codec("zstd")``), its output copied to its place: a Python call, a
+  decompression context and an output buffer a frame, ~12 us (16,384 frames of 4 KiB: 0.2 s of work
+  where the decoding takes 0.06). With ``pystrom.defaults.zstd_decoder = "libzstd"`` the system's
+  libzstd instead (loaded at run time: csrc/zstd_decode.cpp), a task's frames in one call straight into
+  their places, one context a thread. Not the default: it is another libzstd version than pyarrow's
+  bundled one, and frames corrupt inside (no checksum in Arrow's) that one notices and the other not,
+  or neither, decode to other bytes (the fuzz tests compare pystrom's rows with pyarrow's). Either
+  refuses a frame that does not fill the claimed size exactly, and every ZSTD frame is first checked
+  for structure (:mod:`.zstd_frames`, the check the GPU path needs before nvCOMP) so that both devices
+  refuse the same frames (e.g. a skippable or a second frame, which libzstd would accept).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from ... import _core
+from ..._settings import defaults
 from .ranges import io_threads
 from .zstd_frames import check_zstd
 
@@ -43,50 +51,64 @@ def _codec(name: str) -> pa.Codec:
     return pa.Codec(_PYARROW_NAMES[name])
 
 
-def inflate_host(frames: Any) -> np.ndarray:
-    """:func:`.inflate.inflate` for NumPy ``src``/``dst`` (an :class:`.inflate.Frames`)."""
-    codec = _codec(frames.codec)
+def native_zstd() -> bool:
+    """Whether ZSTD frames are decoded by the system's libzstd in C++ (module docstring), not by pyarrow's
+    codec: ``pystrom.defaults.zstd_decoder`` is 'libzstd' and it loads."""
+    return defaults.zstd_decoder == "libzstd" and _libzstd_loads()
+
+
+@functools.cache
+def _libzstd_loads() -> bool:
+    return _core.zstd_load() > 0
+
+
+def inflate_host(frames: Any, at: np.ndarray | None = None) -> np.ndarray:
+    """:func:`.inflate.inflate` for NumPy ``src``/``dst`` (an :class:`.inflate.Frames`); ``at``: where each
+    frame's output starts (addresses :func:`.inflate.inflate` checked or was vouched for; None: from
+    ``frames``' arrays)."""
+    n = len(frames.src_offsets)
+    produced = np.empty(n, dtype=np.int64)
+    order = np.argsort(-np.asarray(frames.dst_sizes, dtype=np.int64), kind="stable")  # largest first (module docstring)
     lz4 = frames.codec == "lz4_frame"
-    src = frames.src
-    so, ss = frames.src_offsets.tolist(), frames.src_sizes.tolist()
-    ds = frames.dst_sizes.tolist()
-    refused = (
-        check_zstd(src, frames.src_offsets, frames.src_sizes, frames.dst_sizes).tolist()
-        if frames.codec == "zstd"
-        else [0] * len(so)
-    )
-
-    def one(i: int) -> int:
-        frame = src[so[i] : so[i] + ss[i]]
-        want = ds[i]
-        if lz4:  # decoded in one pass straight into its place (module docstring)
-            produced = _core.lz4_frame_decode(frame, frames.out(i)) if want else _core.lz4_frame_size(frame)
-            # more than the claim: the walk finds how much, for the error (-1 where it is malformed too)
-            return _core.lz4_frame_size(frame) if produced == -2 else produced
-        if refused[i]:
-            return -1
-        try:
-            out = codec.decompress(frame, decompressed_size=want)
-        except (pa.ArrowException, OSError, ValueError):
-            return -1
-        if out.size != want:
-            return -1
-        if want:
-            frames.out(i)[:] = np.frombuffer(out, dtype=np.uint8)
-        return want
-
-    order = sorted(range(len(so)), key=lambda i: -ds[i])  # largest first: the pool ends together
-    produced = np.empty(len(so), dtype=np.int64)
-    if len(order) == 1:
-        produced[0] = one(0)
-        return produced
+    # ZSTD: the structure checked first, on both devices (module docstring); a refused frame is not decoded
+    refused = None if lz4 else check_zstd(frames.src, frames.src_offsets, frames.src_sizes, frames.dst_sizes)
+    if refused is not None:
+        produced[refused != 0] = -1
+        order = order[refused[order] == 0]
     # Frames dealt round-robin (largest first) into a few tasks a thread: a task a frame cost ~15 us of
     # the pool's Python each (2048 batches x 8 columns: 0.25 s of a 0.65 s read on the 2-core VM)
     tasks = min(len(order), 4 * io_threads())
+    if lz4 or native_zstd():  # a task's frames in one C++ call (module docstring)
+        decode = _core.lz4_frames_decode if lz4 else _core.zstd_frames_decode
+        if at is None:
+            at = np.array([frames.out(i).ctypes.data for i in range(n)], dtype=np.int64)
+        ints = (frames.src_offsets, frames.src_sizes, at, frames.dst_sizes)
+        args = (frames.src, *(np.ascontiguousarray(a, dtype=np.int64) for a in ints))
+
+        def run(t: int) -> None:
+            decode(*args, order[t::tasks].copy(), produced)
+
+        list(_pool().map(run, range(tasks)) if tasks > 1 else map(run, range(tasks)))
+        return produced
+    codec = _codec(frames.codec)
+    src = frames.src
+    so, ss = frames.src_offsets.tolist(), frames.src_sizes.tolist()
+    ds = frames.dst_sizes.tolist()
+
+    def one(i: int) -> int:
+        try:
+            out = codec.decompress(src[so[i] : so[i] + ss[i]], decompressed_size=ds[i])
+        except (pa.ArrowException, OSError, ValueError):
+            return -1
+        if out.size != ds[i]:
+            return -1
+        if ds[i]:
+            frames.out(i)[:] = np.frombuffer(out, dtype=np.uint8)
+        return ds[i]
 
     def some(t: int) -> list[int]:
-        return [one(i) for i in order[t::tasks]]
+        return [one(i) for i in order[t::tasks].tolist()]
 
-    for t, got in enumerate(_pool().map(some, range(tasks))):
+    for t, got in enumerate(_pool().map(some, range(tasks)) if tasks > 1 else map(some, range(tasks))):
         produced[order[t::tasks]] = got
     return produced

@@ -50,6 +50,16 @@ class Catalog:
     frame_offset: np.ndarray  # the compressed frame's file range
     frame_size: np.ndarray
     codec: np.ndarray  # int8, index into CODECS
+    # for errors: each buffer's record batch and an index into ``labels`` ("column 'x', buffer 1 (values)");
+    # a batch of -1: the label is the whole description
+    batch: np.ndarray
+    label: np.ndarray
+    labels: list[str]
+
+    def what(self, k: int) -> str:
+        """Buffer ``k`` in words (Packed.what): "record batch 3, column 'x', buffer 1 (values)"."""
+        batch, label = int(self.batch[k]), self.labels[int(self.label[k])]
+        return label if batch < 0 else f"record batch {batch}, {label}"
 
     @classmethod
     def of(cls, packed: Sequence[Any]) -> Catalog:
@@ -60,7 +70,23 @@ class Catalog:
             np.fromiter((p.frame.offset for p in packed), np.int64, n),
             np.fromiter((p.frame.size for p in packed), np.int64, n),
             np.fromiter((CODECS.index(p.codec) for p in packed), np.int8, n),
+            np.full(n, -1, dtype=np.int64),
+            np.arange(n, dtype=np.int64),
+            [p.what for p in packed],
         )
+
+    @classmethod
+    def join(cls, parts: Sequence[Catalog]) -> Catalog:
+        """One catalog of ``parts`` (their places ascending part after part), labels renumbered."""
+        labels: list[str] = []
+        shifted = []
+        for p in parts:
+            shifted.append(p.label + len(labels))
+            labels += p.labels
+        cat = [np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
+               for f in ("place", "size", "frame_offset", "frame_size", "codec", "batch")]  # fmt: skip
+        label = np.concatenate(shifted) if parts else np.zeros(0, np.int64)
+        return cls(*cat[:4], cat[4].astype(np.int8), cat[5], label, labels)
 
 
 @dataclass
@@ -72,14 +98,25 @@ class Reads:
     size: np.ndarray
     ptr: np.ndarray  # the destination's address
     usable: np.ndarray  # bool: the destination is a 1-D contiguous uint8 array of at least ``size`` bytes
-    dsts: list  # the destination arrays
+    group: np.ndarray  # the queued group (an index into ``dsts``) each read came in
+    at: np.ndarray  # where in that group's destination it goes
+    dsts: list  # each group's destination array
+
+    def dst(self, r: int) -> Any:
+        """Read ``r``'s destination (its ``size`` bytes, when usable)."""
+        at, d = int(self.at[r]), self.dsts[int(self.group[r])]
+        return d[at : at + int(self.size[r])] if self.usable[r] else d
 
 
-def gather(queued: Sequence[tuple[int, int, Any]], catalog: Catalog, backend: Any, path: str) -> Reads:
-    """``queued`` reads ``(offset above PACKED_BASE, size, destination)`` as :class:`Reads`."""
-    n = len(queued)
-    offsets = np.fromiter((q[0] for q in queued), np.int64, n)
-    sizes = np.fromiter((q[1] for q in queued), np.int64, n)
+def gather(queued: Sequence[tuple[Any, ...]], catalog: Catalog, backend: Any, path: str) -> Reads:
+    """``queued`` groups of reads ``(offsets above PACKED_BASE, sizes, destination, places in it,
+    usable)`` as :class:`Reads`: a group of read_many's (many pieces of one contiguous uint8 array: usable
+    by contract) or of one read (into an array of its own: ``usable`` None, found here)."""
+    counts = np.array([len(q[0]) for q in queued], dtype=np.int64)
+    offsets = np.concatenate([q[0] for q in queued])
+    sizes = np.concatenate([q[1] for q in queued])
+    at = np.concatenate([q[3] for q in queued])
+    group = np.repeat(np.arange(len(queued)), counts)
     dsts = [q[2] for q in queued]
     k = np.searchsorted(catalog.place, offsets, side="right") - 1
     inside = k >= 0
@@ -89,13 +126,16 @@ def gather(queued: Sequence[tuple[int, int, Any]], catalog: Catalog, backend: An
         i = int(np.flatnonzero(~inside)[0])
         raise FileFormatError(f"{path!r}: a read of {int(sizes[i])} bytes past a compressed buffer's end")
     if backend.kind == "cpu":  # one attribute walk per destination: asked per read, it was 1/8 of the planning
-        ptr = np.fromiter((d.ctypes.data for d in dsts), np.int64, n)
+        base = np.fromiter((d.ctypes.data for d in dsts), np.int64, len(dsts))
     else:
-        ptr = np.fromiter((d.data.ptr for d in dsts), np.int64, n)
-    pairs = zip(dsts, sizes.tolist())
-    fits = (d.ndim == 1 and d.dtype == _U8 and d.flags.c_contiguous and d.shape[0] >= s for d, s in pairs)
-    usable = np.fromiter(fits, bool, n)
-    return Reads(k, offsets - catalog.place[k], sizes, ptr, usable, dsts)
+        base = np.fromiter((d.data.ptr for d in dsts), np.int64, len(dsts))
+
+    def fits(q: tuple[Any, ...]) -> bool:
+        d, size = q[2], int(q[1][0])
+        return d.ndim == 1 and d.dtype == _U8 and d.flags.c_contiguous and d.shape[0] >= size
+
+    usable = np.fromiter((True if q[4] else fits(q) for q in queued), bool, len(queued))
+    return Reads(k, offsets - catalog.place[k], sizes, base[group] + at, usable[group], group, at, dsts)
 
 
 @dataclass

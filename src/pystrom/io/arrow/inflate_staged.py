@@ -210,5 +210,5 @@ class StagedInflater:
         xp = self.backend.xp
         for r, f in zip(idx[~ok].tolist(), of[~ok].tolist()):  # not contiguous uint8 (RangeReader's contract)
             lo, n = int(at[f] + reads.rel[r]), int(reads.size[r])
-            reads.dsts[r][:n] = xp.asarray(stage[lo : lo + n].copy())  # synchronous: staging is reused
+            reads.dst(r)[:n] = xp.asarray(stage[lo : lo + n].copy())  # synchronous: staging is reused
         return ks, produced

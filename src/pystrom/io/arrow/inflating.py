@@ -13,8 +13,8 @@ pipeline of slices:
 2. a frame read whole by one queued read whose destination is contiguous and 64-byte aligned (the
    common case: a column's values in the table) is inflated in place, straight into that destination;
    any other (a part of a buffer, an unaligned destination, a buffer two reads share) is inflated into
-   a scratch ``dst`` and its reads copied out of it (a device-to-device copy on a GPU, a memcpy on the
-   CPU), queued behind the inflation;
+   a scratch ``dst`` and its reads copied out of it, all of a slice's at once (:func:`copy_out`: one
+   launch on a GPU, C++ memcpy on the CPU), queued behind the inflation;
 3. the reads of slice i + 1 are issued before slice i is inflated (one batched
    :func:`.inflate.inflate` call per codec), so the file and the decoder work at once. They go into the
    ``src`` array slice i - 2 was inflated from (three of them), after the kernel that read it is waited
@@ -55,15 +55,18 @@ from typing import Any
 
 import numpy as np
 
+from ... import _core
 from ..._backend import stream_group_bytes
 from ...errors import FileFormatError
-from .file import PACKED_BASE, BatchLayout, Packed
+from ...kernels import launch
+from .file import PACKED_BASE, Packed
 from .inflate import CODECS, Frames, inflate, staged
 from .inflate_plan import Catalog, Needed, Reads, Slice, cut, frames_of, gather, up
 from .inflate_staged import StagedInflater
+from .ranges import check_pieces
 from .zstd_frames import check_zstd, zstd_reason
 
-__all__ = ["InflatingReader", "packed_buffers", "scratch_bytes"]
+__all__ = ["InflatingReader", "scratch_bytes"]
 
 _DEPTH = 3  # src arrays: slice i + 1 is read into the one slice i - 2 was inflated from (module docstring)
 
@@ -75,28 +78,19 @@ def scratch_bytes(backend: Any) -> int:
     return max(16 << 20, min(2 << 30, 2 * stream_group_bytes(backend)))
 
 
-def packed_buffers(batches: Sequence[BatchLayout]) -> list[Packed]:
-    """Every compressed buffer the batches' chunks name, by offset."""
-    found = {}
-    for b in batches:
-        for c in b.chunks.values():
-            for r in (c.validity, c.values, c.data, c.child_validity):
-                if isinstance(r, Packed):
-                    found[r.offset] = r
-    return [found[k] for k in sorted(found)]
-
-
 class InflatingReader:
-    """:class:`.ranges.RangeReader`'s interface over ``reader`` (the file's), serving ``packed``."""
+    """:class:`.ranges.RangeReader`'s interface over ``reader`` (the file's), serving the compressed
+    buffers of ``packed`` (a layouts' catalog, or :class:`.file.Packed` objects)."""
 
-    def __init__(self, reader: Any, packed: Sequence[Packed], scratch: int | None = None):
+    def __init__(self, reader: Any, packed: Catalog | Sequence[Packed], scratch: int | None = None):
         self._reader = reader
         self.backend = reader.backend
         self.path = reader.path
-        self._packed = sorted(packed, key=lambda p: p.offset)
-        self._catalog = Catalog.of(self._packed)
+        if not isinstance(packed, Catalog):
+            packed = Catalog.of(sorted(packed, key=lambda p: p.offset))
+        self._catalog = packed
         self._scratch = scratch_bytes(self.backend) if scratch is None else scratch
-        self._queued: list[tuple[int, int, Any]] = []
+        self._queued: list[tuple[Any, ...]] = []  # groups of reads (inflate_plan.gather)
         self._side: Any = None  # the GPU stream inflation runs on (_on_side_stream)
         self._staged = StagedInflater(self.path, self.backend, self._scratch, self._report)
         self.frames_inflated = 0  # frames decompressed so far (one frame twice if read in two waits)
@@ -114,13 +108,25 @@ class InflatingReader:
         if progress is not None:
             progress(self._reader.bytes_read + staged_bytes)
 
+    def read_many(self, offsets: np.ndarray, sizes: np.ndarray, dst: Any, at: np.ndarray) -> None:
+        """:meth:`.ranges.RangeReader.read_many`: file offsets or places in the catalog's buffers."""
+        keep = sizes > 0
+        offsets, sizes, at = offsets[keep], sizes[keep], at[keep]
+        check_pieces(dst, sizes, at)
+        packed = offsets >= PACKED_BASE
+        if not packed.all():
+            self._reader.read_many(offsets[~packed], sizes[~packed], dst, at[~packed])
+        if packed.any():
+            self._queued.append((offsets[packed], sizes[packed], dst, at[packed], True))
+
     def read(self, offset: int, size: int, dst: Any) -> None:
         if size <= 0:
             return
         if offset < PACKED_BASE:
             self._reader.read(offset, size, dst)
         else:
-            self._queued.append((offset, size, dst))
+            one = np.ones(1, dtype=np.int64)
+            self._queued.append((one * offset, one * size, dst, one * 0, None))
 
     def wait(self) -> None:
         queued, self._queued = self._queued, []
@@ -205,22 +211,22 @@ class InflatingReader:
         in_place = needed.in_place[s.lo : s.hi]
         first = needed.first()[s.lo : s.hi]
         dst = self.backend.xp.empty(s.dst_bytes, dtype=np.uint8) if s.dst_bytes else None
-        dsts = reads.dsts
-        own = [dsts[r] if whole else None for r, whole in zip(first.tolist(), in_place.tolist())]
         addresses = np.where(in_place, reads.ptr[first], 0)
         codecs = catalog.codec[ks]
         parts = []
         for c in np.unique(codecs).tolist():
             mine = np.flatnonzero(codecs == c)
             frames = Frames(CODECS[c], src, s.src_at[mine], catalog.frame_size[ks[mine]], dst,
-                            np.maximum(s.dst_at[mine], 0), catalog.size[ks[mine]], [own[i] for i in mine],
-                            addresses[mine])  # fmt: skip
+                            np.maximum(s.dst_at[mine], 0), catalog.size[ks[mine]],
+                            _Outputs(reads, first[mine], in_place[mine]), addresses[mine])  # fmt: skip
             parts.append((ks[mine], inflate(self.backend, frames, wait=False)))
         self.slices += 1
         idx, of = needed.reads(np.flatnonzero(~in_place) + s.lo)
-        at = s.dst_at[of - s.lo]
-        for r, a, rel, size in zip(idx.tolist(), at.tolist(), reads.rel[idx].tolist(), reads.size[idx].tolist()):
-            dsts[r][:size] = dst[a + rel : a + rel + size]
+        at = s.dst_at[of - s.lo] + reads.rel[idx]
+        ok = reads.usable[idx]  # read_many's pieces: all at once; another read's array: a copy of its own
+        copy_out(self.backend, dst, at[ok], reads.ptr[idx[ok]], reads.size[idx[ok]])
+        for r, a, size in zip(idx[~ok].tolist(), at[~ok].tolist(), reads.size[idx[~ok]].tolist()):
+            reads.dst(r)[:size] = dst[a : a + size]
         return parts
 
     def _check(self, done: list[tuple]) -> None:
@@ -235,21 +241,51 @@ class InflatingReader:
         if not len(wrong):
             return
         i = int(wrong[np.argmin(catalog.frame_offset[ks[wrong]])])
-        p, n = self._packed[int(ks[i])], int(got[i])
+        k, n = int(ks[i]), int(got[i])
+        codec, claim = CODECS[int(catalog.codec[k])], int(catalog.size[k])
         why = "its frame is corrupt" if n < 0 else f"its frame decompresses to {n:,} bytes"
-        if n < 0 and p.codec == "zstd":
-            why += self._zstd_why(p)
+        if n < 0 and codec == "zstd":
+            why += self._zstd_why(k)
         raise FileFormatError(
-            f"{self.path!r}: {p.what}: {why}, its length prefix claims {p.size:,} ({p.codec}; corrupt file)"
+            f"{self.path!r}: {catalog.what(k)}: {why}, its length prefix claims {claim:,} ({codec}; corrupt file)"
         )
 
-    def _zstd_why(self, p: Packed) -> str:
-        """The structural fault of a refused ZSTD frame, if it has one (its bytes read again on the host:
-        the scratch they were read into may hold another slice by now)."""
+    def _zstd_why(self, k: int) -> str:
+        """The structural fault of the refused ZSTD frame ``k``, if it has one (its bytes read again on
+        the host: the scratch they were read into may hold another slice by now)."""
+        offset, size = int(self._catalog.frame_offset[k]), int(self._catalog.frame_size[k])
         with open(self.path, "rb") as f:
-            f.seek(p.frame.offset)
-            frame = np.frombuffer(f.read(p.frame.size), dtype=np.uint8)
-        if frame.shape[0] != p.frame.size:
+            f.seek(offset)
+            frame = np.frombuffer(f.read(size), dtype=np.uint8)
+        if frame.shape[0] != size:
             return ""
-        code = int(check_zstd(frame, np.zeros(1, np.int64), np.array([p.frame.size]), np.array([p.size]))[0])
+        code = int(check_zstd(frame, np.zeros(1, np.int64), np.array([size]), np.array([self._catalog.size[k]]))[0])
         return f" ({zstd_reason(code)})" if code else ""
+
+
+class _Outputs(Sequence):
+    """Each frame's own output array (its one read's destination where it is inflated in place, else
+    None), built only when a codec asks for it (:attr:`.inflate.Frames.dst_arrays`): LZ4 on the CPU and
+    the GPU's kernel take the addresses alone."""
+
+    def __init__(self, reads: Reads, first: np.ndarray, in_place: np.ndarray):
+        self._reads, self._first, self._in_place = reads, first, in_place
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._reads.dst(int(self._first[i])) if self._in_place[i] else None
+
+
+def copy_out(backend: Any, src: Any, offsets: np.ndarray, addresses: np.ndarray, sizes: np.ndarray) -> None:
+    """``sizes[i]`` bytes from ``src[offsets[i]:]`` to the address ``addresses[i]`` (destinations read_many
+    checked), queued on the current stream: one C++ call on the CPU, one launch on a GPU (kernels/copies.cu)."""
+    table = np.ascontiguousarray(np.stack([offsets, addresses, sizes]).astype(np.int64, copy=False))
+    count = table.shape[1]
+    if count == 0:
+        return
+    if backend.kind == "cpu":
+        _core.copy_out(src, table)
+    else:
+        launch("copies", "copy_out", backend.ordinal, count * 256, (src, backend.xp.asarray(table), np.int64(count)))

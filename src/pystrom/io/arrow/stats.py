@@ -71,6 +71,7 @@ __all__ = [
     "ColumnStats",
     "column_stats",
     "batch_stats",
+    "StatsReader",
     "blocks_fingerprint",
     "BlocksFingerprint",
     "STATS_KEY_PREFIX",
@@ -399,54 +400,69 @@ def batch_stats(
         per-batch entry is present but malformed, or disagrees with a footer entry for the same batch,
         gets nothing. Never raises on malformed metadata.
     """
-    names = [f.name for f in schema]
-    duplicated = {n for n in names if names.count(n) > 1}  # ambiguous: which column would a key mean?
-    per_batch: dict[str, str] = {}
-    if isinstance(batch_custom_metadata, Mapping):
-        for k, v in batch_custom_metadata.items():
-            key, value = _text(k), _text(v)
-            if key is not None and value is not None and key.startswith(STATS_KEY_PREFIX):
-                name = key[len(STATS_KEY_PREFIX) :]
-                if name in per_batch:  # the same key twice: which one is true?
-                    per_batch[name] = ""
-                else:
-                    per_batch[name] = value
-    field_metas = _field_metadata(footer_schema_metadata, schema)
-    out: dict[str, tuple[Any, Any]] = {}
-    for field, meta in zip(schema, field_metas):
-        if field.name in duplicated:
-            continue
-        t = _storage(field.type)
-        kind = _kind(t)
-        if kind is None:
-            continue
-        footer = _footer_pair(t, kind, meta, batch_index, num_batches)
-        if field.name in per_batch:
-            lo_text, sep, hi_text = per_batch[field.name].partition(",")
-            pair = _pair(t, kind, lo_text, hi_text, footer=False) if sep else None
-            if pair is not None and footer is not None and footer != pair:
-                pair = None  # the two formats disagree about the same batch: one of them is wrong
-        else:
-            pair = footer
-        if pair is not None:
-            out[field.name] = pair
-    return out
+    return StatsReader(schema, footer_schema_metadata, num_batches=num_batches)(batch_index, batch_custom_metadata)
 
 
-def _footer_pair(
-    t: pa.DataType, kind: str, meta: Mapping | None, batch_index: int, num_batches: int | None
-) -> tuple[Any, Any] | None:
+class StatsReader:
+    """:func:`batch_stats` of one file's batches, one batch a call: what depends on the schema and the
+    footer only (each field's kind, the footer lists split) is worked out once, not per batch (a scan of
+    2048 batches spent ~70 ms on it). ``columns``: only these (default: every field)."""
+
+    def __init__(self, schema: pa.Schema, footer_schema_metadata: Any = None, *, num_batches: int | None = None,
+                 columns: Iterable[str] | None = None):  # fmt: skip
+        names = [f.name for f in schema]
+        duplicated = {n for n in names if names.count(n) > 1}  # ambiguous: which column would a key mean?
+        wanted = None if columns is None else set(columns)
+        self._fields = []  # (name, storage type, kind, the footer's (min, max) lists or None), schema order
+        for field, meta in zip(schema, _field_metadata(footer_schema_metadata, schema)):
+            if field.name in duplicated or (wanted is not None and field.name not in wanted):
+                continue
+            t = _storage(field.type)
+            kind = _kind(t)
+            if kind is not None:
+                self._fields.append((field.name, t, kind, _footer_lists(t, kind, meta, num_batches)))
+
+    def __call__(self, batch_index: int, batch_custom_metadata: Mapping | None) -> dict[str, tuple[Any, Any]]:
+        per_batch: dict[str, str] = {}
+        if isinstance(batch_custom_metadata, Mapping):
+            for k, v in batch_custom_metadata.items():
+                key, value = _text(k), _text(v)
+                if key is not None and value is not None and key.startswith(STATS_KEY_PREFIX):
+                    name = key[len(STATS_KEY_PREFIX) :]
+                    if name in per_batch:  # the same key twice: which one is true?
+                        per_batch[name] = ""
+                    else:
+                        per_batch[name] = value
+        out: dict[str, tuple[Any, Any]] = {}
+        for name, t, kind, lists in self._fields:
+            if lists is None and name not in per_batch:
+                continue
+            footer = None
+            if lists is not None and 0 <= batch_index < len(lists[0]):
+                footer = _pair(t, kind, lists[0][batch_index], lists[1][batch_index], footer=True)
+            if name in per_batch:
+                lo_text, sep, hi_text = per_batch[name].partition(",")
+                pair = _pair(t, kind, lo_text, hi_text, footer=False) if sep else None
+                if pair is not None and footer is not None and footer != pair:
+                    pair = None  # the two formats disagree about the same batch: one of them is wrong
+            else:
+                pair = footer
+            if pair is not None:
+                out[name] = pair
+        return out
+
+
+def _footer_lists(t: pa.DataType, kind: str, meta: Mapping | None, num_batches: int | None) -> tuple | None:
+    """A field's footer ``min_values`` / ``max_values`` entries, one per batch, or None."""
     if kind in ("string", "bool") or (pt.is_duration(t)):
         return None  # the footer format has no entries for these (PG-Strom does not parse them there)
     mins, maxs = _lookup(meta, FOOTER_MIN_KEY), _lookup(meta, FOOTER_MAX_KEY)
-    if mins is None or maxs is None or batch_index < 0:
+    if mins is None or maxs is None:
         return None
     lo_list, hi_list = mins.split(","), maxs.split(",")
     if len(lo_list) != len(hi_list) or (num_batches is not None and len(lo_list) != num_batches):
         return None
-    if batch_index >= len(lo_list):
-        return None
-    return _pair(t, kind, lo_list[batch_index], hi_list[batch_index], footer=True)
+    return lo_list, hi_list
 
 
 def footer_lists(entries: Sequence[tuple[str, str] | None]) -> tuple[str, str]:
