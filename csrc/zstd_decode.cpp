@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <initializer_list>
 #include <mutex>
 
 namespace pystrom {
