@@ -11,6 +11,7 @@ iteration count.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -274,9 +275,13 @@ def test_wide_kernels_against_the_numpy_twin(dtype, k, weighted, monkeypatch):
         assert uses_wide(backend, dX) and not uses_wide(backend, dX[:, ::2])
         cases = [(h, u, z) for h, u in (("float64", 1e-12), ("float32", 2.0**-23), ("tf32", 2.0**-10))
                  for z in (_wide._Z_ELEMENTS, k * 5_000)]  # fmt: skip
-        for hessian, rounding, z_elements in cases:
+        # rows k + 1 apart: the scalar kernel (16-byte vectors need rows of 16-byte multiples)
+        padded = cupy.asarray(np.pad(X, ((0, 0), (0, 1))))[:, :k]
+        assert _wide.WidePass(backend, dX, dy, None).vector == (k % (16 // X.itemsize) == 0)
+        assert not _wide.WidePass(backend, padded, dy, None).vector
+        for (hessian, rounding, z_elements), layout in itertools.product(cases, (dX, padded)):
             monkeypatch.setattr(_wide, "_Z_ELEMENTS", z_elements)
-            t = PassTotals.unpack(wide_pass(backend, dX, dy, dsw, (0.7, 1.3), w, hessian).get(), k)
+            t = PassTotals.unpack(wide_pass(backend, layout, dy, dsw, (0.7, 1.3), w, hessian).get(), k)
             for got, want in ((t.gradient, ref.gradient), (t.hessian[:, k], ref.hessian[:, k])):
                 off = np.abs(got - want) - (tight["atol"] + tight["rtol"] * np.abs(want))
                 assert (off <= 0).all(), (hessian, np.flatnonzero(off > 0)[:5], float(np.max(off)))
@@ -407,3 +412,27 @@ def test_wide_speculative_passes_are_the_passes_asked_for(dtype, monkeypatch):
         np.testing.assert_allclose(fits[0].std_err_, fits[1].std_err_, rtol=1e-9)
         assert fits[0].n_iter_ == fits[1].n_iter_ and fits[0].n_passes_ == fits[1].n_passes_
         assert len(fits[0].aliased_) == 1
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_statistics_on_the_gpu_equal_numpys():
+    """Many parameters: a GPU fit inverts its Hessian and takes its eigenvalues with CuPy (cuSOLVER);
+    the statistics equal NumPy's to rounding, and a Hessian that is not positive definite takes the
+    same fallback (the pseudo-inverse) on both."""
+    import cupy
+
+    from pystrom.ml._stats import GPU_STATISTICS_FROM, compute_statistics
+
+    rng = np.random.default_rng(3)
+    p = GPU_STATISTICS_FROM + 37
+    A = rng.normal(size=(4 * p, p))
+    w = rng.normal(size=p)
+    singular = A.T @ A
+    singular[-1, :] = singular[:, -1] = 0.0  # a zero pivot: Cholesky refuses it on both
+    for H in (A.T @ A, singular):
+        host = compute_statistics(w, H, -12.5)
+        gpu = compute_statistics(w, H, -12.5, xp=cupy)
+        for name in ("std_err", "z_stats", "p_values", "odds_ratios", "variance_covariance"):
+            np.testing.assert_allclose(getattr(gpu, name), getattr(host, name), rtol=1e-9, atol=1e-12, err_msg=name)
+        assert gpu.condition_no == pytest.approx(host.condition_no, rel=1e-9)

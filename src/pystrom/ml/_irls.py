@@ -191,7 +191,8 @@ class IRLSSolver:
             base = H[self.k, self.k]
             scale = np.sqrt(np.clip(np.diag(H), 0.0, None) / base) if base > 0 else np.ones(self.k + 1)
         self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
-        admitted = [u for u in self.levels if self.allow_approximate(H, u)]
+        estimate = self._scaled_condition(H)  # one factorisation for every level
+        admitted = [u for u in self.levels if self.allow_approximate(H, u, estimate)]
         self.levels = tuple(admitted)
         self.approx = bool(admitted)
         return w, totals
@@ -202,37 +203,44 @@ class IRLSSolver:
         self.n_free_features = int(np.count_nonzero(active < self.k))
         self._plan(ahead=True)
 
-    def _plan(self, ahead: bool) -> None:
+    def _plan(self, ahead: bool, exact_next: bool = False) -> None:
         """Tell the source the step rule, and whether to start the pass at each full step before it is
-        asked for (``ahead``: not when no iteration will ask; _narrow.py)."""
+        asked for (``ahead``: not when no iteration will ask; _narrow.py), in float64 (``exact_next``:
+        the last iteration's, see :meth:`solve`)."""
         if self.plan_steps is not None:
-            self.plan_steps(self.active, self.n_free_features, self.l2, ahead)
+            self.plan_steps(self.active, self.n_free_features, self.l2, ahead, exact_next)
 
     def step_rule(self) -> tuple:
         """The rule a source's own Newton step must follow for the solver to use it (PassTotals.step_rule)."""
         return (tuple(int(j) for j in self.active), self.n_free_features, self.l2)
 
-    def allow_approximate(self, H: np.ndarray, unit: float | None = None) -> bool:
+    def allow_approximate(self, H: np.ndarray, unit: float | None = None, estimate: float | None = None) -> bool:
         """Whether Hessians rounded to ``unit`` (default: the cheapest offered) may drive the steps: the
         free parameters' X^T A X of the first pass,
         scaled to a unit diagonal (float32 rounds each column relative to its own size), has an
         estimated condition below :data:`APPROX_MAX_COND` (the squared ratio of the largest to the
-        smallest pivot of its Cholesky factor: cheap, and a lower bound of the true condition)."""
+        smallest pivot of its Cholesky factor: cheap, and a lower bound of the true condition;
+        ``estimate``: :meth:`_scaled_condition` of ``H`` already made)."""
+        unit = self.approximate if unit is None else unit
+        if not unit:
+            return False
+        cond = self._scaled_condition(H) if estimate is None else estimate
+        limit = APPROX_MAX_COND * 2.0**-24 / unit
+        return bool(cond < limit)
+
+    def _scaled_condition(self, H: np.ndarray) -> float:
+        """The condition estimate of :meth:`allow_approximate` (inf: not positive definite)."""
         a = self.active
         Hf = H[np.ix_(a, a)]
         d = np.diag(Hf)
         if len(a) == 0 or not (np.isfinite(Hf).all() and (d > 0).all()):
-            return False
+            return float("inf")
         root = 1.0 / np.sqrt(d)
         try:
             piv = np.diag(np.linalg.cholesky(Hf * root[:, None] * root[None, :]))
         except np.linalg.LinAlgError:
-            return False
-        unit = self.approximate if unit is None else unit
-        if not unit:
-            return False
-        limit = APPROX_MAX_COND * 2.0**-24 / unit
-        return bool(piv.min() > 0 and (piv.max() / piv.min()) ** 2 < limit)
+            return float("inf")
+        return float((piv.max() / piv.min()) ** 2) if piv.min() > 0 else float("inf")
 
     def objective(self, w: np.ndarray, t: PassTotals) -> float:
         if not self.l2:
@@ -288,14 +296,17 @@ class IRLSSolver:
         step[self.active] = step_a
         return step, dec
 
-    def line_search(self, w: np.ndarray, step: np.ndarray, t: PassTotals) -> tuple[np.ndarray, PassTotals, bool]:
-        """Take the step, halving it while the objective gets worse. Returns (w, totals, improved)."""
+    def line_search(
+        self, w: np.ndarray, step: np.ndarray, t: PassTotals, exact: bool = False
+    ) -> tuple[np.ndarray, PassTotals, bool]:
+        """Take the step, halving it while the objective gets worse. Returns (w, totals, improved).
+        ``exact``: the passes with float64 Hessians even where reduced ones are in use."""
         f0 = self.objective(w, t)
         slack = self._slack(f0, t)
         scale = 1.0
         for _ in range(_MAX_HALVINGS + 1):
             w_new = w + scale * step
-            t_new = self._pass(w_new, exact=not self.approx)
+            t_new = self._pass(w_new, exact=exact or not self.approx)
             f_new = self.objective(w_new, t_new)
             if np.isfinite(f_new) and f_new >= f0 - slack:
                 self._last_scale = scale
@@ -396,8 +407,12 @@ class IRLSSolver:
             n_iter += 1
             if n_iter == limit:
                 self._plan(ahead=False)  # the last iteration's pass is followed by no full step
+            elif n_iter == limit - 1 and self.approx:
+                # the last iteration's pass in float64 at once: the final step and the statistics need
+                # its Hessian in float64, which a reduced one would make a pass again for (below)
+                self._plan(ahead=True, exact_next=True)
             f_old = self.objective(w, t)
-            w_new, t_new, improved = self.line_search(w, step, t)
+            w_new, t_new, improved = self.line_search(w, step, t, exact=n_iter == limit)
             if not improved:  # no increase possible: at the optimum up to rounding, or stuck
                 converged = dec <= 1e-6 * max(1.0, abs(f_old))
                 step = np.zeros_like(step)

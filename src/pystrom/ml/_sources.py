@@ -129,10 +129,13 @@ class Source:
     _step: np.ndarray | None = None  # the Newton step the last pass computed under _rule (plan_steps)
     _rule: tuple | None = None
 
-    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
+    def plan_steps(
+        self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True, exact_next: bool = False
+    ) -> None:
         """The solver's step rule (free parameters, features among them, L2 penalty), for a source whose
-        passes compute the next Newton step themselves (:mod:`._narrow`; ``ahead``: and start the pass
-        at it before it is asked for); others ignore it."""
+        passes compute the next Newton step themselves (:mod:`._narrow`, :mod:`._wide`; ``ahead``: and
+        start the pass at it before it is asked for, ``exact_next``: with a float64 Hessian); others
+        ignore it."""
 
     def close(self) -> None:
         """Release what the fit held for its passes (the fit calls it when it ends, also on an error)."""
@@ -157,12 +160,16 @@ class ArraySource(Source):
         self.single_precision = batch.X.dtype == np.float32
         self._passes: KernelPass | WidePass | None = None  # in-memory passes on a GPU, set up once
         self._plan: tuple | None = None
+        self._exact_next = False
 
     def batches(self) -> Iterable[Batch]:
         return [self.batch]
 
-    def plan_steps(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
+    def plan_steps(
+        self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True, exact_next: bool = False
+    ) -> None:
         self._plan = (np.array(active), int(n_free_features), float(l2), bool(ahead))
+        self._exact_next = exact_next
         if self._passes is not None:
             self._passes.plan(*self._plan)
 
@@ -186,7 +193,7 @@ class ArraySource(Source):
                 # the pass queued after this one: in this one's precision, or after the first (always
                 # float64) in the cheapest reduced one, which the solver's guard most often admits
                 reduced = self.reduced_hessians()
-                after = reduced[0][0] if first and reduced else self._hessian
+                after = "float64" if self._exact_next else reduced[0][0] if first and reduced else self._hessian
                 vec, self._step = self._passes(self.class_weight, w, self._hessian, after)
                 self._rule = self._passes.rule
                 return vec

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 __all__ = ["Statistics", "compute_statistics", "Summary"]
+
+# Free parameters from which a fit on a GPU inverts its Hessian and takes its eigenvalues there
+# (H100 and its 16-core host: 257 parameters 3.8 ms with CuPy against NumPy's 8.1 (its eigvalsh alone
+# 3.3); 1025: 18 ms against 118)
+GPU_STATISTICS_FROM = 64
 
 
 @dataclass
@@ -27,13 +33,15 @@ class Statistics:
 
 
 def compute_statistics(
-    coef: np.ndarray, hessian: np.ndarray, log_likelihood: float, free: np.ndarray | None = None
+    coef: np.ndarray, hessian: np.ndarray, log_likelihood: float, free: np.ndarray | None = None, xp: Any = None
 ) -> Statistics:
     """``coef`` and the (penalised, when a penalty was used) negative Hessian in the same order.
 
     ``free``: a mask of the fitted parameters; the others are aliased (collinear or constant columns)
     and get NaN for the coefficient and every statistic, as R's glm reports NA. The condition number
-    is MADlib's: sqrt(lambda_max / lambda_min) of X^T A X (over the fitted parameters).
+    is MADlib's: sqrt(lambda_max / lambda_min) of X^T A X (over the fitted parameters). ``xp``: CuPy
+    for a fit on a GPU (the current device), which then takes the inverse and the eigenvalues from
+    :data:`GPU_STATISTICS_FROM` parameters.
     """
     p = len(coef)
     free = np.ones(p, dtype=bool) if free is None else np.asarray(free, dtype=bool)
@@ -44,13 +52,10 @@ def compute_statistics(
     with np.errstate(all="ignore"):
         if len(idx) and np.isfinite(Hf).all():  # LAPACK may never return on non-finite input
             try:
-                L = np.linalg.cholesky(Hf)
-                Linv = np.linalg.solve(L, np.eye(len(idx)))
-                cov_f = Linv.T @ Linv
+                cov_f, eig = _inverse_and_eigenvalues(Hf, xp)
             except np.linalg.LinAlgError:  # singular (separation): the pseudo-inverse, as MADlib
-                cov_f = np.linalg.pinv(Hf)
+                cov_f, eig = np.linalg.pinv(Hf), np.linalg.eigvalsh(Hf)
             cov[np.ix_(idx, idx)] = cov_f
-            eig = np.linalg.eigvalsh(Hf)
             cond = float(np.sqrt(eig[-1] / eig[0])) if eig[0] > 0 and eig[-1] > 0 else float("inf")
         coef = np.where(free, coef, np.nan)
         std_err = np.sqrt(np.clip(np.diag(cov), 0.0, None))
@@ -58,6 +63,24 @@ def compute_statistics(
         p_values = np.array([math.erfc(abs(v) / math.sqrt(2.0)) if np.isfinite(v) else np.nan for v in z])
         odds = np.exp(coef)
     return Statistics(coef, float(log_likelihood), std_err, z, p_values, odds, cond, cov)
+
+
+def _inverse_and_eigenvalues(Hf: np.ndarray, xp: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Hf^-1 (made exactly symmetric) and Hf's eigenvalues, ascending, on the host;
+    np.linalg.LinAlgError where Hf is not positive definite (Cholesky's verdict). The inverse in one
+    LAPACK call (LU): half the time of inverting the Cholesky factor by a general solve."""
+    if xp is not None and xp.__name__ == "cupy" and len(Hf) >= GPU_STATISTICS_FROM:
+        import cupyx
+
+        d = xp.asarray(Hf)
+        with cupyx.errstate(linalg="raise"):  # CuPy checks cuSOLVER's verdicts only when asked to
+            xp.linalg.cholesky(d)
+            inv = xp.linalg.inv(d)
+        eig = xp.linalg.eigvalsh(d)
+        return xp.asnumpy(0.5 * (inv + inv.T)), xp.asnumpy(eig)
+    np.linalg.cholesky(Hf)
+    inv = np.linalg.inv(Hf)
+    return 0.5 * (inv + inv.T), np.linalg.eigvalsh(Hf)
 
 
 @dataclass

@@ -43,15 +43,19 @@ _COMPUTE = {"float32": 68, "tf32": 77, "float64": 70}  # CUBLAS_COMPUTE_32F, _32
 # the fused kernel's shapes, (threads a block, features a thread), smallest first: its float64 sums of
 # X^T [resid, r] live in registers, 2 F a thread
 _FUSED = ((256, 1), (256, 2), (256, 4), (256, 8), (1024, 8))
+# ...and of its kind with 16-byte loads and stores (rows of 16-byte multiples, aligned): (threads,
+# vectors of features a thread); k <= threads x vectors x values a vector
+_VECTOR = ((256, 1), (256, 2), (1024, 2), (1024, 4))
 MAX_WIDE_FEATURES = _FUSED[-1][0] * _FUSED[-1][1]  # wider rows take xp_pass through CuPy
 _FUSED_TOTALS = 8  # FUSED_TOTALS in logistic_wide.cu
 _ROWS_PER_WARP = 1  # rows a warp of the fused kernel reads at once (1, 2 or 4 are compiled)
-# From 512 features the features' Hessian block is made by panels of columns (multiples of 256 wide),
-# the upper triangle of panels only: (reduced, exact) passes in (2, 4) panels, 3 GEMMs of 4 and 10 of 16.
-# H100, one chunk's GEMMs (2^27 elements of Z), whole / 2 panels / 4 panels, ms: TF32 k=1024 1.14 /
-# 0.90 / 1.10, k=2000 2.67 / 2.23 / 3.06; DGEMM k=1024 4.98 / 3.80 / 3.44, k=2000 10.5 / 8.5 / 7.5.
-_PANEL_FROM = 512
-_PANELS = {False: 2, True: 4}
+# The features' Hessian block by panels of columns, the upper triangle of panels only: the reduced
+# passes in 2 panels (multiples of 256 wide, from 512 features: 3 GEMMs of 4), the exact ones in 4
+# (multiples of 128, from 256 features: 10 GEMMs of 16). H100, one chunk's GEMMs (2^27 elements of
+# Z), whole / 2 panels / 4 panels, ms: TF32 k=1024 1.14 / 0.90 / 1.10, k=2000 2.67 / 2.23 / 3.06
+# (k=256 in 2 of 128: 0.34 -> 0.43, slower); DGEMM k=1024 4.98 / 3.80 / 3.44, k=2000 10.5 / 8.5 / 7.5,
+# k=256 in 2 of 128: 0.65 -> 0.54, k=384 0.98 -> 0.81.
+_PANELS = {False: (2, 256), True: (4, 128)}  # (panels, their width's multiple)
 
 
 def uses_wide(backend: Any, X: Any) -> bool:
@@ -82,19 +86,25 @@ class WidePass:
         self.m = layout_size(k)
         self.size = self.m + 2 * self.p + 1  # the sums, then the tail: step, next weights, flag
         self.rs = X.strides[0] // X.dtype.itemsize
-        self.threads, f = next(shape for shape in _FUSED if k <= shape[0] * shape[1])
         tname = "f32" if X.dtype == np.float32 else "f64"
         ordinal = backend.ordinal
-        self._fused = {
-            z: kernel("logistic_wide", f"logit_wide_fused_{tname}_z{z}_f{f}_r{_ROWS_PER_WARP}_t{self.threads}", ordinal)
-            for z in ("32", "64")
-        }
+        width = 16 // X.dtype.itemsize  # values in a 16-byte vector
+        self.vector = k % width == 0 and self.rs % width == 0 and X.data.ptr % 16 == 0
+        if self.vector:
+            self.threads, q = next(shape for shape in _VECTOR if k <= shape[0] * shape[1] * width)
+            names = {z: f"logit_wide_vec_{tname}_z{z}_q{q}_t{self.threads}" for z in ("32", "64")}
+            rows_a_block = self.threads // 32
+        else:
+            self.threads, f = next(shape for shape in _FUSED if k <= shape[0] * shape[1])
+            names = {z: f"logit_wide_fused_{tname}_z{z}_f{f}_r{_ROWS_PER_WARP}_t{self.threads}" for z in ("32", "64")}
+            rows_a_block = self.threads // 32 * _ROWS_PER_WARP
+        self._fused = {z: kernel("logistic_wide", name, ordinal) for z, name in names.items()}
         self._finish = kernel("logistic_wide", "logit_wide_finish", ordinal)
-        self.panel = {exact: _panel_width(k, parts) for exact, parts in _PANELS.items()}
+        self.panel = {exact: _panel_width(k, *shape) for exact, shape in _PANELS.items()}
         self._gram_sum = {z: kernel("logistic_wide", f"logit_wide_gram_sum_z{z}", ordinal) for z in ("32", "64")}
         self._sms = sm_count(ordinal)
         resident = _resident(_function_ptr(self._fused["64"]), self.threads)
-        self.grid = max(1, min(self._sms * resident, -(-n // (self.threads // 32 * _ROWS_PER_WARP))))
+        self.grid = max(1, min(self._sms * resident, -(-n // rows_a_block)))
         self.acc = cupy.empty((self.grid, 2 * k + _FUSED_TOTALS), dtype=np.float64)
         self.gram = cupy.empty((k, k), dtype=np.float64)
         self._scratch: dict[bool, tuple[Any, Any, int]] = {}
@@ -304,10 +314,11 @@ def wide_pass(
 _LOWER = 0  # CUBLAS_FILL_MODE_LOWER
 
 
-def _panel_width(k: int, parts: int) -> int:
-    """Columns a panel of the Hessian's GEMMs for ``parts`` panels (0: one GEMM of the whole block)."""
-    width = max(256, -(-k // parts // 256) * 256)
-    return width if k >= _PANEL_FROM and width < k else 0
+def _panel_width(k: int, parts: int, grain: int) -> int:
+    """Columns a panel of the Hessian's GEMMs for about ``parts`` panels, a multiple of ``grain``, from
+    two panels of ``grain`` (0: one GEMM of the whole block)."""
+    width = max(grain, -(-k // parts // grain) * grain)
+    return width if k >= 2 * grain and width < k else 0
 
 
 def _function_ptr(fn: Any) -> int:

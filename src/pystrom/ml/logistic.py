@@ -311,7 +311,10 @@ class LogisticRegression:
         if l2:
             feats = np.array([i for i, j in enumerate(order) if j != k], dtype=np.intp)
             H[feats, feats] += l2
-        stats = compute_statistics(w[order], H, res.totals.log_likelihood, free[order])
+        backend = source.backend
+        with backend.activate():
+            xp = backend.xp if backend.kind == "cuda" else None
+            stats = compute_statistics(w[order], H, res.totals.log_likelihood, free[order], xp)
         self.coefficients_ = stats.coef
         self.log_likelihood_ = stats.log_likelihood
         self.std_err_ = stats.std_err
