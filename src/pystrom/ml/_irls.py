@@ -20,7 +20,8 @@ a scan of many batches differ only in how that pass is made. Steps, in order (as
    not, and a certificate is checked), whatever tol the fit used;
 5. where the last pass formed its Hessian in float32, it is made again with a float64 one before
    steps 3 and 4 (which then use float64 Hessians only), so the final step and the statistics are
-   the float64 fit's (:meth:`~IRLSSolver.exact_totals` guards the statistics' pass).
+   the float64 fit's (:meth:`~IRLSSolver.exact_totals` guards the statistics' pass); the iteration
+   that ``max_iter`` makes the last asks for a float64 pass at once instead.
 
 Approximate Hessians (more than 8 features, ``evaluate(w, exact=False, rounding=u)``): the gradient
 and the log-likelihood of every pass stay float64, so the fixed point of the iteration, the line
