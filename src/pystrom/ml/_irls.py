@@ -192,7 +192,7 @@ class IRLSSolver:
             base = H[self.k, self.k]
             scale = np.sqrt(np.clip(np.diag(H), 0.0, None) / base) if base > 0 else np.ones(self.k + 1)
         self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
-        estimate = self._scaled_condition(H)  # one factorisation for every level
+        estimate = self._scaled_condition(H) if self.levels else float("inf")  # one factorisation for all
         admitted = [u for u in self.levels if self.allow_approximate(H, u, estimate)]
         self.levels = tuple(admitted)
         self.approx = bool(admitted)
