@@ -93,6 +93,18 @@ FramesArgs frames_args(const py::buffer& src, const py::buffer& offsets, const p
           reinterpret_cast<int64_t*>(p.ptr)};
 }
 
+// Pieces (offsets[i], sizes[i]) of a file for plan_runs / pread_runs: both >= 0 and the end inside int64,
+// so that the C++ computes ends and gaps without overflow (ranges.py only asks for such pieces).
+void check_pieces(const int64_t* offsets, const int64_t* sizes, std::size_t n, const char* name) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (offsets[i] < 0 || sizes[i] < 0 || sizes[i] > INT64_MAX - offsets[i]) {
+      throw std::out_of_range(std::string(name) + ": piece " + std::to_string(i) + " (offset " +
+                              std::to_string(offsets[i]) + ", size " + std::to_string(sizes[i]) +
+                              ") is negative or ends past int64");
+    }
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -161,6 +173,11 @@ PYBIND11_MODULE(_core, m) {
           static_cast<uint64_t>(count[k]) > src_n - at[k] || static_cast<uint64_t>(start[k]) > dst_n ||
           static_cast<uint64_t>(count[k]) > dst_n - start[k]) {
         throw std::out_of_range("shift_spans: span " + std::to_string(k) + " lies outside src or dst");
+      }
+      // int32 offsets rebased by a shift of at most 2^32 either way: src[j] - shift never leaves int64
+      if (shift[k] < -(int64_t{1} << 32) || shift[k] > (int64_t{1} << 32)) {
+        throw std::out_of_range("shift_spans: span " + std::to_string(k) + "'s shift " + std::to_string(shift[k]) +
+                                " is beyond 2^32 either way");
       }
     }
     py::gil_scoped_release nogil;
@@ -281,6 +298,7 @@ PYBIND11_MODULE(_core, m) {
     if (z.size != o.size || r.size != (n + 1) * sizeof(int64_t)) {
       throw std::invalid_argument("plan_runs: offsets and sizes (int64) differ in length, or run_first is not one longer");
     }
+    check_pieces(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n, "plan_runs");
     py::gil_scoped_release nogil;
     return pystrom::plan_runs(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n,
                               max_gap, max_bytes, reinterpret_cast<int64_t*>(r.ptr));
@@ -307,6 +325,7 @@ PYBIND11_MODULE(_core, m) {
         throw std::out_of_range("pread_runs: run_first is not ascending inside the pieces");
       }
     }
+    check_pieces(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n, "pread_runs");
     py::gil_scoped_release nogil;
     pystrom::pread_runs(fd, reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr),
                         reinterpret_cast<const int64_t*>(p.ptr), first, runs, max_call,
