@@ -20,6 +20,7 @@ constexpr std::size_t kMaxIov = 1024;
 // One run: pieces [lo, hi), consecutive in the file but for gaps >= 0 (plan_runs).
 int64_t read_run(int fd, const int64_t* offsets, const int64_t* sizes, const int64_t* ptrs, std::size_t lo,
                  std::size_t hi, int64_t max_call, std::vector<uint8_t>& scratch, std::vector<iovec>& iov) {
+  if (lo == hi) return 0;  // an empty run (run_first may repeat an entry): offsets[lo] may lie past the end
   iov.clear();
   int64_t widest = 0;
   // the pieces' ends fit int64 (the binding checks), so the gaps do too

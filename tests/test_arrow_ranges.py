@@ -159,3 +159,20 @@ def test_plan_runs_and_pread_runs_refuse_pieces_outside_int64(tmp_path, offsets,
     finally:
         os.close(fd)
     assert not dst.any()
+
+
+def test_pread_runs_an_empty_run_reads_nothing(tmp_path):
+    """run_first may repeat an entry (an empty run), also the last one: nothing is read, not even the
+    offset one past the pieces (the ASan build caught that read)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(16)))
+    dst = np.zeros(4, np.uint8)
+    offsets, sizes = np.array([2], np.int64), np.array([4], np.int64)
+    addresses = np.array([dst.ctypes.data], np.int64)
+    got = np.full(3, -7, np.int64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _core.pread_runs(fd, offsets, sizes, addresses, np.array([0, 0, 1, 1], np.int64), 0, got)
+    finally:
+        os.close(fd)
+    assert got.tolist() == [0, 4, 0] and dst.tolist() == [2, 3, 4, 5]

@@ -50,7 +50,7 @@ def test_typed_bindings_refuse_other_arrays(tmp_path, wrong):
     path.write_bytes(bytes(64))
     fd = os.open(path, os.O_RDONLY)
     try:
-        for name, call, arg in _calls(fd, wrong):
+        for _name, call, arg in _calls(fd, wrong):
             with pytest.raises(ValueError, match=f"{arg} must be an aligned array of int"):
                 call()
     finally:
