@@ -14,7 +14,8 @@ bool gather_varbinary(const int32_t* src_offsets, std::size_t n, const uint8_t* 
 
 // String or list offsets of many record batches placed at once (io/arrow/direct.py): for spans s < n,
 // dst[start[s] + j] = src[at[s] + j] - shift[s] for j < count[s] (a batch's n + 1 offsets, rebased from
-// its own data buffer to its place in the column's). Callers guarantee every span fits src and dst.
+// its own data buffer to its place in the column's). Callers guarantee every span fits src and dst and
+// every shift lies within 2^32 either way (the binding checks: the difference then never leaves int64).
 // CPU twin of kernels/strings.cu's shift_spans.
 void shift_spans(const int32_t* src, const int64_t* at, const int64_t* count, const int64_t* shift,
                  const int64_t* start, std::size_t n, int32_t* dst);

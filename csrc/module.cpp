@@ -31,8 +31,7 @@ struct Bytes {
   std::size_t size;
 };
 
-Bytes request(const py::buffer& obj, bool writable, const char* what) {
-  py::buffer_info info = obj.request(writable);
+Bytes checked(const py::buffer_info& info, bool writable, const char* what) {
   if (writable && info.readonly) throw std::invalid_argument(std::string(what) + " is read-only");
   py::ssize_t expected = info.itemsize;
   for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
@@ -42,6 +41,30 @@ Bytes request(const py::buffer& obj, bool writable, const char* what) {
     expected *= info.shape[i];
   }
   return {static_cast<uint8_t*>(info.ptr), static_cast<std::size_t>(info.size * info.itemsize)};
+}
+
+Bytes request(const py::buffer& obj, bool writable, const char* what) {
+  return checked(obj.request(writable), writable, what);
+}
+
+// The arrays of int64 (int32) the newer bindings read as such: a buffer of another item type (an int32
+// array where int64 is meant, a byte view at an odd address) would pass request's byte-length checks and
+// be read as other numbers, or misaligned.
+template <typename T>
+Bytes request_typed(const py::buffer& obj, bool writable, const char* what, const char* type) {
+  py::buffer_info info = obj.request(writable);
+  if (!info.item_type_is_equivalent_to<T>() || reinterpret_cast<uintptr_t>(info.ptr) % alignof(T)) {
+    throw std::invalid_argument(std::string(what) + " must be an aligned array of " + type);
+  }
+  return checked(info, writable, what);
+}
+
+Bytes request_i64(const py::buffer& obj, bool writable, const char* what) {
+  return request_typed<int64_t>(obj, writable, what, "int64");
+}
+
+Bytes request_i32(const py::buffer& obj, bool writable, const char* what) {
+  return request_typed<int32_t>(obj, writable, what, "int32");
 }
 
 void check_range(const Bytes& b, uint64_t bit_offset, uint64_t count, const char* what) {
@@ -65,12 +88,12 @@ struct FramesArgs {
 FramesArgs frames_args(const py::buffer& src, const py::buffer& offsets, const py::buffer& sizes, const py::buffer& dst,
                        const py::buffer& caps, const py::buffer& which, const py::buffer& produced, const char* name) {
   Bytes s = request(src, false, "src");
-  Bytes o = request(offsets, false, "offsets");
-  Bytes z = request(sizes, false, "sizes");
-  Bytes d = request(dst, false, "dst");
-  Bytes c = request(caps, false, "caps");
-  Bytes w = request(which, false, "which");
-  Bytes p = request(produced, true, "produced");
+  Bytes o = request_i64(offsets, false, "offsets");
+  Bytes z = request_i64(sizes, false, "sizes");
+  Bytes d = request_i64(dst, false, "dst");
+  Bytes c = request_i64(caps, false, "caps");
+  Bytes w = request_i64(which, false, "which");
+  Bytes p = request_i64(produced, true, "produced");
   const std::size_t n = o.size / sizeof(int64_t);
   if (z.size != o.size || d.size != o.size || c.size != o.size || p.size != o.size) {
     throw std::invalid_argument(std::string(name) + ": offsets, sizes, dst, caps and produced (int64) differ in length");
@@ -91,6 +114,18 @@ FramesArgs frames_args(const py::buffer& src, const py::buffer& offsets, const p
   }
   return {s.ptr, off, len, reinterpret_cast<const int64_t*>(d.ptr), cap, idx, count,
           reinterpret_cast<int64_t*>(p.ptr)};
+}
+
+// Pieces (offsets[i], sizes[i]) of a file for plan_runs / pread_runs: both >= 0 and the end inside int64,
+// so that the C++ computes ends and gaps without overflow (ranges.py only asks for such pieces).
+void check_pieces(const int64_t* offsets, const int64_t* sizes, std::size_t n, const char* name) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (offsets[i] < 0 || sizes[i] < 0 || sizes[i] > INT64_MAX - offsets[i]) {
+      throw std::out_of_range(std::string(name) + ": piece " + std::to_string(i) + " (offset " +
+                              std::to_string(offsets[i]) + ", size " + std::to_string(sizes[i]) +
+                              ") is negative or ends past int64");
+    }
+  }
 }
 
 }  // namespace
@@ -126,7 +161,7 @@ PYBIND11_MODULE(_core, m) {
   // spans: (4, n) int64, rows at, bit, count, start (unpack_bit_spans) or at, count, shift, start (shift_spans)
   m.def("unpack_bit_spans", [](py::buffer src, py::buffer spans, int missing, py::buffer dst) {
     Bytes s = request(src, false, "src");
-    Bytes t = request(spans, false, "spans");
+    Bytes t = request_i64(spans, false, "spans");
     Bytes d = request(dst, true, "dst");
     const std::size_t n = t.size / (4 * sizeof(int64_t));
     if (t.size != 4 * n * sizeof(int64_t)) throw std::invalid_argument("unpack_bit_spans: spans must be (4, n) int64");
@@ -148,9 +183,9 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def("shift_spans", [](py::buffer src, py::buffer spans, py::buffer dst) {
-    Bytes s = request(src, false, "src");
-    Bytes t = request(spans, false, "spans");
-    Bytes d = request(dst, true, "dst");
+    Bytes s = request_i32(src, false, "src");
+    Bytes t = request_i64(spans, false, "spans");
+    Bytes d = request_i32(dst, true, "dst");
     const std::size_t n = t.size / (4 * sizeof(int64_t));
     if (t.size != 4 * n * sizeof(int64_t)) throw std::invalid_argument("shift_spans: spans must be (4, n) int64");
     const uint64_t src_n = s.size / sizeof(int32_t), dst_n = d.size / sizeof(int32_t);
@@ -162,6 +197,11 @@ PYBIND11_MODULE(_core, m) {
           static_cast<uint64_t>(count[k]) > dst_n - start[k]) {
         throw std::out_of_range("shift_spans: span " + std::to_string(k) + " lies outside src or dst");
       }
+      // int32 offsets rebased by a shift of at most 2^32 either way: src[j] - shift never leaves int64
+      if (shift[k] < -(int64_t{1} << 32) || shift[k] > (int64_t{1} << 32)) {
+        throw std::out_of_range("shift_spans: span " + std::to_string(k) + "'s shift " + std::to_string(shift[k]) +
+                                " is beyond 2^32 either way");
+      }
     }
     py::gil_scoped_release nogil;
     pystrom::shift_spans(reinterpret_cast<const int32_t*>(s.ptr), at, count, shift, start, n,
@@ -172,7 +212,7 @@ PYBIND11_MODULE(_core, m) {
   // are checked here
   m.def("copy_out", [](py::buffer src, py::buffer spans) {
     Bytes s = request(src, false, "src");
-    Bytes t = request(spans, false, "spans");
+    Bytes t = request_i64(spans, false, "spans");
     const std::size_t n = t.size / (3 * sizeof(int64_t));
     if (t.size != 3 * n * sizeof(int64_t)) throw std::invalid_argument("copy_out: spans must be (3, n) int64");
     const int64_t* offset = reinterpret_cast<const int64_t*>(t.ptr);
@@ -246,16 +286,16 @@ PYBIND11_MODULE(_core, m) {
                                std::size_t num_buffers, py::buffer rows, py::buffer bodies, py::buffer nodes,
                                py::buffer buffers, py::buffer codecs, py::buffer status) {
     Bytes s = request(src, false, "src");
-    Bytes o = request(offsets, false, "offsets");
-    Bytes ml = request(meta_lengths, false, "meta_lengths");
-    Bytes bl = request(body_lengths, false, "body_lengths");
-    Bytes ma = request(msg_at, false, "msg_at");
-    Bytes r = request(rows, true, "rows");
-    Bytes b = request(bodies, true, "bodies");
-    Bytes nd = request(nodes, true, "nodes");
-    Bytes bf = request(buffers, true, "buffers");
-    Bytes c = request(codecs, true, "codecs");
-    Bytes st = request(status, true, "status");
+    Bytes o = request_i64(offsets, false, "offsets");
+    Bytes ml = request_i64(meta_lengths, false, "meta_lengths");
+    Bytes bl = request_i64(body_lengths, false, "body_lengths");
+    Bytes ma = request_i64(msg_at, false, "msg_at");
+    Bytes r = request_i64(rows, true, "rows");
+    Bytes b = request_i64(bodies, true, "bodies");
+    Bytes nd = request_i64(nodes, true, "nodes");
+    Bytes bf = request_i64(buffers, true, "buffers");
+    Bytes c = request_i64(codecs, true, "codecs");
+    Bytes st = request_i32(status, true, "status");
     const std::size_t n = o.size / sizeof(int64_t);
     const std::size_t w = sizeof(int64_t);
     if (ml.size != n * w || bl.size != n * w || ma.size != n * w || r.size != n * w || b.size != 2 * n * w ||
@@ -274,13 +314,14 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("plan_runs", [](py::buffer offsets, py::buffer sizes, int64_t max_gap, int64_t max_bytes,
                         py::buffer run_first) {
-    Bytes o = request(offsets, false, "offsets");
-    Bytes z = request(sizes, false, "sizes");
-    Bytes r = request(run_first, true, "run_first");
+    Bytes o = request_i64(offsets, false, "offsets");
+    Bytes z = request_i64(sizes, false, "sizes");
+    Bytes r = request_i64(run_first, true, "run_first");
     const std::size_t n = o.size / sizeof(int64_t);
     if (z.size != o.size || r.size != (n + 1) * sizeof(int64_t)) {
       throw std::invalid_argument("plan_runs: offsets and sizes (int64) differ in length, or run_first is not one longer");
     }
+    check_pieces(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n, "plan_runs");
     py::gil_scoped_release nogil;
     return pystrom::plan_runs(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n,
                               max_gap, max_bytes, reinterpret_cast<int64_t*>(r.ptr));
@@ -290,11 +331,11 @@ PYBIND11_MODULE(_core, m) {
   // lies inside its destination array); the runs' bounds are checked here.
   m.def("pread_runs", [](int fd, py::buffer offsets, py::buffer sizes, py::buffer ptrs, py::buffer run_first,
                          int64_t max_call, py::buffer got) {
-    Bytes o = request(offsets, false, "offsets");
-    Bytes z = request(sizes, false, "sizes");
-    Bytes p = request(ptrs, false, "ptrs");
-    Bytes r = request(run_first, false, "run_first");
-    Bytes g = request(got, true, "got");
+    Bytes o = request_i64(offsets, false, "offsets");
+    Bytes z = request_i64(sizes, false, "sizes");
+    Bytes p = request_i64(ptrs, false, "ptrs");
+    Bytes r = request_i64(run_first, false, "run_first");
+    Bytes g = request_i64(got, true, "got");
     const std::size_t n = o.size / sizeof(int64_t);
     const std::size_t runs = g.size / sizeof(int64_t);
     if (z.size != o.size || p.size != o.size || r.size != (runs + 1) * sizeof(int64_t)) {
@@ -307,6 +348,7 @@ PYBIND11_MODULE(_core, m) {
         throw std::out_of_range("pread_runs: run_first is not ascending inside the pieces");
       }
     }
+    check_pieces(reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr), n, "pread_runs");
     py::gil_scoped_release nogil;
     pystrom::pread_runs(fd, reinterpret_cast<const int64_t*>(o.ptr), reinterpret_cast<const int64_t*>(z.ptr),
                         reinterpret_cast<const int64_t*>(p.ptr), first, runs, max_call,

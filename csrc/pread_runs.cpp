@@ -20,13 +20,15 @@ constexpr std::size_t kMaxIov = 1024;
 // One run: pieces [lo, hi), consecutive in the file but for gaps >= 0 (plan_runs).
 int64_t read_run(int fd, const int64_t* offsets, const int64_t* sizes, const int64_t* ptrs, std::size_t lo,
                  std::size_t hi, int64_t max_call, std::vector<uint8_t>& scratch, std::vector<iovec>& iov) {
+  if (lo == hi) return 0;  // an empty run (run_first may repeat an entry): offsets[lo] may lie past the end
   iov.clear();
   int64_t widest = 0;
-  for (std::size_t i = lo + 1; i < hi; ++i) widest = std::max(widest, offsets[i] - offsets[i - 1] - sizes[i - 1]);
+  // the pieces' ends fit int64 (the binding checks), so the gaps do too
+  for (std::size_t i = lo + 1; i < hi; ++i) widest = std::max(widest, offsets[i] - (offsets[i - 1] + sizes[i - 1]));
   if (scratch.size() < static_cast<std::size_t>(widest)) scratch.resize(static_cast<std::size_t>(widest));
   for (std::size_t i = lo; i < hi; ++i) {
     if (i > lo) {
-      const int64_t gap = offsets[i] - offsets[i - 1] - sizes[i - 1];
+      const int64_t gap = offsets[i] - (offsets[i - 1] + sizes[i - 1]);
       if (gap < 0) return -EINVAL;  // overlapping pieces: plan_runs never puts them in one run
       if (gap > 0) iov.push_back({scratch.data(), static_cast<std::size_t>(gap)});
     }

@@ -9,7 +9,8 @@
 
 namespace pystrom {
 
-// Pieces (offsets[i], sizes[i] > 0) sorted by file offset, cut into runs: run r is pieces
+// Pieces (offsets[i] >= 0, sizes[i] > 0, offsets[i] + sizes[i] inside int64: the binding checks) sorted
+// by file offset, cut into runs: run r is pieces
 // [run_first[r], run_first[r + 1]); run_first holds n + 1 entries at most, the last one n. A piece starts
 // a run of its own where it begins before the previous piece's end, more than max_gap bytes after it, or
 // where the run would then span more than max_bytes (a larger piece is a run of its own). Returns the

@@ -131,3 +131,48 @@ def test_read_pieces_in_the_order_given(blob, count):
     finally:
         os.close(fd)
     assert got[: int(sizes.sum())] == b"".join(data[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist()))
+
+
+@pytest.mark.parametrize(
+    "offsets, sizes",
+    [
+        ([2**63 - 4], [10]),  # the piece's end past int64
+        ([-(2**63) + 1, 5], [1, 1]),  # a negative offset: the gap to the next piece past int64
+        ([0, 10], [-5, 1]),  # a negative size
+    ],
+)
+def test_plan_runs_and_pread_runs_refuse_pieces_outside_int64(tmp_path, offsets, sizes):
+    """The pieces' ends are computed in int64 (signed overflow is undefined behaviour in C++: the ASan/UBSan
+    build stopped on these): both bindings refuse them before any arithmetic."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(64))
+    offsets, sizes = np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64)
+    dst = np.zeros(64, np.uint8)
+    addresses = np.full(len(offsets), dst.ctypes.data, dtype=np.int64)
+    with pytest.raises(IndexError, match="plan_runs: piece"):
+        _core.plan_runs(offsets, sizes, 64, 1 << 20, np.empty(len(offsets) + 1, dtype=np.int64))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(IndexError, match="pread_runs: piece"):
+            _core.pread_runs(fd, offsets, sizes, addresses, np.array([0, len(offsets)], np.int64), 0,
+                             np.zeros(1, np.int64))  # fmt: skip
+    finally:
+        os.close(fd)
+    assert not dst.any()
+
+
+def test_pread_runs_an_empty_run_reads_nothing(tmp_path):
+    """run_first may repeat an entry (an empty run), also the last one: nothing is read, not even the
+    offset one past the pieces (the ASan build caught that read)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(16)))
+    dst = np.zeros(4, np.uint8)
+    offsets, sizes = np.array([2], np.int64), np.array([4], np.int64)
+    addresses = np.array([dst.ctypes.data], np.int64)
+    got = np.full(3, -7, np.int64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _core.pread_runs(fd, offsets, sizes, addresses, np.array([0, 0, 1, 1], np.int64), 0, got)
+    finally:
+        os.close(fd)
+    assert got.tolist() == [0, 4, 0] and dst.tolist() == [2, 3, 4, 5]

@@ -177,3 +177,7 @@ def test_shift_spans_on_every_device(data):
         assert (np.diff(got[: pos + 1]) >= 0).all() and got[0] == 0
     with pytest.raises(IndexError, match="outside src or dst"):
         _core.shift_spans(src, np.array([[0], [len(src) + 1], [0], [0]], dtype=np.int64), np.zeros(99, np.int32))
+    # a shift no int32 offset minus it fits int64 for (signed overflow: undefined behaviour in C++)
+    for bad in (-(2**63), 2**63 - 1, 2**33):
+        with pytest.raises(IndexError, match="shift_spans: span 0's shift"):
+            _core.shift_spans(src, np.array([[0], [1], [bad], [0]], dtype=np.int64), np.zeros(99, np.int32))
