@@ -127,10 +127,11 @@ class IRLSSolver:
         ``PassTotals.exact_hessian`` says whether a pass was); the solver asks for the cheapest that
         :meth:`allow_approximate` admits, in the iterations its checks allow.
     plan_steps
-        ``(active, n_free_features, l2, ahead)``: tells the source the step rule, for a source whose
-        passes compute the Newton step themselves (``PassTotals.newton_step``, used only when its
-        ``step_rule`` is the solver's :meth:`step_rule`) and, with ``ahead``, start the pass at the
-        full step before it is asked for (the narrow GPU kernel: ``_narrow.py``).
+        ``(active, n_free_features, l2, ahead, exact_next)``: tells the source the step rule, for a
+        source whose passes compute the Newton step themselves (``PassTotals.newton_step``, used only
+        when its ``step_rule`` is the solver's :meth:`step_rule`) and, with ``ahead``, start the pass at
+        the full step before it is asked for, with a float64 Hessian where ``exact_next`` (the GPU
+        passes: ``_narrow.py``, ``_wide.py``).
     """
 
     def __init__(
@@ -144,7 +145,7 @@ class IRLSSolver:
         ll_rounding: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
         rule: str = "pystrom",
         approximate: float | tuple[float, ...] = 0.0,
-        plan_steps: Callable[[np.ndarray, int, float, bool], None] | None = None,
+        plan_steps: Callable[[np.ndarray, int, float, bool, bool], None] | None = None,
     ):
         if rule not in ("pystrom", "madlib"):
             raise ValueError(f"rule must be 'pystrom' or 'madlib'; got {rule!r}")
