@@ -48,7 +48,7 @@ _FUSED = ((256, 1), (256, 2), (256, 4), (256, 8), (1024, 8))
 _VECTOR = ((256, 1), (256, 2), (1024, 2), (1024, 4))
 MAX_WIDE_FEATURES = _FUSED[-1][0] * _FUSED[-1][1]  # wider rows take xp_pass through CuPy
 _FUSED_TOTALS = 8  # FUSED_TOTALS in logistic_wide.cu
-_ROWS_PER_WARP = 1  # rows a warp of the fused kernel reads at once (1, 2 or 4 are compiled)
+_ROWS_PER_WARP = 1  # rows a warp of the one-value fused kernel reads at once (only 1 is compiled)
 # The features' Hessian block by panels of columns, the upper triangle of panels only: the reduced
 # passes in 2 panels (multiples of 256 wide, from 512 features: 3 GEMMs of 4), the exact ones in 4
 # (multiples of 128, from 256 features: 10 GEMMs of 16). H100, one chunk's GEMMs (2^27 elements of
