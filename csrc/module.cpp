@@ -263,10 +263,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("zstd_frames_check", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer claims,
                                 py::buffer out) {
     Bytes s = request(src, false, "src");
-    Bytes o = request(offsets, false, "offsets");
-    Bytes z = request(sizes, false, "sizes");
-    Bytes c = request(claims, false, "claims");
-    Bytes r = request(out, true, "out");
+    Bytes o = request_i64(offsets, false, "offsets");
+    Bytes z = request_i64(sizes, false, "sizes");
+    Bytes c = request_i64(claims, false, "claims");
+    Bytes r = request_i32(out, true, "out");
     const std::size_t n = o.size / sizeof(int64_t);
     if (z.size / sizeof(int64_t) != n || c.size / sizeof(int64_t) != n || r.size / sizeof(int32_t) != n) {
       throw std::invalid_argument("zstd_frames_check: offsets, sizes, claims (int64) and out (int32) differ in length");
@@ -357,10 +357,10 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("gather_varbinary", [](py::buffer src_offsets, py::buffer src_data, py::buffer rows, py::buffer dst_offsets,
                                py::buffer dst_data) {
-    Bytes so = request(src_offsets, false, "src_offsets");
+    Bytes so = request_i32(src_offsets, false, "src_offsets");
     Bytes sd = request(src_data, false, "src_data");
-    Bytes r = request(rows, false, "rows");
-    Bytes dofs = request(dst_offsets, false, "dst_offsets");
+    Bytes r = request_i64(rows, false, "rows");
+    Bytes dofs = request_i32(dst_offsets, false, "dst_offsets");
     Bytes dd = request(dst_data, true, "dst_data");
     const std::size_t count = r.size / sizeof(int64_t);
     if (so.size < sizeof(int32_t) || dofs.size / sizeof(int32_t) < count) {
@@ -422,11 +422,11 @@ PYBIND11_MODULE(_core, m) {
            [](pystrom::pg::CopyPump& self, py::buffer buf, py::buffer offsets, py::buffer nulls, py::buffer bytes,
               std::optional<py::buffer> shape) {
              Bytes b = request(buf, true, "buf");
-             Bytes o = request(offsets, true, "offsets");
-             Bytes n = request(nulls, true, "nulls");
-             Bytes s = request(bytes, true, "bytes");
+             Bytes o = request_i64(offsets, true, "offsets");
+             Bytes n = request_i64(nulls, true, "nulls");
+             Bytes s = request_i64(bytes, true, "bytes");
              Bytes a{nullptr, 0};
-             if (shape) a = request(*shape, true, "shape");
+             if (shape) a = request_i64(*shape, true, "shape");
              if (n.size != s.size || (a.ptr != nullptr && a.size != 3 * s.size)) {
                throw std::invalid_argument("fill: nulls and bytes need one int64 per column, shape three");
              }
@@ -450,8 +450,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("pg_decode", [](py::buffer buf, py::buffer offsets, int64_t nrows, int64_t row_base, py::buffer desc) {
     Bytes b = request(buf, false, "buf");
-    Bytes o = request(offsets, false, "offsets");
-    Bytes d = request(desc, false, "desc");
+    Bytes o = request_i64(offsets, false, "offsets");
+    Bytes d = request_i64(desc, false, "desc");
     const int ncols = static_cast<int>(d.size / (sizeof(int64_t) * pystrom::pg::kDescSlots));
     if (nrows < 0 || static_cast<std::size_t>(nrows) > o.size / sizeof(int64_t)) {
       throw std::out_of_range("pg_decode: more rows than offsets");
@@ -469,8 +469,8 @@ PYBIND11_MODULE(_core, m) {
   // -- PostgreSQL writes: the CPU encoder and the COPY FROM STDIN sender (io/postgres/pump.py wraps these) --
 
   m.def("pg_encode_sizes", [](py::buffer desc, int64_t begin, int64_t end, py::buffer sizes) {
-    Bytes d = request(desc, false, "desc");
-    Bytes s = request(sizes, true, "sizes");
+    Bytes d = request_i64(desc, false, "desc");
+    Bytes s = request_i64(sizes, true, "sizes");
     const int ncols = static_cast<int>(d.size / (sizeof(int64_t) * pystrom::pg::kEncodeSlots));
     if (begin < 0 || end < begin || static_cast<std::size_t>(end - begin) > s.size / sizeof(int64_t)) {
       throw std::out_of_range("pg_encode_sizes: more rows than sizes");
@@ -485,7 +485,7 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def("pg_encode_rows", [](py::buffer desc, int64_t begin, int64_t end, py::buffer out) {
-    Bytes d = request(desc, false, "desc");
+    Bytes d = request_i64(desc, false, "desc");
     Bytes o = request(out, true, "out");
     const int ncols = static_cast<int>(d.size / (sizeof(int64_t) * pystrom::pg::kEncodeSlots));
     if (begin < 0 || end < begin) throw std::out_of_range("pg_encode_rows: bad row range");

@@ -29,6 +29,16 @@ def _calls(fd: int, wrong):
     yield "unpack_bit_spans", lambda: _core.unpack_bit_spans(buf, wrong(4, I64), 0, buf), "spans"
     yield "shift_spans", lambda: _core.shift_spans(wrong(4, I32), np.zeros((4, 1), I64), np.zeros(4, I32)), "src"
     yield "lz4_frames_decode", lambda: _core.lz4_frames_decode(buf, one, one, one, one, wrong(1, I64), one), "which"
+    yield "zstd_frames_check", lambda: _core.zstd_frames_check(buf, one, one, one, wrong(1, I32)), "out"
+    offsets32 = np.zeros(2, I32)
+    yield (
+        "gather_varbinary",
+        lambda: _core.gather_varbinary(offsets32, buf, wrong(1, I64), offsets32, buf),
+        "rows",
+    )
+    yield "pg_decode", lambda: _core.pg_decode(buf, one, 0, 0, wrong(8, I64)), "desc"
+    yield "pg_encode_sizes", lambda: _core.pg_encode_sizes(wrong(8, I64), 0, 0, one), "desc"
+    yield "pg_encode_rows", lambda: _core.pg_encode_rows(wrong(8, I64), 0, 0, buf), "desc"
     meta = [np.zeros(k, I64) for k in (1, 1, 1, 1)]
     outs = [np.zeros(k, I64) for k in (1, 2, 0, 0, 1)]
     yield (
