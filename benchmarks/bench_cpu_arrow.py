@@ -1,15 +1,17 @@
 """The CPU backend against pyarrow on Arrow IPC files: read_arrow against ``pyarrow.feather.read_table``
-and write_arrow against ``feather.write_feather(compression="uncompressed")``, at 1M and 10M rows (1M
-only with --quick). Always the CPU backend (``device="cpu"``), whatever --device says.
+(uncompressed files, and the LZ4 file ``write_feather`` writes by default), a 10%-selective
+scan_arrow against ``pyarrow.dataset``'s filtered ``to_table``, and write_arrow against
+``feather.write_feather(compression="uncompressed")``, at 1M and 10M rows (1M only with --quick).
+Always the CPU backend (``device="cpu"``), whatever --device says.
 
-The goal (issue 17): read >= 0.9x and write >= 0.8x pyarrow (the speedup column). One table of 6
-float64 + 2 int64 columns (64 bytes a row). Reads: the same file for both readers, written by
-write_arrow (1M-row record batches; a second line reads a file written by pyarrow, 64K-row batches),
-page cache warm. Writes: the same table (a pystrom Table for write_arrow, its pyarrow twin for
-write_feather), each time to a new file (the previous one is removed first, for both), and each time
-over the previous file (write_arrow swaps its finished temporary file with it, write_feather
-truncates and rewrites it in place), write_arrow with its default min/max statistics. Each pair runs
-alternately (``measure_pair``); medians.
+The goal (issue 17): read >= 0.9x and write >= 0.8x pyarrow (the speedup column); scans and
+compressed reads at least as fast as pyarrow (>= 1x). One table of 6 float64 + 2 int64 columns (64
+bytes a row). Reads: the same file for both readers, written by write_arrow (1M-row record batches; a
+second line reads a file written by pyarrow, 64K-row batches), page cache warm. Writes: the same table
+(a pystrom Table for write_arrow, its pyarrow twin for write_feather), each time to a new file (the
+previous one is removed first, for both), and each time over the previous file (write_arrow swaps its
+finished temporary file with it, write_feather truncates and rewrites it in place), write_arrow with
+its default min/max statistics. Each pair runs alternately (``measure_pair``); medians.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.feather as feather
 
 import pystrom
@@ -61,6 +64,25 @@ def _one_size(rows: int, tmp: str, repeat: int) -> list[Result]:
             repeat,
         )
         out.append(Result(f"read_arrow {label}, {what}", "feather.read_table", ours, base, nbytes))
+
+    # A 10%-selective scan, against pyarrow's dataset scan with the same filter (the same file).
+    ours, base = measure_pair(
+        lambda: pystrom.scan_arrow(ours_file, where="f5 < 0.1", device="cpu").collect(),
+        lambda: ds.dataset(ours_file, format="arrow").to_table(filter=ds.field("f5") < 0.1),
+        nothing,
+        repeat,
+    )
+    out.append(Result(f"scan_arrow {label} where f5 < 0.1", "dataset.to_table(filter=)", ours, base, nbytes))
+    # What write_feather writes by default: LZ4-compressed bodies.
+    lz4_file = os.path.join(tmp, "pyarrow.lz4.arrow")
+    feather.write_feather(arrow, lz4_file)
+    ours, base = measure_pair(
+        lambda: pystrom.read_arrow(lz4_file, device="cpu"),
+        lambda: feather.read_table(lz4_file, memory_map=False),
+        nothing,
+        repeat,
+    )
+    out.append(Result(f"read_arrow {label}, write_feather's LZ4", "feather.read_table", ours, base, nbytes))
 
     table = pystrom.Table.from_arrow(arrow, device="cpu")
     a, b = os.path.join(tmp, "w_pystrom.arrow"), os.path.join(tmp, "w_pyarrow.arrow")

@@ -336,6 +336,11 @@ class ArrowFile:
         except ARROW_ERRORS as exc:
             raise corrupt(self.path, f"record batch {index}", exc) from None
 
+    def fileno(self) -> int:
+        """The descriptor of the file the metadata was read from (for preads: the path may name another
+        file by now)."""
+        return self._raw.fileno()
+
     def read_pieces(self, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """Pieces of the file (offsets, sizes: int64 arrays) back to back in one uint8 array, read now
         (:func:`.ranges.read_pieces`)."""
