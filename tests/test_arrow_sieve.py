@@ -94,7 +94,8 @@ def test_scan_equals_pyarrows_filter(tmp_path, small_slices, where, mask):
     table = _table(1000)
     path = tmp_path / "t.arrow"
     _write(path, table, [300, 0, 1, 14, 385, 300])
-    assert _sieved(path, ["key"], table.column_names) == ["f64", "i8", "u16", "f32", "ts", "d32", "dec", "fsb"]
+    sieved = ["f64", "i8", "u16", "f32", "ts", "d32", "dec", "fsb", "nullable"]
+    assert _sieved(path, ["key"], table.column_names) == sieved
     scan = pystrom.scan_arrow(path, where=where, batch_rows=400, device="cpu")
     got = scan.collect().to_arrow()
     want = table.filter(mask(table))
@@ -123,11 +124,11 @@ def test_matches_at_slice_edges_only(tmp_path, small_slices):
 
 
 def test_what_is_not_sieved(tmp_path):
-    """NULLs, booleans, strings, the filter's own columns and compressed bodies take the ordinary read."""
+    """Booleans, strings, the filter's own columns and compressed bodies take the ordinary read."""
     table = _table(100)
     path = tmp_path / "t.arrow"
     _write(path, table, [100])
-    assert _sieved(path, ["f64"], ["key", "f64", "nullable", "flag", "s"]) == ["key"]
+    assert _sieved(path, ["f64"], ["key", "f64", "nullable", "flag", "s"]) == ["key", "nullable"]
     packed = tmp_path / "lz4.arrow"
     with ipc.new_file(packed, table.schema, options=ipc.IpcWriteOptions(compression="lz4")) as w:
         w.write_table(table)
@@ -150,6 +151,52 @@ def test_a_bitmap_its_batch_says_holds_no_null_is_ignored_as_pyarrow_does(tmp_pa
     assert pystrom.read_arrow(path, device="cpu").to_arrow().equals(theirs)
     got = pystrom.scan_arrow(path, where="k < 10", device="cpu").collect().to_arrow()
     assert got.equals(theirs.slice(0, 10))
+
+
+def _write_claiming_nulls(monkeypatch, path, table, claim) -> None:
+    """Our writer's file of ``table`` whose record batches say column 'v' holds ``claim`` NULLs."""
+    encode = fmt.encode_batch_message
+    v = table.column_names.index("v")
+
+    def forged(length, nodes, buffers, body_length, custom_metadata=(), compression=None):
+        nodes = list(nodes)
+        nodes[v] = (nodes[v][0], claim)
+        return encode(length, nodes, buffers, body_length, custom_metadata, compression)
+
+    monkeypatch.setattr(fmt, "encode_batch_message", forged)
+    write_ipc_file(path, table.schema, table.to_batches(max_chunksize=40), stats=False)
+    monkeypatch.undo()
+
+
+def test_nulls_of_sieved_columns(tmp_path, small_slices):
+    """NULLs in some batches and not others, the matching rows' bits packed at any position."""
+    n = 300
+    rng = np.random.default_rng(5)
+    v = pa.array(rng.random(n), mask=(np.arange(n) // 100 == 1) & (rng.random(n) < 0.4))  # NULLs in batch 1 only
+    w = pa.array(rng.integers(0, 9, n), pa.int16(), mask=rng.random(n) < 0.2)
+    table = pa.table({"k": pa.array(np.arange(n) % 17), "v": v, "w": w})
+    path = tmp_path / "t.arrow"
+    _write(path, table, [100, 100, 100])
+    assert _sieved(path, ["k"], ["k", "v", "w"]) == ["v", "w"]
+    for where, mask in (("k < 5", pc.less(table["k"], 5)), ("k >= 0", pc.greater_equal(table["k"], 0))):
+        scan = pystrom.scan_arrow(path, where=where, device="cpu")
+        got = scan.collect().to_arrow()
+        assert got.equals(table.filter(mask)), where
+        assert got.column("v").null_count == table.filter(mask).column("v").null_count
+
+
+def test_a_bitmap_holding_other_nulls_than_claimed_is_refused_as_read_arrow_refuses_it(tmp_path, monkeypatch):
+    n = 80
+    v = pa.array(np.arange(n, dtype=np.float64), mask=np.arange(n) % 10 == 3)  # 4 NULLs a batch of 40
+    table = pa.table({"k": pa.array(np.arange(n)), "v": v})
+    path = tmp_path / "t.arrow"
+    _write_claiming_nulls(monkeypatch, path, table, 3)
+    assert _sieved(path, ["k"], ["k", "v"]) == ["v"]
+    match = r"t\.arrow.*column 'v': the record batches claim 6 NULLs, their validity bitmaps hold 8"
+    with pytest.raises(FileFormatError, match=match):
+        pystrom.read_arrow(path, device="cpu")
+    with pytest.raises(FileFormatError, match=match):
+        pystrom.scan_arrow(path, where="k < 10", device="cpu").collect()
 
 
 def test_a_file_that_shrinks_while_read_is_refused_naming_it(tmp_path, small_slices):
@@ -189,7 +236,7 @@ def test_bytes_read_count_only_the_slices_read(tmp_path, small_slices):
 )
 def test_any_batches_slices_and_selectivity(tmp_path, monkeypatch, sizes, slice_rows, threshold, seed):
     monkeypatch.setattr(sieve, "SLICE_ROWS", slice_rows)
-    table = _table(sum(sizes), seed=seed).select(["key", "f64", "i8", "dec", "fsb", "s"])
+    table = _table(sum(sizes), seed=seed).select(["key", "f64", "i8", "dec", "fsb", "s", "nullable"])
     path = tmp_path / f"h{seed}.arrow"
     _write(path, table, sizes)
     scan = pystrom.scan_arrow(path, where=f"key < {threshold}", batch_rows=50, device="cpu")

@@ -11,8 +11,10 @@ into a scratch buffer from which the matching rows are gathered while the slice 
 A slice holding no matching row is not read at all.
 
 Sieved: fixed-width columns (numbers, dates, times, decimals, fixed-size binary) read directly, stored
-uncompressed, with no NULL in any batch of the group (a batch claiming none has no bitmap to read: the
-format lets readers ignore one, and pyarrow and the ordinary read do). Everything the reads rely
+uncompressed. Their validity bitmaps are read whole (an eighth of a byte a row), their NULLs counted
+against each batch's claim as the ordinary read does, and the matching rows' bits packed into the
+result; a batch claiming no NULL has no bitmap to read (the format lets readers ignore one, and pyarrow
+and the ordinary read do). Everything the reads rely
 on (each values buffer inside the file and long enough for its rows) was checked from the metadata by
 :mod:`.file` and :mod:`.batches`; a read that comes back short (the file shrank) is a FileFormatError.
 """
@@ -26,6 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ... import _bitmap
+from ..._backend import resolve_device
 from ..._layout import ColumnSpec
 from ..._ops import as_mask, gather_into
 from ..._types import ColumnType, Layout
@@ -41,6 +45,9 @@ __all__ = ["SLICE_ROWS", "read_filtered", "sieved_columns"]
 # the gather that follows each read finds the slice in the cache (256 KiB to 4 MiB measured within the
 # VM's noise: 48-60 ms for a 10M-row scan).
 SLICE_ROWS = 1 << 17
+
+_CPU = resolve_device("cpu")
+_POPCOUNT = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
 
 
 def sieved_columns(
@@ -59,11 +66,10 @@ def sieved_columns(
         chunks = layouts.chunks.get(name)
         if name in needed or ctype is None or chunks is None or ctype.layout not in (Layout.FIXED, Layout.BYTES):
             continue
-        present = chunks.length > 0
-        values = chunks.values.offset[present]
-        if (chunks.validity.size > 0).any() or chunks.null_count.any() or (values < 0).any():
-            continue
-        if (values >= PACKED_BASE).any():  # a buffer stored compressed
+        values = chunks.values.offset[chunks.length > 0]
+        bitmaps = chunks.validity.offset[chunks.null_count > 0]
+        buffers = np.concatenate([values, bitmaps])
+        if (buffers < 0).any() or (buffers >= PACKED_BASE).any():  # missing, or stored compressed
             continue
         out.append(name)
     return out
@@ -86,7 +92,22 @@ def read_filtered(
     if not sieved:
         return first.filter(mask), nbytes, first.num_rows
     rows = np.flatnonzero(mask)
-    slots = [ColumnSpec(c, types[c], len(rows), 0, 0) if c in sieved else first.column(c) for c in columns]
+    starts = np.concatenate([[0], np.cumsum(layouts.num_rows)])
+    valid = {}
+    nullable = [c for c in sieved if layouts.chunks[c].null_count.any()]
+    if nullable:
+        batch = np.searchsorted(starts, rows, side="right") - 1  # each row's batch, and its bit there
+        local = rows - starts[batch]
+        place = (batch, local >> 3, (local & 7).astype(np.uint8))
+        for c in nullable:
+            valid[c], bitmap_bytes = _validity(file, layouts, c, place)
+            nbytes += bitmap_bytes
+    slots = [
+        ColumnSpec(c, types[c], len(rows), len(rows) - int(np.count_nonzero(valid[c])) if c in valid else 0, 0)
+        if c in sieved
+        else first.column(c)
+        for c in columns
+    ]
     block, plan = gather_into(backend, rows, slots)
     targets = []
     for cplan in plan.columns:
@@ -94,13 +115,53 @@ def read_filtered(
             ctype = cplan.type
             shape = (len(rows), ctype.width) if ctype.layout == Layout.BYTES else (len(rows),)
             targets.append((cplan.name, ctype, block.array(cplan.values.offset, ctype.storage, shape)))
-    nbytes += _sieve(file, layouts, rows, targets)
+            if cplan.validity is not None:
+                block.write_device(cplan.validity.offset, _bitmap.pack(backend, valid[cplan.name]))
+    nbytes += _sieve(file, layouts, starts, rows, targets)
     fields = [file.schema.field(c) if c in sieved else first.schema.field(c) for c in columns]
     table = Table._wrap(block, plan, pa.schema(fields, metadata=file.schema.metadata), len(rows))
     return table, nbytes, first.num_rows
 
 
-def _sieve(file: ArrowFile, layouts: Layouts, rows: np.ndarray, targets: list[tuple[str, ColumnType, Any]]) -> int:
+def _validity(
+    file: ArrowFile, layouts: Layouts, name: str, place: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, int]:
+    """Whether each matching row of column ``name`` is valid (``place``: each row's batch, byte and bit
+    in its batch's bitmap); the bytes read. Every
+    bitmap of the group is read whole (an eighth of a byte a row) and its NULLs counted against the
+    batch's claim first, as the ordinary read does: a file that disagrees with itself is refused the same
+    way."""
+    chunks = layouts.chunks[name]
+    has = np.flatnonzero(chunks.null_count > 0)  # a batch claiming no NULL has no bitmap to read
+    n = layouts.num_rows[has]
+    sizes = (n + 7) // 8
+    bitmaps = file.read_pieces(chunks.validity.offset[has], sizes)  # back to back, each from byte 0
+    # set bits over the whole bitmaps, less those past each batch's last row in its last byte
+    tail = (n % 8).astype(np.uint8)
+    past = bitmaps[np.cumsum(sizes) - 1] & np.where(tail > 0, (0xFF << tail) & 0xFF, 0).astype(np.uint8)
+    found = int(n.sum()) - (_bitmap.count_set(_CPU, bitmaps, 0, 8 * len(bitmaps)) - int(_POPCOUNT[past].sum()))
+    claimed = int(chunks.null_count.sum())
+    if found != claimed:
+        raise FileFormatError(
+            f"{file.path!r}: column {name!r}: the record batches claim {claimed} NULLs, their validity bitmaps "
+            f"hold {found} (corrupt file)"
+        )
+    first_byte = np.full(len(layouts), -1, dtype=np.int64)
+    first_byte[has] = np.cumsum(sizes) - sizes
+    batch, byte, bit = place
+    at = first_byte[batch]
+    if len(has) == len(layouts):  # every batch has a bitmap
+        valid = ((bitmaps[at + byte] >> bit) & 1).view(bool)
+    else:
+        valid = np.ones(len(batch), dtype=bool)
+        some = at >= 0
+        valid[some] = (bitmaps[at[some] + byte[some]] >> bit[some]) & 1
+    return valid, int(sizes.sum())
+
+
+def _sieve(
+    file: ArrowFile, layouts: Layouts, starts: np.ndarray, rows: np.ndarray, targets: list[tuple[str, ColumnType, Any]]
+) -> int:
     """Gather the values of ``rows`` (group row numbers, ascending) of each target column (name, type,
     output array) into its output, reading only the slices of its values buffers that hold one; the
     bytes read."""
@@ -111,7 +172,6 @@ def _sieve(file: ArrowFile, layouts: Layouts, rows: np.ndarray, targets: list[tu
         views.append(view.reshape(SLICE_ROWS, ctype.width) if ctype.layout == Layout.BYTES else view)
     buffer = memoryview(scratch)
     fd = file.fileno()
-    starts = np.concatenate([[0], np.cumsum(layouts.num_rows)])
     bounds = np.searchsorted(rows, starts)  # each batch's matching rows: rows[bounds[b]:bounds[b + 1]]
     read = 0
     for b in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
