@@ -237,9 +237,59 @@ def test_bytes_read_count_only_the_slices_read(tmp_path, small_slices):
 def test_any_batches_slices_and_selectivity(tmp_path, monkeypatch, sizes, slice_rows, threshold, seed):
     monkeypatch.setattr(sieve, "SLICE_ROWS", slice_rows)
     table = _table(sum(sizes), seed=seed).select(["key", "f64", "i8", "dec", "fsb", "s", "nullable"])
+    table = table.append_column("ns", pa.array([f"v{k}" * (k % 5) for k in range(sum(sizes))], pa.string(),
+                                                mask=np.arange(sum(sizes)) % 4 == 1))  # fmt: skip
     path = tmp_path / f"h{seed}.arrow"
     _write(path, table, sizes)
     scan = pystrom.scan_arrow(path, where=f"key < {threshold}", batch_rows=50, device="cpu")
     got = scan.collect().to_arrow()
     assert got.equals(table.filter(pc.less(table["key"], threshold)))
     assert scan.stats.rows_read == sum(sizes)
+
+
+def test_strings_of_every_size_and_nulls_beside_sieved_columns(tmp_path, small_slices):
+    """Strings (read whole, then filtered) beside a sieved column: empty strings, NULLs, binary with zero
+    bytes, a 3 MiB string."""
+    n = 90
+    rng = np.random.default_rng(11)
+    words = [("x" * int(k)) if k % 5 else "" for k in rng.integers(0, 40, n)]
+    words[33] = "L" * (3 << 20)
+    s = pa.array(words, pa.string(), mask=rng.random(n) < 0.15)
+    b = pa.array([bytes([0, k % 256, 0]) * (k % 4) for k in range(n)], pa.binary())
+    table = pa.table({"k": pa.array(np.arange(n)), "s": s, "b": b, "v": pa.array(np.arange(n) * 0.5)})
+    path = tmp_path / "t.arrow"
+    _write(path, table, [30, 0, 45, 15])
+    assert _sieved(path, ["k"], ["k", "s", "b", "v"]) == ["v"]
+    for where, mask in (
+        ("k < 40 and k > 20", pc.and_(pc.less(table["k"], 40), pc.greater(table["k"], 20))),
+        ("k = 33", pc.equal(table["k"], 33)),
+        ("k >= 0", pc.greater_equal(table["k"], 0)),
+    ):
+        got = pystrom.scan_arrow(path, where=where, device="cpu").collect().to_arrow()
+        assert got.equals(table.filter(mask)), where
+
+
+def _write_with_offsets(path, offsets: list[int]) -> None:
+    """A file of 3 strings over 8 bytes whose offsets are then overwritten in place with ``offsets``."""
+    table = pa.table({"k": pa.array(np.arange(3)), "s": pa.array(["abc", "de", "fgh"])})
+    with ipc.new_file(path, table.schema) as w:
+        w.write_table(table)
+    with open_arrow_file(str(path)) as f:
+        layouts = batch_layouts(f, ["s"], direct_types(f.schema, ["s"]))
+        at = int(layouts.chunks["s"].values.offset[0])
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(np.array(offsets, np.int32).tobytes())
+
+
+@pytest.mark.parametrize(
+    "offsets", [[0, 5, 3, 8], [0, 2, 4, 1000], [-4, 0, 2, 8]], ids=["decrease", "past-data", "negative"]
+)
+def test_invalid_string_offsets_are_refused_as_read_arrow_refuses_them(tmp_path, offsets):
+    path = tmp_path / "t.arrow"
+    _write_with_offsets(path, offsets)
+    match = r"t\.arrow.*record batch 0, column 's' has invalid string offsets"
+    with pytest.raises(FileFormatError, match=match):
+        pystrom.read_arrow(path, device="cpu")
+    with pytest.raises(FileFormatError, match=match):
+        pystrom.scan_arrow(path, where="k = 0", device="cpu").collect()
