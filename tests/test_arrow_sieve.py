@@ -293,3 +293,31 @@ def test_invalid_string_offsets_are_refused_as_read_arrow_refuses_them(tmp_path,
         pystrom.read_arrow(path, device="cpu")
     with pytest.raises(FileFormatError, match=match):
         pystrom.scan_arrow(path, where="k = 0", device="cpu").collect()
+
+
+@pytest.mark.parametrize("where", [None, "k < 50"], ids=["read", "sieved scan"])
+def test_a_file_replaced_after_its_metadata_was_read_is_read_from_the_file_it_was(tmp_path, where):
+    """Reads go through the descriptor the metadata came from: a writer that replaces the path meanwhile
+    (write_arrow over an existing file does) must not have its bytes read at the old file's offsets."""
+    n = 100
+    old = pa.table({"k": pa.array(np.arange(n)), "v": pa.array(np.arange(n, dtype=np.float64))})
+    new = pa.table({"k": pa.array(np.arange(n)[::-1].copy()), "v": pa.array(-np.arange(n, dtype=np.float64))})
+    path, other = tmp_path / "t.arrow", tmp_path / "other.arrow"
+    _write(path, old, [40, 60])
+    _write(other, new, [60, 40])
+    columns = ["k", "v"]
+    with open_arrow_file(str(path)) as f:
+        types = direct_types(f.schema, columns)
+        layouts = batch_layouts(f, columns, types)
+        os.replace(other, path)
+        backend = pystrom._backend.resolve_device("cpu")
+        if where is None:
+            from pystrom.io.arrow.direct import read_batches
+
+            got, _ = read_batches(f, layouts, columns, types, backend)
+            want = old
+        else:
+            scan = pystrom.scan_arrow(tmp_path / "t.arrow", where=where, device="cpu")  # compiles the filter only
+            got, _, _ = sieve.read_filtered(f, layouts, columns, types, backend, scan.predicate)
+            want = old.filter(pc.less(old["k"], 50))
+    assert got.to_arrow().equals(want)

@@ -79,7 +79,7 @@ def read_batches(
     direct = [c for c in columns if types[c] is not None and not file.compressed]
     host = host_columns(file, layouts, [c for c in columns if c not in direct])
 
-    with RangeReader(file.path, backend, progress) as files, backend.activate():
+    with RangeReader(file.path, backend, progress, fd=file.fileno()) as files, backend.activate():
         reader = InflatingReader(files, layouts.packed) if layouts.packed_count() else files
         xp = backend.xp
         offset_columns = [n for n in direct if types[n].layout in (Layout.VARBINARY, Layout.LIST)]

@@ -104,7 +104,11 @@ def _host_pool() -> cf.ThreadPoolExecutor:
 class RangeReader:
     """Submit reads of (file offset, size) into destination arrays; :meth:`wait` checks them all."""
 
-    def __init__(self, path: str, backend: Any, progress: Any = None):
+    def __init__(self, path: str, backend: Any, progress: Any = None, fd: int | None = None):
+        """``fd``: a descriptor of the file whose metadata gave the offsets (:meth:`.file.ArrowFile.fileno`),
+        read through a duplicate of it on the CPU: ``path`` may name another file by now (a writer that
+        replaced it, as write_arrow does over an existing file), whose bytes at those offsets are not
+        the ones the metadata describes. KvikIO opens by path on a GPU."""
         self.path = path
         self.backend = backend
         self.bytes_read = 0
@@ -120,7 +124,7 @@ class RangeReader:
             self._fd = -1
         else:
             self._file = None
-            self._fd = os.open(path, os.O_RDONLY)
+            self._fd = os.open(path, os.O_RDONLY) if fd is None else os.dup(fd)
             self._queue: collections.deque = collections.deque()  # reads not started yet (CPU)
 
     @property
