@@ -1,0 +1,128 @@
+"""The wide logistic pass's fused kernels (kernels/logistic_wide.cu) run on the CPU under the SIMT
+emulation (tests/simt.py), against the NumPy twin (ml/_pass.py xp_pass).
+
+Every kind _wide.py launches: the one-value kernel (1, 2, 4, 8 features a thread; 256 and 1024 threads)
+and the 16-byte-vector kernel (1, 2, 4 vectors a thread), float32 and float64 input, float32 and float64
+Z, with and without sample weights, over a few blocks whose tiles end inside the rows, and launched
+twice with ``accumulate`` (a pass over two chunks). Checked: each block's sums of x resid and x r, its
+totals (log-likelihood, weights, non-finite and saturated rows, sum r, sum resid, the least margin),
+and Z = the rows scaled by sqrt(r). The GPU run of the same kernels, with cuBLAS's Gram and the finish
+kernel, is tests/test_logistic_wide.py::test_wide_kernels_against_the_numpy_twin.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import simt
+
+from pystrom.ml import _wide
+from pystrom.ml._pass import PassTotals, xp_pass
+
+pytestmark = pytest.mark.skipif(simt.CXX is None, reason="no C++ compiler")
+
+TOTALS = 8  # FUSED_TOTALS in logistic_wide.cu
+
+_TYPES = {"f32": ("float", np.float32), "f64": ("double", np.float64)}
+_Z = {"z32": ("float", np.float32), "z64": ("double", np.float64)}
+
+
+def _kinds() -> list[tuple[str, int, int]]:
+    """(kernel name, threads, a k it is chosen for) of every kind _wide.py can launch: its shape tables
+    are searched in order for the first that holds k features, so one past the previous shape's reach."""
+    out = []
+    for t, (_, dtype) in _TYPES.items():
+        width = 16 // np.dtype(dtype).itemsize
+        for z in _Z:
+            reach = 16
+            for threads, f in _wide._FUSED:
+                out.append((f"logit_wide_fused_{t}_{z}_f{f}_r{_wide._ROWS_PER_WARP}_t{threads}", threads, reach + 1))
+                reach = threads * f
+            reach = 4 * width
+            for threads, q in _wide._VECTOR:
+                if reach + width <= _wide.MAX_WIDE_FEATURES:
+                    out.append((f"logit_wide_vec_{t}_{z}_q{q}_t{threads}", threads, reach + width))
+                reach = threads * q * width
+    return out
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    wrappers = []
+    for name, threads, _ in _kinds():
+        x, zt = _TYPES[name.split("_")[3]][0], _Z[name.split("_")[4]][0]
+        wrappers.append(
+            f'extern "C" void run_{name}(unsigned grid, const {x}* X, long long n, int k, long long rs, '
+            "const unsigned char* y, const double* sw, int has_sw, double cw0, double cw1, const double* w, "
+            f"{zt}* Z, double* acc, int accumulate) {{\n"
+            f"  emu_launch(grid, {threads}, [=] {{ {name}(X, n, k, rs, y, sw, has_sw, cw0, cw1, w, Z, acc, "
+            "accumulate); });\n}\n"
+        )
+    return simt.build("logistic_wide", "\n".join(wrappers), tmp_path_factory.mktemp("wide"))
+
+
+def _run(lib, name, grid, X, y, sw, cw, w, Z, acc, accumulate):
+    n, k = X.shape
+    P = ctypes.c_void_p
+    getattr(lib, f"run_{name}")(
+        ctypes.c_uint(grid), P(X.ctypes.data), ctypes.c_longlong(n), ctypes.c_int(k),
+        ctypes.c_longlong(X.strides[0] // X.itemsize), P(y.ctypes.data), P(None if sw is None else sw.ctypes.data),
+        ctypes.c_int(sw is not None), ctypes.c_double(cw[0]), ctypes.c_double(cw[1]), P(w.ctypes.data),
+        P(Z.ctypes.data), P(acc.ctypes.data), ctypes.c_int(accumulate),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name,threads,k", _kinds(), ids=[n for n, _, _ in _kinds()])
+def test_fused_kernel_against_the_numpy_twin(emulated, name, threads, k):
+    dtype = _TYPES[name.split("_")[3]][1]
+    ztype = _Z[name.split("_")[4]][1]
+    rng = np.random.default_rng(k)
+    n = 101  # 4 blocks: tiles of 8 or 32 rows end inside the rows
+    X = np.asarray(rng.normal(size=(n, k)), dtype=dtype)
+    X[:, 3] *= 50.0
+    X[:4, 5] = 30.0  # saturated rows
+    y = (rng.random(n) < 0.4).astype(np.uint8)
+    w = rng.normal(size=k + 1) * 0.1
+    w[5] = 1.0
+    cw = (0.7, 1.3)
+    grid = 4
+    stride = 2 * k + TOTALS
+    for sw in (None, rng.random(n) * 2):
+        Z = np.full((n, k), np.nan, dtype=ztype)
+        acc = np.full((grid, stride), np.nan)
+        half = n // 2  # two launches, the second accumulating: a pass over two chunks
+        _run(emulated, name, grid, X[:half], y[:half], None if sw is None else sw[:half], cw, w, Z[:half], acc, 0)
+        _run(emulated, name, grid, X[half:], y[half:], None if sw is None else sw[half:], cw, w, Z[half:], acc, 1)
+        ref = PassTotals.unpack(xp_pass(np, X, y, sw, cw, w, "float32" if dtype == np.float32 else "float64"), k)
+        sums = acc.sum(axis=0)
+        tight = {"rtol": 1e-6, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-11, "atol": 1e-11}
+        np.testing.assert_allclose(sums[:k], ref.gradient[:k], **tight, err_msg="x resid")
+        np.testing.assert_allclose(sums[k : 2 * k], ref.hessian[:k, k], **tight, err_msg="x r")
+        t = sums[2 * k :]
+        np.testing.assert_allclose(t[0], ref.log_likelihood, rtol=tight["rtol"])
+        np.testing.assert_allclose([t[1], t[2]], [ref.weight_sum, ref.positive_weight], rtol=1e-12)
+        assert (t[3], t[4]) == (ref.nonfinite_rows, ref.saturated_rows) and ref.saturated_rows > 0
+        np.testing.assert_allclose([t[5], t[6]], [ref.hessian[k, k], ref.gradient[k]], **tight)
+        assert acc[:, 2 * k + 7].min() == pytest.approx(ref.min_margin, rel=1e-6)
+        # Z: the rows scaled by sqrt(r), Z^T Z the features' Hessian block (to Z's rounding)
+        assert np.isfinite(Z).all(), "every element of Z written"
+        zz = Z.astype(np.float64).T @ Z.astype(np.float64)
+        scale = np.abs(X.astype(np.float64)).T @ (np.abs(X.astype(np.float64)) * (ref.hessian[k, k] / n))
+        rounding = 2.0**-22 if ztype == np.float32 or dtype == np.float32 else 1e-13
+        assert (np.abs(zz - ref.hessian[:k, :k]) <= 8 * rounding * n * scale + 1e-12).all()
+
+
+def test_a_non_finite_row_is_counted(emulated):
+    name = f"logit_wide_fused_f64_z64_f1_r{_wide._ROWS_PER_WARP}_t256"
+    rng = np.random.default_rng(3)
+    n, k = 40, 12
+    X = rng.normal(size=(n, k))
+    X[17, 2] = np.nan
+    y = (rng.random(n) < 0.5).astype(np.uint8)
+    w = rng.normal(size=k + 1) * 0.1
+    Z = np.zeros((n, k))
+    acc = np.zeros((2, 2 * k + TOTALS))
+    _run(emulated, name, 2, X, y, None, (1.0, 1.0), w, Z, acc, 0)
+    assert acc[:, 2 * k + 3].sum() == 1
