@@ -321,3 +321,35 @@ def test_a_file_replaced_after_its_metadata_was_read_is_read_from_the_file_it_wa
             got, _, _ = sieve.read_filtered(f, layouts, columns, types, backend, scan.predicate)
             want = old.filter(pc.less(old["k"], 50))
     assert got.to_arrow().equals(want)
+
+
+def test_the_mapping_and_the_descriptor_are_of_one_file(tmp_path, monkeypatch):
+    """A file replaced between ArrowFile's open and its memory mapping: both are of the file opened."""
+    import pyarrow as pa_
+
+    from pystrom.io.arrow import file as arrow_file
+
+    n = 50
+    old = pa.table({"k": pa.array(np.arange(n)), "v": pa.array(np.arange(n, dtype=np.float64))})
+    new = pa.table({"k": pa.array(np.arange(n + 7)), "v": pa.array(-np.arange(n + 7, dtype=np.float64))})
+    path, other = tmp_path / "t.arrow", tmp_path / "other.arrow"
+    _write(path, old, [n])
+    _write(other, new, [n + 7])
+    real = pa_.memory_map
+
+    def replaced_first(where, mode="r"):
+        if other.exists():
+            os.replace(other, path)
+        return real(where, mode)
+
+    monkeypatch.setattr(arrow_file.pa, "memory_map", replaced_first)
+    with open_arrow_file(str(path)) as f:
+        assert f.num_batches == 1 and int(f.read_pieces(np.array([0]), np.array([6]))[0]) == ord("A")
+        columns = ["k", "v"]
+        types = direct_types(f.schema, columns)
+        layouts = batch_layouts(f, columns, types)
+        assert int(layouts.num_rows.sum()) == n  # the metadata of the file opened, through the mapping
+        from pystrom.io.arrow.direct import read_batches
+
+        got, _ = read_batches(f, layouts, columns, types, pystrom._backend.resolve_device("cpu"))
+    assert got.to_arrow().equals(old)

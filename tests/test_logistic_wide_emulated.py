@@ -13,6 +13,7 @@ kernel, is tests/test_logistic_wide.py::test_wide_kernels_against_the_numpy_twin
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 import pytest
@@ -64,6 +65,15 @@ def emulated(tmp_path_factory):
 
 
 def _run(lib, name, grid, X, y, sw, cw, w, Z, acc, accumulate):
+    """One emulated launch, on a daemon thread: a barrier some threads never reach would hang it, and
+    this test must then fail, not CI."""
+    done = threading.Thread(target=_launch, args=(lib, name, grid, X, y, sw, cw, w, Z, acc, accumulate), daemon=True)
+    done.start()
+    done.join(timeout=120)
+    assert not done.is_alive(), f"{name}: the emulated launch did not finish in 2 minutes (a barrier never reached?)"
+
+
+def _launch(lib, name, grid, X, y, sw, cw, w, Z, acc, accumulate):
     n, k = X.shape
     P = ctypes.c_void_p
     getattr(lib, f"run_{name}")(

@@ -167,8 +167,10 @@ class ArrowFile:
             raise FileFormatError(f"{path!r} is not an Arrow IPC file or stream: it holds fewer than 8 bytes")
         # small reads (read_pieces) by pread: through the mapping each page touched costs a fault and an unmap
         self._raw = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+        # map the file just opened, not whatever the path names a moment later (a writer may replace it)
+        same = f"/proc/self/fd/{self._raw.fileno()}"
         try:
-            self._mmap = pa.memory_map(path, "r")
+            self._mmap = pa.memory_map(same if os.path.exists(same) else path, "r")
         except BaseException:
             self._raw.close()
             raise
