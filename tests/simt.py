@@ -14,8 +14,11 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
+import threading
 from importlib import resources
 from pathlib import Path
+
+import numpy as np
 
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
@@ -67,6 +70,38 @@ struct float4 { float x, y, z, w; };
 struct double2 { double x, y; };
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_block->warps[threadIdx.x / 32]->arrive_and_wait(); }
+template <typename T> static inline T __ldg(const T* p) { return *p; }
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
+  s &= 31;
+  return s ? (lo >> s) | (hi << (32 - s)) : lo;
+}
+#define __align__(n) __attribute__((aligned(n)))
+
+// A launch driven from Python (Emulated.launch): a block begun, each of its threads entering, calling
+// the kernel through ctypes on a thread of its own, and leaving; then the block ended.
+static EmuBlock* emu_python_block;
+extern "C" void emu_block_begin(unsigned grid, unsigned threads, unsigned block) {
+  gridDim.x = grid;
+  blockDim.x = threads;
+  blockIdx.x = block;
+  emu_python_block = new EmuBlock;
+  emu_python_block->block = std::make_unique<std::barrier<>>(threads);
+  for (unsigned w = 0; w < (threads + 31) / 32; ++w)
+    emu_python_block->warps.push_back(std::make_unique<std::barrier<>>(32));
+  emu_python_block->slots.assign(threads, 0);
+  emu_block = emu_python_block;
+}
+extern "C" void emu_thread_enter(unsigned t) { threadIdx.x = t; }
+extern "C" void emu_thread_exit(unsigned t) {
+  emu_block->warps[t / 32]->arrive_and_drop();
+  emu_block->block->arrive_and_drop();
+}
+extern "C" void emu_block_end() {
+  delete emu_python_block;
+  emu_python_block = nullptr;
+}
+
 template <typename F>
 static void emu_launch(unsigned grid, unsigned threads, F body) {
   gridDim.x = grid;
@@ -116,3 +151,49 @@ def build(source_name: str, wrappers: str, work: Path) -> ctypes.CDLL:
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, f"{source_name}.cu does not compile under the emulator:\n{done.stderr[-3000:]}"
     return ctypes.CDLL(str(lib))
+
+
+_C_TYPES = {
+    np.dtype(np.int64): ctypes.c_longlong,
+    np.dtype(np.int32): ctypes.c_int,
+    np.dtype(np.uint32): ctypes.c_uint,
+    np.dtype(np.float64): ctypes.c_double,
+    np.dtype(np.float32): ctypes.c_float,
+}
+
+
+class Emulated:
+    """``kernels/<source_name>.cu`` under the emulation, launched as ``pystrom.kernels.launch`` launches:
+    a grid-stride kernel of 256-thread blocks, its arguments NumPy arrays (passed as host pointers) and
+    NumPy scalars. ``max_blocks`` keeps the grid small (grid-stride kernels are right for any grid)."""
+
+    def __init__(self, source_name: str, work: Path):
+        self.lib = build(source_name, "", work)
+
+    def launch(self, function: str, work_items: int, args: tuple, max_blocks: int = 1, timeout: float = 120.0) -> None:
+        if work_items <= 0:
+            return
+        threads = 256
+        fn = getattr(self.lib, function)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p if isinstance(a, np.ndarray) or a is None else _C_TYPES[np.asarray(a).dtype]
+                       for a in args]  # fmt: skip
+        cargs = [a.ctypes.data if isinstance(a, np.ndarray) else a for a in args]
+        blocks = min(-(-work_items // threads), max_blocks)
+        for b in range(blocks):
+            self.lib.emu_block_begin(ctypes.c_uint(blocks), ctypes.c_uint(threads), ctypes.c_uint(b))
+
+            def run(t: int) -> None:
+                self.lib.emu_thread_enter(ctypes.c_uint(t))
+                try:
+                    fn(*cargs)
+                finally:
+                    self.lib.emu_thread_exit(ctypes.c_uint(t))
+
+            team = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
+            for t in team:
+                t.start()
+            for t in team:
+                t.join(timeout)
+                assert not t.is_alive(), f"{function}: an emulated thread did not finish (a barrier never reached?)"
+            self.lib.emu_block_end()
