@@ -70,6 +70,33 @@ struct float4 { float x, y, z, w; };
 struct double2 { double x, y; };
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
+// atomics: the emulated threads run at once, so these are atomic on the host too
+template <typename T>
+static inline T atomicCAS(T* p, T expected, T v) {
+  __atomic_compare_exchange_n(p, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return expected;
+}
+template <typename T>
+static inline T atomicMin(T* p, T v) {
+  T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  return old;
+}
+template <typename T>
+static inline T atomicMax(T* p, T v) {
+  T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  return old;
+}
+template <typename T>
+static inline T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+template <typename T>
+static inline T atomicOr(T* p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+template <typename T>
+static inline T atomicAnd(T* p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { emu_block->warps[threadIdx.x / 32]->arrive_and_wait(); }
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
@@ -157,6 +184,7 @@ _C_TYPES = {
     np.dtype(np.int64): ctypes.c_longlong,
     np.dtype(np.int32): ctypes.c_int,
     np.dtype(np.uint32): ctypes.c_uint,
+    np.dtype(np.uint64): ctypes.c_ulonglong,
     np.dtype(np.float64): ctypes.c_double,
     np.dtype(np.float32): ctypes.c_float,
 }

@@ -170,3 +170,23 @@ def test_store_readers_map_gpu_tables_read_only_where_the_driver_allows(tmp_path
             s.drop("t")
     finally:
         assert d.stop() == 0
+
+
+def test_the_offsets_kernel_under_emulation_matches_its_numpy_twin(tmp_path):
+    """The same kernel (kernels/validate.cu) run on the CPU under tests/simt.py's emulation, on CI:
+    two blocks striding over the offsets, the first bad position folded in by atomicMin."""
+    import simt
+
+    if simt.CXX is None:
+        pytest.skip("no C++ compiler")
+    kernel = simt.Emulated("validate", tmp_path)
+    cases = offsets_cases(3, 60)
+    want = [first_bad_offset(o, size) for o, size in cases]
+    got = []
+    for o, size in cases:
+        out = np.full(1, 2**64 - 1, dtype=np.uint64)
+        n = o.size - 1
+        kernel.launch("first_bad_offset", n + 1, (o, np.int64(n), np.int64(size), out), max_blocks=2)
+        got.append(None if int(out[0]) == 2**64 - 1 else int(out[0]))
+    assert got == want
+    assert sum(w is None for w in want) > 5 and sum(w is not None for w in want) > 5
