@@ -97,6 +97,17 @@ static inline T atomicOr(T* p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_SE
 template <typename T>
 static inline T atomicAnd(T* p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); }
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+// correctly rounded double arithmetic: what x86-64's SSE2 does, with C++20's default -ffp-contract=off
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long both = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((both >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
 static inline void __syncwarp(unsigned = 0xffffffffu) { emu_block->warps[threadIdx.x / 32]->arrive_and_wait(); }
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
@@ -168,7 +179,7 @@ def build(source_name: str, wrappers: str, work: Path) -> ctypes.CDLL:
         "-std=c++20",
         "-pthread",
         "-w",
-        "-fno-strict-aliasing",
+        "-fno-strict-aliasing", "-ffp-contract=off",
         "-shared",
         "-fPIC",
         "-o",
