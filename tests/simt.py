@@ -119,10 +119,12 @@ static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
 // A launch driven from Python (Emulated.launch): a block begun, each of its threads entering, calling
 // the kernel through ctypes on a thread of its own, and leaving; then the block ended.
 static EmuBlock* emu_python_block;
-extern "C" void emu_block_begin(unsigned grid, unsigned threads, unsigned block) {
-  gridDim.x = grid;
+extern "C" void emu_block_begin(unsigned grid_x, unsigned grid_y, unsigned threads, unsigned x, unsigned y) {
+  gridDim.x = grid_x;
+  gridDim.y = grid_y;
   blockDim.x = threads;
-  blockIdx.x = block;
+  blockIdx.x = x;
+  blockIdx.y = y;
   emu_python_block = new EmuBlock;
   emu_python_block->block = std::make_unique<std::barrier<>>(threads);
   for (unsigned w = 0; w < (threads + 31) / 32; ++w)
@@ -179,7 +181,8 @@ def build(source_name: str, wrappers: str, work: Path) -> ctypes.CDLL:
         "-std=c++20",
         "-pthread",
         "-w",
-        "-fno-strict-aliasing", "-ffp-contract=off",
+        "-fno-strict-aliasing",
+        "-ffp-contract=off",
         "-shared",
         "-fPIC",
         "-o",
@@ -210,29 +213,33 @@ class Emulated:
         self.lib = build(source_name, "", work)
 
     def launch(self, function: str, work_items: int, args: tuple, max_blocks: int = 1, timeout: float = 120.0) -> None:
-        if work_items <= 0:
-            return
+        if work_items > 0:
+            self.launch_grid(function, (min(-(-work_items // 256), max_blocks), 1), args, timeout=timeout)
+
+    def launch_grid(self, function: str, grid: tuple[int, int], args: tuple, timeout: float = 120.0) -> None:
+        """One launch of 256-thread blocks over a (x, y) grid, the blocks one after another."""
         threads = 256
         fn = getattr(self.lib, function)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p if isinstance(a, np.ndarray) or a is None else _C_TYPES[np.asarray(a).dtype]
                        for a in args]  # fmt: skip
         cargs = [a.ctypes.data if isinstance(a, np.ndarray) else a for a in args]
-        blocks = min(-(-work_items // threads), max_blocks)
-        for b in range(blocks):
-            self.lib.emu_block_begin(ctypes.c_uint(blocks), ctypes.c_uint(threads), ctypes.c_uint(b))
+        u = ctypes.c_uint
+        for y in range(grid[1]):
+            for x in range(grid[0]):
+                self.lib.emu_block_begin(u(grid[0]), u(grid[1]), u(threads), u(x), u(y))
 
-            def run(t: int) -> None:
-                self.lib.emu_thread_enter(ctypes.c_uint(t))
-                try:
-                    fn(*cargs)
-                finally:
-                    self.lib.emu_thread_exit(ctypes.c_uint(t))
+                def run(t: int) -> None:
+                    self.lib.emu_thread_enter(ctypes.c_uint(t))
+                    try:
+                        fn(*cargs)
+                    finally:
+                        self.lib.emu_thread_exit(ctypes.c_uint(t))
 
-            team = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
-            for t in team:
-                t.start()
-            for t in team:
-                t.join(timeout)
-                assert not t.is_alive(), f"{function}: an emulated thread did not finish (a barrier never reached?)"
-            self.lib.emu_block_end()
+                team = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
+                for t in team:
+                    t.start()
+                for t in team:
+                    t.join(timeout)
+                    assert not t.is_alive(), f"{function}: an emulated thread did not finish (a barrier never reached?)"
+                self.lib.emu_block_end()
