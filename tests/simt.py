@@ -33,6 +33,7 @@ EMULATOR = r"""
 #include <thread>
 #include <vector>
 using std::isfinite;
+using std::isinf;
 struct Dim3 { unsigned x = 1, y = 1, z = 1; };
 static Dim3 blockIdx, blockDim, gridDim;
 static thread_local Dim3 threadIdx;
@@ -63,11 +64,32 @@ static inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
   emu_block->warps[w]->arrive_and_wait();
   return out;
 }
+template <typename T>
+static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
+  static_assert(sizeof(T) <= 8, "8-byte slots");
+  const unsigned t = threadIdx.x, w = t / 32, lane = t % 32;
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  emu_block->slots[t] = bits;
+  emu_block->warps[w]->arrive_and_wait();
+  T out = v;  // a lane past the warp's end keeps its own value
+  if (lane + delta < 32) {
+    bits = emu_block->slots[w * 32 + lane + delta];
+    std::memcpy(&out, &bits, sizeof(T));
+  }
+  emu_block->warps[w]->arrive_and_wait();
+  return out;
+}
+template <typename T>
+static inline T __ldcg(const T* p) { return *p; }
+static inline float __fdividef(float a, float b) { return a / b; }
+#define __expf(x) std::exp((float)(x))  // CUDA's fast exp: here the C library's (the tests allow its ulps)
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 struct float4 { float x, y, z, w; };
 struct double2 { double x, y; };
+struct float2 { float x, y; };
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
 // atomics: the emulated threads run at once, so these are atomic on the host too
@@ -216,9 +238,10 @@ class Emulated:
         if work_items > 0:
             self.launch_grid(function, (min(-(-work_items // 256), max_blocks), 1), args, timeout=timeout)
 
-    def launch_grid(self, function: str, grid: tuple[int, int], args: tuple, timeout: float = 120.0) -> None:
-        """One launch of 256-thread blocks over a (x, y) grid, the blocks one after another."""
-        threads = 256
+    def launch_grid(
+        self, function: str, grid: tuple[int, int], args: tuple, timeout: float = 120.0, threads: int = 256
+    ) -> None:
+        """One launch of ``threads``-thread blocks over a (x, y) grid, the blocks one after another."""
         fn = getattr(self.lib, function)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p if isinstance(a, np.ndarray) or a is None else _C_TYPES[np.asarray(a).dtype]

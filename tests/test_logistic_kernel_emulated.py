@@ -1,0 +1,62 @@
+"""The narrow logistic pass (kernels/logistic.cu) run on the CPU under tests/simt.py's emulation as
+ml/_narrow.py launches it: blocks of 128 threads (4 warps), so the warp shuffles, the reduction across
+warps through shared memory and the last block's reduction over every block's partials (the atomic
+counter, reset for the next launch) all run as written. tests/test_logistic_kernel.py checks the same
+source's arithmetic with blocks of one thread; the GPU machine runs the real kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simt
+from test_logistic_kernel import TAIL, assert_pass_close
+
+from pystrom.ml._narrow import vector_loads
+from pystrom.ml._pass import MAX_KERNEL_FEATURES, layout_size, xp_pass
+
+pytestmark = pytest.mark.skipif(simt.CXX is None, reason="no C++ compiler")
+
+THREADS = 128  # _THREADS in ml/_narrow.py, LOGIT_THREADS in logistic.cu
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    return simt.Emulated("logistic", tmp_path_factory.mktemp("logistic"))
+
+
+@pytest.mark.parametrize("k", range(1, MAX_KERNEL_FEATURES + 1))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_pass_with_whole_blocks_against_the_numpy_twin(kernels, k, dtype):
+    rng = np.random.default_rng(k)
+    tname = "f32" if dtype == np.float32 else "f64"
+    for n, blocks, weighted, order in (
+        (1, 1, False, "C"),
+        (700, 3, True, "C"),
+        (1111, 5, False, "F"),
+        (90, 4, True, "C"),
+    ):
+        X = np.asarray(rng.normal(size=(n, k)) * 2, dtype=dtype, order=order)
+        if n > 10 and k > 1:
+            X[5, k - 1] = np.nan  # a non-finite row: counted, left out of the sums
+        y = (rng.random(n) < 0.4).astype(np.uint8)
+        sw = rng.random(n) * 2 if weighted else None
+        w = np.zeros(9)
+        w[: k + 1] = rng.normal(size=k + 1)
+        cw = (0.7, 1.3)
+        m = layout_size(k)
+        partials = np.full((blocks, m), np.nan)
+        out = np.full(m + TAIL, np.nan)
+        done = np.full(1, 0, dtype=np.uint32)
+        item = X.dtype.itemsize
+        rs, cs = X.strides[0] // item, X.strides[1] // item
+        vec = vector_loads(item, k, rs, cs, X.ctypes.data)
+        scalars = (np.int64(n), np.int64(rs), np.int64(cs))
+        weights = (np.float64(cw[0]), np.float64(cw[1]), *(np.float64(v) for v in w))
+        # sw: any array when unweighted (has_sw 0); wsrc, sums: none (an ordinary pass, no step)
+        args = (X, *scalars, y, sw if weighted else w, np.int32(weighted), np.int32(vec), *weights, None, None,
+                partials, done, out)  # fmt: skip
+        kernels.launch_grid(f"logit_pass_{tname}_k{k}", (blocks, 1), args, threads=THREADS)
+        assert done[0] == 0, "the last block resets the counter for the next launch"
+        ref = xp_pass(np, X, y, sw, cw, w[: k + 1])
+        assert_pass_close(out[:-TAIL], ref, dtype, n, f"k={k} {tname} n={n} blocks={blocks} {order} vec={vec}")
