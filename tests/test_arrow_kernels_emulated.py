@@ -119,3 +119,19 @@ def test_check_offsets(kernels):
     got = out.reshape(n, 3)
     assert np.array_equal(got[:, 0], f) and np.array_equal(got[:, 1], la)
     assert np.array_equal(got[:, 2] != 0, bad) and bad.any() and not bad.all()
+
+
+def test_gather_varbinary(kernels):
+    """A filter's string gather (_ops.py): the selected rows' bytes at the prefix sums of their lengths."""
+    rng = np.random.default_rng(6)
+    lengths = rng.integers(0, 30, 2000)
+    src_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    src_data = rng.integers(0, 256, int(src_offsets[-1]), dtype=np.uint8)
+    rows = np.sort(rng.choice(2000, 700, replace=False)).astype(np.int64)
+    dst_offsets = np.concatenate([[0], np.cumsum(lengths[rows])]).astype(np.int32)
+    want = np.full(int(dst_offsets[-1]) + 8, 0xEE, dtype=np.uint8)
+    got = want.copy()
+    _core.gather_varbinary(src_offsets, src_data, rows, dst_offsets, want)
+    kernels["strings"].launch("gather_varbinary", len(rows), (src_offsets, src_data, rows, np.int64(len(rows)),
+                                                               dst_offsets, got), max_blocks=2)  # fmt: skip
+    assert np.array_equal(got, want) and (want[-8:] == 0xEE).all()
