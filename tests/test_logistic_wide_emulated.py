@@ -136,3 +136,63 @@ def test_a_non_finite_row_is_counted(emulated):
     acc = np.zeros((2, 2 * k + TOTALS))
     _run(emulated, name, 2, X, y, None, (1.0, 1.0), w, Z, acc, 0)
     assert acc[:, 2 * k + 3].sum() == 1
+
+
+def test_gram_sum_finish_system_and_next(emulated, tmp_path):
+    """The rest of a wide pass on the device (WidePass.finish and _solve_step), under emulation: the GEMM
+    blocks' upper triangles summed in float64 (gram_sum), the flat vector and full Hessian built from the
+    blocks' sums and that triangle (finish) against xp_pass; the Newton system over the free parameters,
+    l2 on the features' diagonal (system); the step, next weights and flag from the solution (next)."""
+    kernels = simt.Emulated("logistic_wide", tmp_path)
+    name = f"logit_wide_fused_f64_z64_f1_r{_wide._ROWS_PER_WARP}_t256"
+    rng = np.random.default_rng(9)
+    n, k, grid = 150, 21, 3
+    p = k + 1
+    X = rng.normal(size=(n, k))
+    y = (rng.random(n) < 0.4).astype(np.uint8)
+    w = rng.normal(size=p) * 0.1
+    cw = (0.7, 1.3)
+    Z = np.zeros((n, k))
+    acc = np.zeros((grid, 2 * k + TOTALS))
+    _run(emulated, name, grid, X, y, None, cw, w, Z, acc, 0)
+    ref = PassTotals.unpack(xp_pass(np, X, y, None, cw, w, "float64"), k)
+    # the GEMMs of two row blocks (column-major k x k each; symmetric), summed over their upper triangle
+    parts = np.stack([Z[:70].T @ Z[:70], Z[70:].T @ Z[70:]]).copy()
+    gram = np.full((k, k), np.nan)  # the other triangle is never written, and must never be read
+    kernels.launch("logit_wide_gram_sum_z64", k * k, (parts, np.int32(2), np.int32(k), gram, np.int32(0)), max_blocks=2)
+    nt = p * (p + 1) // 2
+    out = np.full(nt + p + 6, np.nan)
+    H = np.full((p, p), np.nan)
+    kernels.launch("logit_wide_finish", out.size, (acc, np.int32(grid), np.int32(k), gram, out, H), max_blocks=2)
+    t = PassTotals.unpack(out, k)
+    np.testing.assert_allclose(t.hessian, ref.hessian, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(H, ref.hessian, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(t.gradient, ref.gradient, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose([t.log_likelihood, t.weight_sum, t.positive_weight],
+                               [ref.log_likelihood, ref.weight_sum, ref.positive_weight], rtol=1e-12)  # fmt: skip
+    assert (t.nonfinite_rows, t.saturated_rows) == (ref.nonfinite_rows, ref.saturated_rows)
+    assert t.min_margin == pytest.approx(ref.min_margin, rel=1e-12)
+    # the system over the free parameters: features 0..k-1 but 4, then the intercept; l2 on the features
+    a = np.array([j for j in range(k) if j != 4] + [k], dtype=np.int64)
+    m, nfree, l2 = len(a), len(a) - 1, 0.25
+    A, rhs = np.full((m, m), np.nan), np.full(m, np.nan)
+    kernels.launch("logit_wide_system", m * m, (H, out[nt:].copy(), w, a, np.int32(m), np.int32(nfree),
+                                                np.float64(l2), np.int32(p), A, rhs), max_blocks=2)  # fmt: skip
+    want_A = H[np.ix_(a, a)] + np.diag([l2] * nfree + [0.0])
+    want_rhs = t.gradient[a] - np.array([l2] * nfree + [0.0]) * w[a]
+    np.testing.assert_array_equal(A, want_A)
+    np.testing.assert_array_equal(rhs, want_rhs)
+    sol = np.linalg.solve(A, rhs)
+    for info, solution, ok in (
+        ((0, 0), sol, True),
+        ((3, 0), sol, False),
+        ((0, 0), np.where(np.arange(m) == 2, np.nan, sol), False),
+    ):
+        tail, wnext = np.full(2 * p + 1, np.nan), np.full(p, np.nan)
+        kernels.launch_grid("logit_wide_next", (1, 1), (solution.copy(), a, np.int32(m), np.array(info, np.int32), w,
+                                                        np.int32(p), tail, wnext))  # fmt: skip
+        step = np.zeros(p)
+        if ok:
+            step[a] = sol
+        assert np.array_equal(tail[:p], step) and np.array_equal(tail[p : 2 * p], w + step)
+        assert np.array_equal(wnext, w + step) and tail[2 * p] == (1.0 if ok else 0.0)
