@@ -60,3 +60,34 @@ def test_the_pass_with_whole_blocks_against_the_numpy_twin(kernels, k, dtype):
         assert done[0] == 0, "the last block resets the counter for the next launch"
         ref = xp_pass(np, X, y, sw, cw, w[: k + 1])
         assert_pass_close(out[:-TAIL], ref, dtype, n, f"k={k} {tname} n={n} blocks={blocks} {order} vec={vec}")
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_the_speculative_pass_with_whole_blocks(kernels, k):
+    """logit_spec_* reads its weights from device memory (the step kernel's wnext: 9 weights, then a flag):
+    with the flag set, the same sums as the plain pass given those weights as scalars; with it clear (the
+    step failed), nothing: no sums, and the block counter left at 0."""
+    rng = np.random.default_rng(40 + k)
+    n, blocks = 900, 3
+    X = rng.normal(size=(n, k)).astype(np.float32)
+    y = (rng.random(n) < 0.4).astype(np.uint8)
+    wsrc = np.zeros(10)
+    wsrc[: k + 1] = rng.normal(size=k + 1) * 0.3
+    m = layout_size(k)
+    vec = np.int32(vector_loads(4, k, k, 1, X.ctypes.data))
+
+    def run(name, weights, source):
+        partials, out = np.full((blocks, m), np.nan), np.full(m + TAIL, np.nan)
+        done = np.zeros(1, dtype=np.uint32)
+        args = (X, np.int64(n), np.int64(k), np.int64(1), y, weights, np.int32(0), vec, np.float64(1.0),
+                np.float64(1.0), *(np.float64(v) for v in weights), source, None, partials, done, out)  # fmt: skip
+        kernels.launch_grid(f"{name}_f32_k{k}", (blocks, 1), args, threads=THREADS)
+        return out, int(done[0])
+
+    wsrc[9] = 1.0
+    spec, done = run("logit_spec", np.zeros(9), wsrc)
+    plain, _ = run("logit_pass", wsrc[:9].copy(), None)
+    assert done == 0 and np.array_equal(spec[:m], plain[:m]) and np.isfinite(plain[:m]).all()
+    wsrc[9] = 0.0
+    skipped, done = run("logit_spec", np.zeros(9), wsrc)
+    assert np.isnan(skipped).all() and done == 0
