@@ -29,7 +29,6 @@ import numpy as np
 import pyarrow as pa
 
 from ... import _bitmap
-from ..._backend import resolve_device
 from ..._layout import ColumnSpec
 from ..._ops import as_mask, gather_into
 from ..._types import ColumnType, Layout
@@ -45,9 +44,6 @@ __all__ = ["SLICE_ROWS", "read_filtered", "sieved_columns"]
 # the gather that follows each read finds the slice in the cache (256 KiB to 4 MiB measured within the
 # VM's noise: 48-60 ms for a 10M-row scan).
 SLICE_ROWS = 1 << 17
-
-_CPU = resolve_device("cpu")
-_POPCOUNT = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
 
 
 def sieved_columns(
@@ -100,7 +96,7 @@ def read_filtered(
         local = rows - starts[batch]
         place = (batch, local >> 3, (local & 7).astype(np.uint8))
         for c in nullable:
-            valid[c], bitmap_bytes = _validity(file, layouts, c, place)
+            valid[c], bitmap_bytes = _validity(file, layouts, c, place, backend)
             nbytes += bitmap_bytes
     slots = [
         ColumnSpec(c, types[c], len(rows), len(rows) - int(np.count_nonzero(valid[c])) if c in valid else 0, 0)
@@ -124,7 +120,7 @@ def read_filtered(
 
 
 def _validity(
-    file: ArrowFile, layouts: Layouts, name: str, place: tuple[np.ndarray, np.ndarray, np.ndarray]
+    file: ArrowFile, layouts: Layouts, name: str, place: tuple[np.ndarray, np.ndarray, np.ndarray], backend: Any
 ) -> tuple[np.ndarray, int]:
     """Whether each matching row of column ``name`` is valid (``place``: each row's batch, byte and bit
     in its batch's bitmap); the bytes read. Every
@@ -137,17 +133,16 @@ def _validity(
     sizes = (n + 7) // 8
     bitmaps = file.read_pieces(chunks.validity.offset[has], sizes)  # back to back, each from byte 0
     # set bits over the whole bitmaps, less those past each batch's last row in its last byte
-    tail = (n % 8).astype(np.uint8)
-    past = bitmaps[np.cumsum(sizes) - 1] & np.where(tail > 0, (0xFF << tail) & 0xFF, 0).astype(np.uint8)
-    found = int(n.sum()) - (_bitmap.count_set(_CPU, bitmaps, 0, 8 * len(bitmaps)) - int(_POPCOUNT[past].sum()))
+    first_byte = np.full(len(layouts), -1, dtype=np.int64)
+    first_byte[has] = np.cumsum(sizes) - sizes
+    set_bits = sum(_bitmap.count_set(backend, bitmaps, 8 * int(at), int(rows)) for at, rows in zip(first_byte[has], n))
+    found = int(n.sum()) - set_bits
     claimed = int(chunks.null_count.sum())
     if found != claimed:
         raise FileFormatError(
             f"{file.path!r}: column {name!r}: the record batches claim {claimed} NULLs, their validity bitmaps "
             f"hold {found} (corrupt file)"
         )
-    first_byte = np.full(len(layouts), -1, dtype=np.int64)
-    first_byte[has] = np.cumsum(sizes) - sizes
     batch, byte, bit = place
     at = first_byte[batch]
     if len(has) == len(layouts):  # every batch has a bitmap
