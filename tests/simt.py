@@ -1,8 +1,9 @@
 """CUDA kernel sources run on the CPU: a SIMT emulation for the host compiler (the tests' own tool).
 
 :data:`EMULATOR` is prepended to a kernel source, which is then compiled as C++20 by the host compiler:
-a block's threads are ``std::thread``s, ``__syncthreads`` a ``std::barrier``, a warp shuffle an exchange
-between two barriers of the warp; blocks run one after another, so ``__shared__`` (made ``static``)
+a block's threads are OS threads (Python threads calling the kernel through ctypes, without the GIL),
+``__syncthreads`` a ``std::barrier``, a warp shuffle an exchange between two barriers of the warp;
+blocks run one after another, so ``__shared__`` (made ``static``)
 variables belong to the running block, and a thread that returns counts as arrived, as on a GPU. It
 checks a kernel's indexing, reductions and barriers against a NumPy twin on machines without a GPU
 (CI). It knows only the intrinsics the emulated kernels use, and nothing of timing: a missing barrier
@@ -23,14 +24,13 @@ import numpy as np
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 EMULATOR = r"""
-// SIMT emulation for host C++: a block's threads are std::threads, __syncthreads a std::barrier,
+// SIMT emulation for host C++: a block's threads are OS threads, __syncthreads a std::barrier,
 // warp shuffles a per-warp exchange between two barriers; blocks run one after another, so
 // __shared__ (static) variables are the running block's. Threads that return count as arrived.
 #include <barrier>
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
 using std::isfinite;
 using std::isinf;
@@ -164,36 +164,12 @@ extern "C" void emu_block_end() {
   emu_python_block = nullptr;
 }
 
-template <typename F>
-static void emu_launch(unsigned grid, unsigned threads, F body) {
-  gridDim.x = grid;
-  blockDim.x = threads;
-  for (unsigned b = 0; b < grid; ++b) {
-    blockIdx.x = b;
-    EmuBlock eb;
-    eb.block = std::make_unique<std::barrier<>>(threads);
-    for (unsigned w = 0; w < (threads + 31) / 32; ++w) eb.warps.push_back(std::make_unique<std::barrier<>>(32));
-    eb.slots.assign(threads, 0);
-    emu_block = &eb;
-    std::vector<std::thread> team;
-    team.reserve(threads);
-    for (unsigned t = 0; t < threads; ++t) {
-      team.emplace_back([&eb, &body, t] {
-        threadIdx.x = t;
-        body();
-        eb.warps[t / 32]->arrive_and_drop();
-        eb.block->arrive_and_drop();
-      });
-    }
-    for (auto& th : team) th.join();
-  }
-}
 """
 
 
 def build(source_name: str, wrappers: str, work: Path) -> ctypes.CDLL:
-    """``kernels/<source_name>.cu`` after the emulator, then ``wrappers`` (extern "C" functions that call
-    ``emu_launch``), as a shared library in ``work``."""
+    """``kernels/<source_name>.cu`` after the emulator, then ``wrappers`` (more C++), as a shared library
+    in ``work``."""
     source = resources.files("pystrom.kernels").joinpath(f"{source_name}.cu").read_text(encoding="utf-8")
     cpp, lib = work / f"{source_name}_emulated.cpp", work / f"{source_name}_emulated.so"
     cpp.write_text(EMULATOR + source + wrappers)

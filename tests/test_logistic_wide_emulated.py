@@ -12,9 +12,6 @@ kernel, is tests/test_logistic_wide.py::test_wide_kernels_against_the_numpy_twin
 
 from __future__ import annotations
 
-import ctypes
-import threading
-
 import numpy as np
 import pytest
 import simt
@@ -26,15 +23,15 @@ pytestmark = pytest.mark.skipif(simt.CXX is None, reason="no C++ compiler")
 
 TOTALS = 8  # FUSED_TOTALS in logistic_wide.cu
 
-_TYPES = {"f32": ("float", np.float32), "f64": ("double", np.float64)}
-_Z = {"z32": ("float", np.float32), "z64": ("double", np.float64)}
+_TYPES = {"f32": np.float32, "f64": np.float64}  # the input's type in a kernel's name
+_Z = {"z32": np.float32, "z64": np.float64}  # Z's
 
 
 def _kinds() -> list[tuple[str, int, int]]:
     """(kernel name, threads, a k it is chosen for) of every kind _wide.py can launch: its shape tables
     are searched in order for the first that holds k features, so one past the previous shape's reach."""
     out = []
-    for t, (_, dtype) in _TYPES.items():
+    for t, dtype in _TYPES.items():
         width = 16 // np.dtype(dtype).itemsize
         for z in _Z:
             reach = 16
@@ -51,43 +48,22 @@ def _kinds() -> list[tuple[str, int, int]]:
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    wrappers = []
-    for name, threads, _ in _kinds():
-        x, zt = _TYPES[name.split("_")[3]][0], _Z[name.split("_")[4]][0]
-        wrappers.append(
-            f'extern "C" void run_{name}(unsigned grid, const {x}* X, long long n, int k, long long rs, '
-            "const unsigned char* y, const double* sw, int has_sw, double cw0, double cw1, const double* w, "
-            f"{zt}* Z, double* acc, int accumulate) {{\n"
-            f"  emu_launch(grid, {threads}, [=] {{ {name}(X, n, k, rs, y, sw, has_sw, cw0, cw1, w, Z, acc, "
-            "accumulate); });\n}\n"
-        )
-    return simt.build("logistic_wide", "\n".join(wrappers), tmp_path_factory.mktemp("wide"))
+    return simt.Emulated("logistic_wide", tmp_path_factory.mktemp("wide"))
 
 
-def _run(lib, name, grid, X, y, sw, cw, w, Z, acc, accumulate):
-    """One emulated launch, on a daemon thread: a barrier some threads never reach would hang it, and
-    this test must then fail, not CI."""
-    done = threading.Thread(target=_launch, args=(lib, name, grid, X, y, sw, cw, w, Z, acc, accumulate), daemon=True)
-    done.start()
-    done.join(timeout=120)
-    assert not done.is_alive(), f"{name}: the emulated launch did not finish in 2 minutes (a barrier never reached?)"
-
-
-def _launch(lib, name, grid, X, y, sw, cw, w, Z, acc, accumulate):
-    n, k = X.shape
-    P = ctypes.c_void_p
-    getattr(lib, f"run_{name}")(
-        ctypes.c_uint(grid), P(X.ctypes.data), ctypes.c_longlong(n), ctypes.c_int(k),
-        ctypes.c_longlong(X.strides[0] // X.itemsize), P(y.ctypes.data), P(None if sw is None else sw.ctypes.data),
-        ctypes.c_int(sw is not None), ctypes.c_double(cw[0]), ctypes.c_double(cw[1]), P(w.ctypes.data),
-        P(Z.ctypes.data), P(acc.ctypes.data), ctypes.c_int(accumulate),
-    )  # fmt: skip
+def _run(kernels, name, grid, X, y, sw, cw, w, Z, acc, accumulate):
+    """One launch of ``grid`` blocks of the kind's threads, as WidePass launches it."""
+    threads = int(name.rsplit("_t", 1)[1])
+    shape = (np.int64(X.shape[0]), np.int32(X.shape[1]), np.int64(X.strides[0] // X.itemsize))
+    weights = (sw, np.int32(sw is not None), np.float64(cw[0]), np.float64(cw[1]), w)
+    args = (X, *shape, y, *weights, Z, acc, np.int32(accumulate))
+    kernels.launch_grid(name, (grid, 1), args, threads=threads)
 
 
 @pytest.mark.parametrize("name,threads,k", _kinds(), ids=[n for n, _, _ in _kinds()])
 def test_fused_kernel_against_the_numpy_twin(emulated, name, threads, k):
-    dtype = _TYPES[name.split("_")[3]][1]
-    ztype = _Z[name.split("_")[4]][1]
+    dtype = _TYPES[name.split("_")[3]]
+    ztype = _Z[name.split("_")[4]]
     rng = np.random.default_rng(k)
     n = 101  # 4 blocks: tiles of 8 or 32 rows end inside the rows
     X = np.asarray(rng.normal(size=(n, k)), dtype=dtype)
@@ -138,12 +114,12 @@ def test_a_non_finite_row_is_counted(emulated):
     assert acc[:, 2 * k + 3].sum() == 1
 
 
-def test_gram_sum_finish_system_and_next(emulated, tmp_path):
+def test_gram_sum_finish_system_and_next(emulated):
     """The rest of a wide pass on the device (WidePass.finish and _solve_step), under emulation: the GEMM
     blocks' upper triangles summed in float64 (gram_sum), the flat vector and full Hessian built from the
     blocks' sums and that triangle (finish) against xp_pass; the Newton system over the free parameters,
     l2 on the features' diagonal (system); the step, next weights and flag from the solution (next)."""
-    kernels = simt.Emulated("logistic_wide", tmp_path)
+    kernels = emulated
     name = f"logit_wide_fused_f64_z64_f1_r{_wide._ROWS_PER_WARP}_t256"
     rng = np.random.default_rng(9)
     n, k, grid = 150, 21, 3
