@@ -53,19 +53,18 @@ def _write(path, table: pa.Table, sizes) -> None:
             at += k
 
 
-def _write_claiming_no_nulls(monkeypatch, path, table) -> None:
-    """Our writer's file of ``table`` (its column 'v' holding NULLs, so a bitmap is written) whose record
-    batch says 'v' has none."""
+def _write_claiming_nulls(monkeypatch, path, table, claim) -> None:
+    """Our writer's file of ``table`` whose record batches say column 'v' holds ``claim`` NULLs."""
     encode = fmt.encode_batch_message
     v = table.column_names.index("v")
 
     def forged(length, nodes, buffers, body_length, custom_metadata=(), compression=None):
         nodes = list(nodes)
-        nodes[v] = (nodes[v][0], 0)
+        nodes[v] = (nodes[v][0], claim)
         return encode(length, nodes, buffers, body_length, custom_metadata, compression)
 
     monkeypatch.setattr(fmt, "encode_batch_message", forged)
-    write_ipc_file(path, table.schema, table.to_batches(), stats=False)
+    write_ipc_file(path, table.schema, table.to_batches(max_chunksize=40), stats=False)
     monkeypatch.undo()
 
 
@@ -144,28 +143,13 @@ def test_a_bitmap_its_batch_says_holds_no_null_is_ignored_as_pyarrow_does(tmp_pa
     v = pa.array(np.arange(n, dtype=np.float64), mask=np.arange(n) % 2 == 1)
     table = pa.table({"k": pa.array(np.arange(n)), "v": v})
     path = tmp_path / "t.arrow"
-    _write_claiming_no_nulls(monkeypatch, path, table)
+    _write_claiming_nulls(monkeypatch, path, table, 0)
     assert _sieved(path, ["k"], ["k", "v"]) == ["v"]
     theirs = ipc.open_file(path).read_all()
     assert theirs.column("v").null_count == 0
     assert pystrom.read_arrow(path, device="cpu").to_arrow().equals(theirs)
     got = pystrom.scan_arrow(path, where="k < 10", device="cpu").collect().to_arrow()
     assert got.equals(theirs.slice(0, 10))
-
-
-def _write_claiming_nulls(monkeypatch, path, table, claim) -> None:
-    """Our writer's file of ``table`` whose record batches say column 'v' holds ``claim`` NULLs."""
-    encode = fmt.encode_batch_message
-    v = table.column_names.index("v")
-
-    def forged(length, nodes, buffers, body_length, custom_metadata=(), compression=None):
-        nodes = list(nodes)
-        nodes[v] = (nodes[v][0], claim)
-        return encode(length, nodes, buffers, body_length, custom_metadata, compression)
-
-    monkeypatch.setattr(fmt, "encode_batch_message", forged)
-    write_ipc_file(path, table.schema, table.to_batches(max_chunksize=40), stats=False)
-    monkeypatch.undo()
 
 
 def test_nulls_of_sieved_columns(tmp_path, small_slices):
