@@ -102,7 +102,7 @@ def run(device: str, quick: bool) -> list[Result]:
     try:
         _write(path, rows, 1 << 20)
         size = os.path.getsize(path)
-        backend = pystrom._backend.resolve_device(device)
+        backend = pystrom.memory.backend.resolve_device(device)
         xp, sync = backend.xp, backend.synchronize
         gpu = backend.kind == "cuda"
 
@@ -168,7 +168,7 @@ def run(device: str, quick: bool) -> list[Result]:
             results.append(Result(f"read_arrow {label}, cold", "dd iflag=direct bs=16M (disk only)", ours_cold, dd,
                                   size))  # fmt: skip
         if gpu:
-            from pystrom.io.arrow.ranges import kvikio_settings
+            from pystrom.io.arrow.file.ranges import kvikio_settings
 
             print(f"  KvikIO: {kvikio_settings()}")
         return results
@@ -183,7 +183,7 @@ def _mask_ts(cols: dict, rows: int) -> dict:
 
 
 def _raw_read(path: str, size: int, backend: Any) -> Any:
-    from pystrom.io.arrow.ranges import RangeReader
+    from pystrom.io.arrow.file.ranges import RangeReader
 
     with backend.activate():
         buf = backend.xp.empty(size, dtype=np.uint8)

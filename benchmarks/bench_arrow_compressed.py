@@ -54,7 +54,7 @@ def run(device: str, quick: bool) -> list[Result]:
     raw_bytes = rows * 64
     repeat = 3
     tmp = tempfile.mkdtemp(prefix="pystrom-bench-", dir=os.environ.get("PYSTROM_BENCH_DIR"))
-    backend = pystrom._backend.resolve_device(device)
+    backend = pystrom.memory.backend.resolve_device(device)
     xp, sync = backend.xp, backend.synchronize
     gpu = backend.kind == "cuda"
     results: list[Result] = []

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from pystrom.io.arrow.file_writer import write_ipc_file
+from pystrom.io.arrow.write.writer import write_ipc_file
 
 from _harness import Result, measure
 

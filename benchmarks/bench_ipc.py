@@ -123,7 +123,7 @@ def _string_import(table: pystrom.Table, repeat: int) -> dict:
 
 def _table(nbytes: int, device: str) -> pystrom.Table:
     n = nbytes // 8
-    backend = pystrom._backend.resolve_device(device)
+    backend = pystrom.memory.backend.resolve_device(device)
     with backend.activate():
         source = backend.xp.arange(n, dtype=np.float64)
         table = pystrom.Table.from_arrays({"x": source}, device=device)

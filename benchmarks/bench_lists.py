@@ -46,7 +46,7 @@ def run(device: str, quick: bool) -> list[Result]:
     try:
         _write(path, rows, 1 << 16)
         size = os.path.getsize(path)
-        backend = pystrom._backend.resolve_device(device)
+        backend = pystrom.memory.backend.resolve_device(device)
         xp, sync = backend.xp, backend.synchronize
 
         def ours():

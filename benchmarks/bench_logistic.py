@@ -167,7 +167,7 @@ def _run(device: str, quick: bool) -> list[Result]:
         )
 
     if gpu:  # one pass alone (kernel + final reduction + the 8-byte-per-value result to the host)
-        from pystrom._backend import resolve_device
+        from pystrom.memory.backend import resolve_device
         from pystrom.ml._pass import batch_pass
 
         backend = resolve_device(device)

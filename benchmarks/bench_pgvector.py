@@ -80,7 +80,7 @@ def _adbc(uri: str, xp: Any) -> Any:
 
 def run(device: str, quick: bool) -> list[Result]:
     import pystrom
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
 
     try:
         import psycopg  # noqa: F401

@@ -176,7 +176,7 @@ def _scan(conninfo: str, label: str, nbytes: int, device: str, sync: Any, repeat
 
 def run(device: str, quick: bool) -> list[Result]:
     import pystrom
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
 
     try:
         import psycopg  # noqa: F401

@@ -111,7 +111,7 @@ def _pandas(engine: Any, table: Any) -> None:
 
 def run(device: str, quick: bool) -> list[Result]:
     import pystrom
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
 
     try:
         import psycopg

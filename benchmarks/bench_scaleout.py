@@ -34,7 +34,7 @@ _ROW_BYTES = 1 + 4 * 8  # t bool + four float8, as the fit reads them
 
 
 def run(device: str, quick: bool) -> list[Result]:
-    from pystrom._backend import cuda_device_count
+    from pystrom.memory.backend import cuda_device_count
 
     gpus = cuda_device_count() if device.startswith("cuda") else 0
     if gpus < 2:

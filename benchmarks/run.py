@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="run only bench_<ONLY>.py")
     args = parser.parse_args(argv)
 
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
 
     device = resolve_device(args.device).device
     results = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pystrom._backend import cuda_device_count
+from pystrom.memory.backend import cuda_device_count
 
 pytest_plugins = ["fix_pg"]  # a throwaway real PostgreSQL cluster (fixtures pg_cluster, pg)
 

@@ -1,4 +1,4 @@
-"""The one-pass record batch parser (:mod:`pystrom.io.arrow.batches`) against pyarrow's per-batch path:
+"""The one-pass record batch parser (:mod:`pystrom.io.arrow.read.batches`) against pyarrow's per-batch path:
 the same layouts wherever it answers, and it answers None (pyarrow's path decides) for every file that
 path refuses, mutated metadata included."""
 
@@ -14,8 +14,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 import pystrom
-from pystrom.io.arrow.batches import parse_batches
-from pystrom.io.arrow.file import ARROW_ERRORS, direct_types, open_arrow_file
+from pystrom.io.arrow.file.metadata import ARROW_ERRORS, direct_types, open_arrow_file
+from pystrom.io.arrow.read.batches import parse_batches
 from pystrom.testing import to_host
 
 

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pystrom
-from pystrom._backend import resolve_device
-from pystrom.io.arrow import inflating
-from pystrom.io.arrow.batches import parse_batches
-from pystrom.io.arrow.file import Packed, Range, open_arrow_file
-from pystrom.io.arrow.format import _Reader
-from pystrom.io.arrow.inflate import Frames, inflate
+from pystrom.io.arrow.codecs.decompress import Frames, inflate
+from pystrom.io.arrow.file.format import _Reader
+from pystrom.io.arrow.file.metadata import Packed, Range, open_arrow_file
+from pystrom.io.arrow.read import compressed_reads
+from pystrom.io.arrow.read.batches import parse_batches
+from pystrom.memory.backend import resolve_device
 from pystrom.testing import to_host
 
 from conftest import needs_gpu
@@ -202,7 +202,7 @@ def test_small_scratch_inflates_in_many_slices(tmp_path, device, codec, monkeypa
     path = tmp_path / "s.arrow"
     _write(path, table, codec, lengths=[250] * 12)
     seen = _spy(monkeypatch)
-    monkeypatch.setattr(inflating, "scratch_bytes", lambda backend: 1)  # every frame a slice of its own
+    monkeypatch.setattr(compressed_reads, "scratch_bytes", lambda backend: 1)  # every frame a slice of its own
     _assert_same(_read_quietly(path, device=device), _reference(path))
     reader = seen[-1]
     assert reader.slices == reader.frames_inflated > 100
@@ -211,13 +211,13 @@ def test_small_scratch_inflates_in_many_slices(tmp_path, device, codec, monkeypa
 def _spy(monkeypatch) -> list:
     """The InflatingReaders read_arrow makes (to read their counters)."""
     seen = []
-    original = inflating.InflatingReader.wait
+    original = compressed_reads.InflatingReader.wait
 
     def wait(self):
         seen.append(self)
         return original(self)
 
-    monkeypatch.setattr(inflating.InflatingReader, "wait", wait)
+    monkeypatch.setattr(compressed_reads.InflatingReader, "wait", wait)
     return seen
 
 
@@ -255,7 +255,7 @@ def _plain(raw: bytes, p: Packed) -> bytes:
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("scratch", [None, 1, 100_000])
 def test_reader_in_place_partial_and_shared_reads(tmp_path, device, codec, scratch):
-    from pystrom.io.arrow.ranges import RangeReader
+    from pystrom.io.arrow.file.ranges import RangeReader
 
     path, raw, packed = _hostile_file(tmp_path, codec)
     raw = bytes(raw)
@@ -264,7 +264,7 @@ def test_reader_in_place_partial_and_shared_reads(tmp_path, device, codec, scrat
     big = [p for p in packed if p.size > 200]
     assert len(big) >= 8
     with RangeReader(str(path), backend) as files, backend.activate():
-        reader = inflating.InflatingReader(files, packed, scratch=scratch)
+        reader = compressed_reads.InflatingReader(files, packed, scratch=scratch)
         whole = [(p, _aligned(xp, p.size)) for p in big[0::4]]  # in place
         skewed = [(p, _aligned(xp, p.size, 1)) for p in big[1::4]]  # unaligned: scratch
         parts = [(p, _aligned(xp, p.size // 2)) for p in big[2::4]]  # the second half of each
@@ -302,7 +302,7 @@ def test_a_lie_in_a_later_slice_is_the_same_error(tmp_path, device, codec, monke
     path.write_bytes(bytes(raw))
     whole = _refused(path, device, p.what, f"its length prefix claims {p.size + 8:,}")
     seen = _spy(monkeypatch)
-    monkeypatch.setattr(inflating, "scratch_bytes", lambda backend: 1)  # every frame a slice of its own
+    monkeypatch.setattr(compressed_reads, "scratch_bytes", lambda backend: 1)  # every frame a slice of its own
     assert _refused(path, device) == whole
     assert seen[-1].slices > 5
 
@@ -468,7 +468,7 @@ def test_truncated_frames(tmp_path, device, codec):
 def _compression_codec_position(raw: bytes, batch: int) -> int | None:
     """File position of BodyCompression.codec in record batch ``batch``'s message (None if defaulted)."""
     footer_len = struct.unpack_from("<i", raw, len(raw) - 10)[0]
-    from pystrom.io.arrow.format import read_footer
+    from pystrom.io.arrow.file.format import read_footer
 
     blocks, _ = read_footer(memoryview(raw)[len(raw) - 10 - footer_len : len(raw) - 10])
     blk = blocks[batch]
@@ -537,7 +537,7 @@ def test_copy_out_on_every_device():
         backend = resolve_device(device)
         out = backend.xp.full(int((sizes + 5).sum()), 7, dtype=np.uint8)
         base = out.ctypes.data if backend.kind == "cpu" else out.data.ptr
-        inflating.copy_out(backend, backend.from_host(src), offsets, base + places, sizes)
+        compressed_reads.copy_out(backend, backend.from_host(src), offsets, base + places, sizes)
         return [out]
 
     got = assert_same_on_all_devices(run)[0]

@@ -17,9 +17,9 @@ import pyarrow.ipc as ipc
 import pytest
 
 import pystrom
-from pystrom.io.arrow import format as fmt
-from pystrom.io.arrow.file import open_arrow_file
-from pystrom.io.arrow.file_writer import write_ipc_file
+from pystrom.io.arrow.file.metadata import format as fmt
+from pystrom.io.arrow.file.metadata import open_arrow_file
+from pystrom.io.arrow.write.writer import write_ipc_file
 from pystrom.testing import to_host
 
 # -- finding 1: corrupt dictionaries and the host path --------------------------------------------

@@ -1,6 +1,6 @@
 """The Arrow read path's GPU kernels (bitmap.cu, strings.cu, copies.cu, arrow_checks.cu) run on the CPU
 under tests/simt.py's emulation against their CPU twins (the C++ core and NumPy), with the arguments the
-read path passes (io/arrow/direct.py, inflating.py, offsets.py; _bitmap.py; _ops.py). CI has no GPU: this
+read path passes (io/arrow/read/direct.py, inflating.py, offsets.py; _bitmap.py; _ops.py). CI has no GPU: this
 is where a change to these kernels is first checked; the GPU machine runs the real ones in the arrow tests.
 """
 
@@ -11,7 +11,7 @@ import pytest
 import simt
 
 from pystrom import _core
-from pystrom.io.arrow.offsets import _check_host
+from pystrom.io.arrow.read.offsets import _check_host
 
 pytestmark = pytest.mark.skipif(simt.CXX is None, reason="no C++ compiler")
 

@@ -1,5 +1,5 @@
 """The C++ record batch metadata parser (csrc/arrow_meta.cpp) against its Python twin
-(:func:`pystrom.io.arrow.batches._parse_one`, pyarrow's flatbuffer verifier included): identical arrays on
+(:func:`pystrom.io.arrow.read.batches._parse_one`, pyarrow's flatbuffer verifier included): identical arrays on
 every batch it accepts, the batches it leaves (custom metadata) read by Python, and on mutated messages
 never an acceptance where the Python parser or pyarrow refuses (the mutants run in a subprocess: a
 crash fails the test rather than the run)."""
@@ -20,10 +20,10 @@ import pytest
 
 import pystrom
 from pystrom import _core
-from pystrom.io.arrow import batches
-from pystrom.io.arrow.compressed import field_counts
-from pystrom.io.arrow.file import ARROW_ERRORS, open_arrow_file
-from pystrom.io.arrow.format import FooterError, read_footer
+from pystrom.io.arrow.file.format import FooterError, read_footer
+from pystrom.io.arrow.file.metadata import ARROW_ERRORS, open_arrow_file
+from pystrom.io.arrow.read import batches
+from pystrom.io.arrow.read.compressed_layouts import field_counts
 
 
 def _table(rows: int, seed: int = 0) -> pa.Table:
@@ -150,7 +150,7 @@ def test_codec_errors_are_the_python_parsers(tmp_path):
 
 def _set_codec(raw: bytearray, blk, codec: int) -> bytes:
     """``raw`` with batch ``blk``'s BodyCompression.codec set to ``codec`` (found through the flatbuffer)."""
-    from pystrom.io.arrow.format import _Reader
+    from pystrom.io.arrow.file.format import _Reader
 
     base = blk.offset + 8
     r = _Reader(bytes(raw[base : blk.offset + blk.metadata_length]))

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pystrom._backend import resolve_device
-from pystrom.io.arrow.offsets import _check_host, check_offsets
+from pystrom.io.arrow.read.offsets import _check_host, check_offsets
+from pystrom.memory.backend import resolve_device
 
 from conftest import needs_gpu
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import pystrom
 from pystrom import _core
-from pystrom._backend import resolve_device
-from pystrom.io.arrow import ranges
-from pystrom.io.arrow.ranges import RangeReader
+from pystrom.io.arrow.file.metadata import ranges
+from pystrom.io.arrow.file.ranges import RangeReader
+from pystrom.memory.backend import resolve_device
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,7 @@ def test_compressed_file_is_exact_without_warning(tmp_path, device, codec, recwa
     table = _mixed_table(True)
     path = tmp_path / f"{codec}.arrow"
     _write(path, table, compression=codec)
-    got = pystrom.read_arrow(path, device=device)  # inflated by pystrom (io/arrow/inflating.py), no warning
+    got = pystrom.read_arrow(path, device=device)  # inflated by pystrom (io/arrow/read/compressed_reads.py), no warning
     assert not [w for w in recwarn if issubclass(w.category, pystrom.PerformanceWarning)]
     _assert_same(got, _expected(path))
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 import pystrom
-from pystrom import _shm
+from pystrom.memory import shm
 
 _SCRIPT = textwrap.dedent(
     """
@@ -106,7 +106,7 @@ def _owner(values: np.ndarray) -> object:
     return base.obj if isinstance(base, memoryview) else base
 
 
-@pytest.mark.skipif(not _shm.HAVE_MEMFD, reason="CPU tables are in shared memory only where memfd exists")
+@pytest.mark.skipif(not shm.HAVE_MEMFD, reason="CPU tables are in shared memory only where memfd exists")
 def test_memory_a_foreign_thread_let_go_of_is_freed_by_the_next_export():
     table = pystrom.Table.from_arrow(pa.table({"x": np.arange(100_000.0)}), device="cpu")
     mapping = weakref.ref(_owner(table.column("x").values))
@@ -119,7 +119,7 @@ def test_memory_a_foreign_thread_let_go_of_is_freed_by_the_next_export():
     assert mapping() is None  # the next export let go of it
 
 
-@pytest.mark.skipif(not _shm.HAVE_MEMFD, reason="CPU tables are in shared memory only where memfd exists")
+@pytest.mark.skipif(not shm.HAVE_MEMFD, reason="CPU tables are in shared memory only where memfd exists")
 def test_memory_lives_while_pyarrow_holds_it_and_goes_with_it():
     table = pystrom.Table.from_arrow(pa.table({"x": np.arange(1000.0), "s": ["a"] * 1000}), device="cpu")
     mapping = weakref.ref(_owner(table.column("x").values))

@@ -1,4 +1,4 @@
-"""write_arrow's final step (:mod:`pystrom.io.arrow.replace`): an existing file is swapped atomically
+"""write_arrow's final step (:mod:`pystrom.io.arrow.write.replace`): an existing file is swapped atomically
 for the new one, readers holding the old file keep it, and what is not a regular file is treated as
 ``os.replace`` treats it."""
 
@@ -12,7 +12,7 @@ import pyarrow.feather as feather
 import pytest
 
 import pystrom
-from pystrom.io.arrow import replace
+from pystrom.io.arrow.write.write import replace
 
 
 def test_over_an_existing_file_no_temporary_is_left_and_old_readers_keep_theirs(tmp_path):

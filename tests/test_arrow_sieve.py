@@ -1,4 +1,4 @@
-"""The CPU scan's filtered read (io/arrow/sieve.py): the filter's columns read whole, the other fixed-width
+"""The CPU scan's filtered read (io/arrow/scan/sieve.py): the filter's columns read whole, the other fixed-width
 columns only in the slices that hold a matching row. Compared with pyarrow's own filter of the same
 file, with slices small enough that every batch has several, matches on their edges and slices with none."""
 
@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 import pystrom
 from pystrom.errors import FileFormatError
-from pystrom.io.arrow import format as fmt
-from pystrom.io.arrow import sieve
-from pystrom.io.arrow.batches import batch_layouts
-from pystrom.io.arrow.file import direct_types, open_arrow_file
-from pystrom.io.arrow.file_writer import write_ipc_file
+from pystrom.io.arrow.file.metadata import direct_types, open_arrow_file
+from pystrom.io.arrow.file.metadata import format as fmt
+from pystrom.io.arrow.read.batches import batch_layouts
+from pystrom.io.arrow.scan.scan import sieve
+from pystrom.io.arrow.write.writer import write_ipc_file
 
 
 def _table(n: int, seed: int = 0) -> pa.Table:
@@ -294,9 +294,9 @@ def test_a_file_replaced_after_its_metadata_was_read_is_read_from_the_file_it_wa
         types = direct_types(f.schema, columns)
         layouts = batch_layouts(f, columns, types)
         os.replace(other, path)
-        backend = pystrom._backend.resolve_device("cpu")
+        backend = pystrom.memory.backend.resolve_device("cpu")
         if where is None:
-            from pystrom.io.arrow.direct import read_batches
+            from pystrom.io.arrow.read.direct import read_batches
 
             got, _ = read_batches(f, layouts, columns, types, backend)
             want = old
@@ -311,7 +311,7 @@ def test_the_mapping_and_the_descriptor_are_of_one_file(tmp_path, monkeypatch):
     """A file replaced between ArrowFile's open and its memory mapping: both are of the file opened."""
     import pyarrow as pa_
 
-    from pystrom.io.arrow import file as arrow_file
+    from pystrom.io.arrow.file.metadata import metadata as arrow_file
 
     n = 50
     old = pa.table({"k": pa.array(np.arange(n)), "v": pa.array(np.arange(n, dtype=np.float64))})
@@ -333,7 +333,7 @@ def test_the_mapping_and_the_descriptor_are_of_one_file(tmp_path, monkeypatch):
         types = direct_types(f.schema, columns)
         layouts = batch_layouts(f, columns, types)
         assert int(layouts.num_rows.sum()) == n  # the metadata of the file opened, through the mapping
-        from pystrom.io.arrow.direct import read_batches
+        from pystrom.io.arrow.read.direct import read_batches
 
-        got, _ = read_batches(f, layouts, columns, types, pystrom._backend.resolve_device("cpu"))
+        got, _ = read_batches(f, layouts, columns, types, pystrom.memory.backend.resolve_device("cpu"))
     assert got.to_arrow().equals(old)

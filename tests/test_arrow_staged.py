@@ -1,8 +1,8 @@
-"""Compressed frames a GPU read decodes on the host (io/arrow/inflate_staged.py) and the planning of a
-compressed read (io/arrow/inflate_plan.py).
+"""Compressed frames a GPU read decodes on the host (io/arrow/codecs/staged.py) and the planning of a
+compressed read (io/arrow/codecs/plan.py).
 
 On a GPU, ZSTD takes the staged path by itself (nvCOMP off); these tests also force it for LZ4 there.
-On the CPU the staged path is forced (``inflating.staged``), its copies going through ``HostCopies``,
+On the CPU the staged path is forced (``compressed_reads.staged``), its copies going through ``HostCopies``,
 the CPU twin of ``DeviceCopies``: the same files, compared exactly with pyarrow, run both ways.
 """
 
@@ -26,11 +26,12 @@ from test_arrow_compressed import (
 )
 
 import pystrom
-from pystrom._backend import resolve_device
-from pystrom.io.arrow import inflate_staged, inflating
-from pystrom.io.arrow.inflate import staged
-from pystrom.io.arrow.inflate_plan import ALIGN, GAP, cut, up
-from pystrom.io.arrow.inflate_staged import HostCopies, merge_copies, staging_layout
+from pystrom.io.arrow.codecs import staged as inflate_staged
+from pystrom.io.arrow.codecs.decompress import staged
+from pystrom.io.arrow.codecs.plan import ALIGN, GAP, cut, up
+from pystrom.io.arrow.codecs.staged import HostCopies, merge_copies, staging_layout
+from pystrom.io.arrow.read import compressed_reads
+from pystrom.memory.backend import resolve_device
 
 from conftest import device_memory_in_use, needs_gpu
 
@@ -40,7 +41,7 @@ CODECS = ["lz4", "zstd"]
 @pytest.fixture
 def staged_reads(device, monkeypatch):
     """Every codec through the staged path (the CPU twin on the CPU); the readers made, to read counters."""
-    monkeypatch.setattr(inflating, "staged", lambda backend, codec: True)
+    monkeypatch.setattr(compressed_reads, "staged", lambda backend, codec: True)
     return _spy(monkeypatch)
 
 
@@ -66,7 +67,7 @@ def test_many_slices_reuse_the_staging(tmp_path, device, codec, staged_reads, mo
     table = _table(4000, True)
     path = tmp_path / "m.arrow"
     _write(path, table, codec, lengths=[50] * 80)
-    monkeypatch.setattr(inflating, "scratch_bytes", lambda backend: 20_000)  # many slices, both buffers reused
+    monkeypatch.setattr(compressed_reads, "scratch_bytes", lambda backend: 20_000)  # many slices, both buffers reused
     _assert_same(_read_quietly(path, device=device), _reference(path))
     reader = staged_reads[-1]
     assert reader._staged.slices > 10 and reader.slices == reader._staged.slices
@@ -97,9 +98,9 @@ def test_columns_and_scan(tmp_path, device, codec, staged_reads):
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_reader_partial_shared_and_unaligned_reads(tmp_path, device, codec, monkeypatch):
-    from pystrom.io.arrow.ranges import RangeReader
+    from pystrom.io.arrow.file.ranges import RangeReader
 
-    monkeypatch.setattr(inflating, "staged", lambda backend, codec: True)
+    monkeypatch.setattr(compressed_reads, "staged", lambda backend, codec: True)
     path, raw, packed = _hostile_file(tmp_path, codec)
     raw = bytes(raw)
     backend = resolve_device(device)
@@ -107,7 +108,7 @@ def test_reader_partial_shared_and_unaligned_reads(tmp_path, device, codec, monk
     big = [p for p in packed if p.size > 200]
     plain = {p.offset: _plain(raw, p) for p in big}
     with RangeReader(str(path), backend) as files, backend.activate():
-        reader = inflating.InflatingReader(files, packed, scratch=100_000)
+        reader = compressed_reads.InflatingReader(files, packed, scratch=100_000)
         table = xp.full(sum(p.size for p in big) + 64, 0xEE, dtype=np.uint8)  # whole reads, back to back
         at, whole = 0, []
         for p in big[0::3]:
@@ -154,8 +155,8 @@ def test_a_corrupt_frame_in_the_middle(tmp_path, device, codec, monkeypatch):
     _read_quietly(good, device=device)  # CuPy's and the pinned pools warm
     before = device_memory_in_use(device)
     direct = _refusal(path, device)
-    monkeypatch.setattr(inflating, "staged", lambda backend, codec: True)
-    monkeypatch.setattr(inflating, "scratch_bytes", lambda backend: 30_000)  # the bad frame in a later slice
+    monkeypatch.setattr(compressed_reads, "staged", lambda backend, codec: True)
+    monkeypatch.setattr(compressed_reads, "scratch_bytes", lambda backend: 30_000)  # the bad frame in a later slice
     staged_msg = _refusal(path, device)
     assert p.what in staged_msg and "corrupt file" in staged_msg and p.what in direct
     if codec == "zstd" or device == "cpu":  # (LZ4 on a GPU: its kernel gave the first message)
@@ -170,7 +171,7 @@ def test_a_lying_length_prefix(tmp_path, device, codec, monkeypatch):
     p = [q for q in packed if "(values)" in q.what][5]
     raw[p.frame.offset - 8 : p.frame.offset] = struct.pack("<q", p.size + 8)
     path.write_bytes(bytes(raw))
-    monkeypatch.setattr(inflating, "staged", lambda backend, codec: True)
+    monkeypatch.setattr(compressed_reads, "staged", lambda backend, codec: True)
     with pytest.raises(pystrom.FileFormatError, match=f"its length prefix claims {p.size + 8:,}") as info:
         pystrom.read_arrow(path, device=device)
     assert p.what in str(info.value)
@@ -187,7 +188,7 @@ def test_which_codecs_are_staged(monkeypatch):
     monkeypatch.delenv("PYSTROM_NVCOMP", raising=False)
     assert staged(Gpu(), "zstd") and not staged(Gpu(), "lz4_frame")
     monkeypatch.setenv("PYSTROM_NVCOMP", "1")
-    from pystrom.io.arrow.inflate_device import nvcomp_available
+    from pystrom.io.arrow.codecs.device import nvcomp_available
 
     assert staged(Gpu(), "zstd") == (not nvcomp_available())
 

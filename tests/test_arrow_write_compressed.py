@@ -1,4 +1,4 @@
-"""write_arrow(compression="lz4" | "zstd"): Arrow BodyCompression files (pystrom.io.arrow.deflate).
+"""write_arrow(compression="lz4" | "zstd"): Arrow BodyCompression files (pystrom.io.arrow.codecs.compress).
 
 Every type write_arrow writes, with and without NULLs, many batches, empty tables and incompressible
 columns, read back equal by pyarrow (ipc.open_file, feather.read_table), polars (where installed) and
@@ -21,9 +21,9 @@ import pytest
 from test_lists import _table as _list_table
 
 import pystrom
-from pystrom.io.arrow import format as fmt
-from pystrom.io.arrow.deflate import Deflater, check_compression, deflate
-from pystrom.io.arrow.file_writer import write_ipc_file
+from pystrom.io.arrow.codecs.compress import Deflater, check_compression, deflate
+from pystrom.io.arrow.file.metadata import format as fmt
+from pystrom.io.arrow.write.writer import write_ipc_file
 from pystrom.testing import to_host
 
 from datagen import TYPES, make_array

@@ -1,4 +1,4 @@
-"""The Arrow IPC file writer (pystrom.io.arrow.file_writer) and the statistics reader (pystrom.io.arrow.stats).
+"""The Arrow IPC file writer (pystrom.io.arrow.write.writer) and the statistics reader (pystrom.io.arrow.file.stats).
 
 Files are checked with pyarrow's own reader: equal data, every buffer on a 64-byte file offset,
 statistics visible as PG-Strom's keys, and stats that round-trip against pyarrow.compute.min_max.
@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pystrom
-from pystrom.io.arrow.file_writer import WriteSummary, write_ipc_file
-from pystrom.io.arrow.stats import STRING_STATS_MAX_BYTES, batch_stats
+from pystrom.io.arrow.file.stats import STRING_STATS_MAX_BYTES, batch_stats
+from pystrom.io.arrow.write.writer import WriteSummary, write_ipc_file
 
 from datagen import TYPES, make_array, make_sliced
 

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pystrom import _bitmap, _core
-from pystrom._backend import resolve_device
+from pystrom import _core
+from pystrom.memory import bitmap as _bitmap
+from pystrom.memory.backend import resolve_device
 
 
 def reference_bits(buf: np.ndarray, offset: int, count: int) -> np.ndarray:
@@ -108,9 +109,9 @@ def bit_spans(draw):
 
 @given(case=bit_spans(), missing=st.sampled_from([None, 1]))
 def test_unpack_batches_on_every_device(case, missing):
-    """io/arrow/direct.py's bitmaps of many batches in one call (csrc/bits.cpp unpack_bit_spans on the CPU,
+    """io/arrow/read/direct.py's bitmaps of many batches in one call (csrc/bits.cpp unpack_bit_spans on the CPU,
     kernels/bitmap.cu on a GPU) against unpack_bits span by span."""
-    from pystrom.io.arrow import direct
+    from pystrom.io.arrow.read import direct
     from pystrom.testing import assert_same_on_all_devices
 
     buf, spans = case
@@ -145,7 +146,7 @@ def test_unpack_bit_spans_checks_every_span():
 def test_shift_spans_on_every_device(data):
     """String offsets of many batches rebased in one call (csrc/gather.cpp shift_spans on the CPU,
     kernels/strings.cu on a GPU) against a loop; a batch's last entry and the next one's first coincide."""
-    from pystrom.io.arrow import direct
+    from pystrom.io.arrow.read import direct
     from pystrom.testing import assert_same_on_all_devices
 
     lengths = data.draw(st.lists(st.integers(0, 40), max_size=10))

@@ -60,7 +60,7 @@ CLUSTERS = [
         marks=[
             *_gpu,
             pytest.mark.skipif(not _have_dask_cuda(), reason="dask_cuda is not installed"),
-            pytest.mark.skipif(pystrom._backend.cuda_device_count() < 2, reason="needs two CUDA GPUs"),
+            pytest.mark.skipif(pystrom.memory.backend.cuda_device_count() < 2, reason="needs two CUDA GPUs"),
         ],
     ),
 ]
@@ -73,7 +73,7 @@ def _start(kind: str):
     if kind == "cuda-per-gpu":
         from dask_cuda import LocalCUDACluster
 
-        n = min(pystrom._backend.cuda_device_count(), 4)
+        n = min(pystrom.memory.backend.cuda_device_count(), 4)
         return LocalCUDACluster(n_workers=n, threads_per_worker=2, dashboard_address=":0"), "cuda"
     if kind == "cuda-1":
         from dask_cuda import LocalCUDACluster

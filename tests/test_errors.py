@@ -102,7 +102,7 @@ def test_device_strings_that_make_no_sense(bad):
 
 
 def test_missing_gpu_is_explained():
-    from pystrom._backend import cuda_device_count
+    from pystrom.memory.backend import cuda_device_count
 
     if cuda_device_count() > 0:
         with pytest.raises(pystrom.DeviceError, match="does not exist: .* visible"):

@@ -1,4 +1,4 @@
-"""CPU-table memory: private and pooled until exported, then shared in place (pystrom._hostmem)."""
+"""CPU-table memory: private and pooled until exported, then shared in place (pystrom.memory.hostmem)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pystrom
-from pystrom import _hostmem, _shm
+from pystrom.memory import hostmem, shm
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="anonymous mappings and memfd are Linux only")
 
@@ -39,26 +39,26 @@ def _address(table: pystrom.Table) -> int:
 
 @pytest.fixture(autouse=True)
 def empty_pool():
-    _hostmem.release_pool()
+    hostmem.release_pool()
     yield
     gc.collect()
-    _hostmem.release_pool()
+    hostmem.release_pool()
 
 
 def test_size_classes():
-    assert _hostmem.size_class(1) == 64 << 10
-    assert _hostmem.size_class(64 << 10) == 64 << 10
-    assert _hostmem.size_class((64 << 10) + 1) == 96 << 10
-    assert _hostmem.size_class(96 << 10) == 96 << 10
-    assert _hostmem.size_class((96 << 10) + 1) == 128 << 10
+    assert hostmem.size_class(1) == 64 << 10
+    assert hostmem.size_class(64 << 10) == 64 << 10
+    assert hostmem.size_class((64 << 10) + 1) == 96 << 10
+    assert hostmem.size_class(96 << 10) == 96 << 10
+    assert hostmem.size_class((96 << 10) + 1) == 128 << 10
     for n in (1, 4095, 65537, 10**6, 3 * 2**27 + 1, 2**31 + 5):
-        c = _hostmem.size_class(n)
+        c = hostmem.size_class(n)
         assert n <= c < n * 1.5 + (64 << 10)
 
 
 def test_fresh_memory_is_not_faulted_in_before_it_is_written():
     """No MAP_POPULATE: a new 64 MiB allocation holds no resident pages until the producer writes them."""
-    memory = _hostmem.allocate(64 << 20)
+    memory = hostmem.allocate(64 << 20)
     entry = _smaps_entry(memory.ctypes.data)
     assert entry["Rss"] == "0 kB", entry
     assert entry["path"] == "", entry  # anonymous, private: no memfd yet
@@ -87,13 +87,13 @@ def test_freed_memory_is_reused_without_faults_and_shared_memory_is_not():
         address = _address(t)
         del t
         gc.collect()
-        assert _hostmem.pool_bytes() == _hostmem.size_class(8 << 20)
+        assert hostmem.pool_bytes() == hostmem.size_class(8 << 20)
         t = pystrom.Table.from_arrays({"y": np.zeros(1 << 20)}, device="cpu")  # same size class
-        assert _address(t) == address and _hostmem.pool_bytes() == 0
+        assert _address(t) == address and hostmem.pool_bytes() == 0
         t.export()
         del t
         gc.collect()
-        assert _hostmem.pool_bytes() == 0  # importers may still map it: never handed out again
+        assert hostmem.pool_bytes() == 0  # importers may still map it: never handed out again
 
 
 def test_the_pool_keeps_at_most_host_pool_bytes():
@@ -101,12 +101,12 @@ def test_the_pool_keeps_at_most_host_pool_bytes():
         t = pystrom.Table.from_arrays({"x": np.ones(1000)}, device="cpu")
         del t
         gc.collect()
-        assert _hostmem.pool_bytes() == 0
+        assert hostmem.pool_bytes() == 0
     with pystrom.defaults.set(host_pool_bytes=256 << 10):
         tables = [pystrom.Table.from_arrays({"x": np.ones(n)}, device="cpu") for n in (100, 10_000, 20_000)]
         del tables
         gc.collect()
-        assert 0 < _hostmem.pool_bytes() <= 256 << 10
+        assert 0 < hostmem.pool_bytes() <= 256 << 10
 
 
 def test_an_importer_sees_no_bytes_of_an_earlier_table_in_the_same_mapping():
@@ -117,6 +117,6 @@ def test_an_importer_sees_no_bytes_of_an_earlier_table_in_the_same_mapping():
     t = pystrom.Table.from_arrays({"x": np.ones(100, dtype=np.uint8)}, device="cpu")
     assert _address(t) == address  # the secret's mapping, reused
     v = pystrom.ipc_import(t.export())
-    whole = np.frombuffer(_shm.mapping_of(v._block.memory), dtype=np.uint8)
+    whole = np.frombuffer(shm.mapping_of(v._block.memory), dtype=np.uint8)
     assert whole[:100].tolist() == [1] * 100
     assert not whole[t._block.nbytes :].any()  # the rest of the shared file is zeros, not the secret

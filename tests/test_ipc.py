@@ -108,7 +108,7 @@ def test_exporter_writes_are_visible_to_the_importer(device):
     try:
         assert proc.stdout.readline().split() == ["before", "0"]
         t["x"][:] = 7
-        pystrom._backend.resolve_device(device).synchronize()
+        pystrom.memory.backend.resolve_device(device).synchronize()
         proc.stdin.write("go\n")
         proc.stdin.flush()
         out, err = proc.communicate(timeout=60)
@@ -381,13 +381,13 @@ def test_a_table_inside_a_pool_chunk_exports_its_base_allocation_and_offset():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(pystrom._backend.cuda_device_count() < 2, reason="needs two GPUs")
+@pytest.mark.skipif(pystrom.memory.backend.cuda_device_count() < 2, reason="needs two GPUs")
 def test_import_maps_on_the_gpu_with_the_handles_uuid_whatever_its_ordinal():
     t = pystrom.Table.from_arrays({"x": np.arange(10)}, device="cuda:1")
-    order = ",".join(str(i) for i in reversed(range(pystrom._backend.cuda_device_count())))
+    order = ",".join(str(i) for i in reversed(range(pystrom.memory.backend.cuda_device_count())))
     code = f"v = pystrom.ipc_import(bytes.fromhex({t.export().hex()!r})); print(v.device, int(v['x'].sum()))"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": order}
     r = subprocess.run([sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    expected = f"cuda:{pystrom._backend.cuda_device_count() - 2}"  # GPU 1 is second to last once reversed
+    expected = f"cuda:{pystrom.memory.backend.cuda_device_count() - 2}"  # GPU 1 is second to last once reversed
     assert r.stdout.split() == [expected, "45"]

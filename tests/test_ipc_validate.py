@@ -66,7 +66,7 @@ def test_the_numpy_twin_on_injected_faults():
 def test_the_offsets_kernel_matches_its_numpy_twin():
     import cupy
 
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
 
     backend = resolve_device("cuda")
     cases = offsets_cases(2, 300)

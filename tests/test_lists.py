@@ -216,7 +216,7 @@ def test_list_column_builds_what_pyarrow_builds(device, xp):
     )  # fmt: skip
     offsets = xp.asarray(np.array([0, 3, 3, 4, 4, 10], np.int32))
     varying = list_column("l", values, offsets=offsets, validity=xp.asarray(np.array([0b10101], np.uint8)))
-    backend = pystrom._backend.resolve_device(device)
+    backend = pystrom.memory.backend.resolve_device(device)
     table = build_table(backend, [fixed, varying])
     expected_fixed = [[0.0, 1.0], None, [4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]
     got = table.to_arrow()

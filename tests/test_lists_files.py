@@ -33,7 +33,7 @@ def test_read_files_pyarrow_wrote(tmp_path, device, rows):
 
 
 def test_numeric_lists_take_the_direct_path(tmp_path, device, monkeypatch):
-    from pystrom.io.arrow import direct
+    from pystrom.io.arrow.read import direct
 
     arrow = _table(29).drop_columns(["b", "fb"])  # lists of booleans (bit-packed) go through the host
     path = tmp_path / "d.arrow"

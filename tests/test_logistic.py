@@ -359,7 +359,7 @@ class _EmptyScan:
 
 def test_kernel_equals_numpy_twin(device):
     """The fused CUDA pass against its NumPy twin, on fresh random data of every supported shape."""
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
     from pystrom.ml._pass import MAX_KERNEL_FEATURES, batch_pass, xp_pass
 
     rng = np.random.default_rng()
@@ -389,7 +389,7 @@ def test_kernel_pass_to_host_repeats_exactly(device):
     the device-result pass bit for bit, launch after launch (the block counter resets itself)."""
     if device == "cpu":
         pytest.skip("the fused CUDA pass only")
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
     from pystrom.ml._narrow import KernelPass, kernel_pass
 
     rng = np.random.default_rng()
@@ -416,7 +416,7 @@ def test_speculative_passes_are_the_passes_asked_for(device, monkeypatch):
     its own, and a fit through them equals the fit without speculation."""
     if device == "cpu":
         pytest.skip("the fused CUDA pass only")
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
     from pystrom.ml._narrow import KernelPass
     from pystrom.ml._pass import PassTotals
     from pystrom.ml._sources import ArraySource

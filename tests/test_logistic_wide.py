@@ -202,7 +202,7 @@ def test_float32_hessian_pass_against_float64_twin(device, dtype):
     """One pass with the float32 Hessian (cuBLAS's ssyrk on a GPU, BLAS on the CPU) against the NumPy
     float64 pass: everything but the features' block of H equal to float64 rounding, that block to
     float32's."""
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
     from pystrom.ml._pass import PassTotals, batch_pass, xp_pass
 
     rng = np.random.default_rng(9)
@@ -247,7 +247,7 @@ def test_wide_kernels_against_the_numpy_twin(dtype, k, weighted, monkeypatch):
     and in chunks that end inside a GEMM block (the blocks' sums then carry over launches)."""
     import cupy
 
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
     from pystrom.ml import _wide
     from pystrom.ml._pass import PassTotals, xp_pass
     from pystrom.ml._wide import uses_wide, wide_pass
@@ -318,7 +318,7 @@ def test_settings_are_validated():
 def test_reduced_precision_guard_scales_with_the_rounding(monkeypatch):
     """TF32 reports a coarser rounding than float32, and the first pass's guard then admits only
     better-conditioned problems; on a GPU "auto" offers TF32 then float32, the CPU float32 only."""
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
     from pystrom.ml._irls import IRLSSolver
     from pystrom.ml._pass import reduced_hessians
 
@@ -367,7 +367,7 @@ def test_wide_speculative_passes_are_the_passes_asked_for(dtype, monkeypatch):
     exactly those weights claim it (the same sums, bit for bit, as a pass launched for them); other
     requests get their own pass; a Hessian that is not positive definite gives no step; and a whole fit
     through them equals the fit whose steps the host solved."""
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
     from pystrom.ml._irls import IRLSSolver
     from pystrom.ml._sources import ArraySource
     from pystrom.ml._wide import WidePass

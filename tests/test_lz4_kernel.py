@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, needs_gpu]
 
 @pytest.fixture
 def gpu_backend():
-    from pystrom._backend import resolve_device
+    from pystrom.memory.backend import resolve_device
 
     return resolve_device("cuda")
 
@@ -40,7 +40,7 @@ def _payloads() -> list[bytes]:
 
 
 def _frames(cp, payloads, compressed):
-    from pystrom.io.arrow.inflate import Frames
+    from pystrom.io.arrow.codecs.decompress import Frames
 
     src_sizes = np.array([len(c) for c in compressed], dtype=np.int64)
     src_offsets = np.concatenate([[0], np.cumsum(src_sizes)[:-1]]).astype(np.int64)
@@ -52,7 +52,7 @@ def _frames(cp, payloads, compressed):
 
 
 def test_kernel_matches_liblz4(gpu_backend):
-    from pystrom.io.arrow.inflate import inflate
+    from pystrom.io.arrow.codecs.decompress import inflate
 
     cp = gpu_backend.xp
     codec = pa.Codec("lz4")
@@ -72,7 +72,7 @@ def test_kernel_matches_liblz4(gpu_backend):
 
 
 def test_output_capacity_is_never_exceeded(gpu_backend):
-    from pystrom.io.arrow.inflate import inflate
+    from pystrom.io.arrow.codecs.decompress import inflate
 
     cp = gpu_backend.xp
     payload = bytes(range(256)) * 2000
@@ -85,7 +85,7 @@ def test_output_capacity_is_never_exceeded(gpu_backend):
 
 
 def test_corrupt_frames_never_fault(gpu_backend):
-    from pystrom.io.arrow.inflate import inflate
+    from pystrom.io.arrow.codecs.decompress import inflate
 
     cp = gpu_backend.xp
     rng = np.random.default_rng(11)
@@ -108,7 +108,7 @@ def test_corrupt_frames_never_fault(gpu_backend):
 
 
 def test_zstd_batch_matches_libzstd(gpu_backend):
-    from pystrom.io.arrow.inflate import inflate
+    from pystrom.io.arrow.codecs.decompress import inflate
 
     cp = gpu_backend.xp
     codec = pa.Codec("zstd")
@@ -138,7 +138,7 @@ def test_zstd_batch_matches_libzstd(gpu_backend):
 def test_frames_into_arrays_of_their_own(gpu_backend):
     """Each frame to its own address (dst_arrays: how a column is inflated in place), in reverse
     order through one buffer; nothing written between them; the sizes left on the device (wait=False)."""
-    from pystrom.io.arrow.inflate import inflate
+    from pystrom.io.arrow.codecs.decompress import inflate
 
     cp = gpu_backend.xp
     codec = pa.Codec("lz4")

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 import simt
 
-from pystrom.io.arrow.inflate import Frames
-from pystrom.io.arrow.inflate_host import inflate_host
+from pystrom.io.arrow.codecs.decompress import Frames
+from pystrom.io.arrow.codecs.host import inflate_host
 
 pytestmark = pytest.mark.skipif(simt.CXX is None, reason="no C++ compiler")
 
@@ -50,7 +50,7 @@ def _frames(payloads: list[bytes], compressed: list[bytes]) -> Frames:
 
 
 def _run_kernel(lz4, frames: Frames) -> np.ndarray:
-    """inflate_device's launch (io/arrow/inflate_device.py), with host addresses for the outputs."""
+    """inflate_device's launch (io/arrow/codecs/device.py), with host addresses for the outputs."""
     n = len(frames.src_offsets)
     base = frames.dst.ctypes.data
     addresses = base + frames.dst_offsets

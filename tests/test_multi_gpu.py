@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from pystrom import Table
-from pystrom._backend import cuda_device_count
+from pystrom.memory.backend import cuda_device_count
 from pystrom.testing import assert_tables_equal
 
 from datagen import TYPES, make_sliced

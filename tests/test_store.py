@@ -89,7 +89,7 @@ def test_put_get_list_drop_stats(daemon, device):
     source = all_types_table(500)
     t = pystrom.Table.from_arrow(source, device=device)
     with daemon.store() as s:
-        assert s.device == pystrom._backend.resolve_device(device).device
+        assert s.device == pystrom.memory.backend.resolve_device(device).device
         s.put("all", t)
         s.put("view", t.slice(7, 100).select(["string", "float64"]))
         names = {x["name"]: x for x in s.list()}

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pystrom import defaults
-from pystrom._backend import resolve_device
-from pystrom._transfer import host_copy
+from pystrom.memory.backend import resolve_device
+from pystrom.memory.transfer import host_copy
 
 from conftest import needs_gpu
 

@@ -1,4 +1,4 @@
-"""The ZSTD frame check (csrc/zstd_frame.cpp via io/arrow/zstd_frames.py) that guards nvCOMP, and
+"""The ZSTD frame check (csrc/zstd_frame.cpp via io/arrow/codecs/host.py) that guards nvCOMP, and
 nvCOMP behind it (GPU).
 
 Frames pyarrow's zstd codec writes (every size, levels 1 and 19, raw, RLE and compressed blocks) must
@@ -23,7 +23,7 @@ import pytest
 import zstd_cases as zc
 
 import pystrom
-from pystrom.io.arrow.zstd_frames import check_zstd, zstd_reason
+from pystrom.io.arrow.codecs.host import check_zstd, zstd_reason
 
 from conftest import needs_gpu
 
@@ -152,7 +152,7 @@ def _gpu_run(tmp_path, which: str, env: dict | None = None) -> dict:
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_good_frames_through_nvcomp(tmp_path):
-    from pystrom.io.arrow.inflate_device import nvcomp_available
+    from pystrom.io.arrow.codecs.device import nvcomp_available
 
     got = _gpu_run(tmp_path, "good", {"PYSTROM_NVCOMP": "1"})
     bad = [c["name"] for c in got["cases"] if not c["same"]]
@@ -222,8 +222,8 @@ def test_native_decoding_equals_pyarrows_codec(monkeypatch):
     corrupt entropy-coded data: libzstd versions differ in how much of that they notice (the system's
     1.5.4 decoded 15 of ~6,000 that pyarrow's bundled copy refuses; garbage out of both where neither
     does), so there only the contract: the claim or -1, nothing written past a claim."""
-    from pystrom.io.arrow import inflate_host as ih
-    from pystrom.io.arrow.inflate import Frames
+    from pystrom.io.arrow.codecs import host as ih
+    from pystrom.io.arrow.codecs.decompress import Frames
 
     if not ih._libzstd_loads():
         pytest.skip("no libzstd loads here: pyarrow's codec is the only path")
@@ -257,7 +257,7 @@ def test_native_decoding_equals_pyarrows_codec(monkeypatch):
 def test_read_arrow_with_either_zstd_decoder(tmp_path, decoder, monkeypatch):
     """``defaults.zstd_decoder``: the same table either way (pyarrow's codec where no libzstd loads); a
     frame that does not fill its claim refused either way."""
-    from pystrom.io.arrow import inflate_host as ih
+    from pystrom.io.arrow.codecs import host as ih
 
     table = pa.table({"x": np.arange(5000, dtype=np.int64), "y": np.random.default_rng(1).random(5000)})
     path = tmp_path / "z.arrow"

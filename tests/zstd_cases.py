@@ -145,7 +145,7 @@ def _all_cases() -> list[tuple[str, bytes, int]]:
 
 def walk_worker(out_path: str) -> None:
     """Every case through the host check, one at a time (a crash would name none: the parent sees it)."""
-    from pystrom.io.arrow.zstd_frames import check_zstd
+    from pystrom.io.arrow.codecs.host import check_zstd
 
     codes = []
     for _, frame, claim in _all_cases():
@@ -161,10 +161,10 @@ def gpu_worker(out_path: str, which: str) -> None:
     claims of the frames the CPU codecs took, whether the padding between outputs kept its fill."""
     import pyarrow as pa
 
-    from pystrom._backend import resolve_device
-    from pystrom.io.arrow import inflate_device
-    from pystrom.io.arrow.inflate import Frames
-    from pystrom.io.arrow.inflate_device import _inflate_device
+    from pystrom.io.arrow.codecs import device
+    from pystrom.io.arrow.codecs.decompress import Frames
+    from pystrom.io.arrow.codecs.device import _inflate_device
+    from pystrom.memory.backend import resolve_device
 
     backend = resolve_device("cuda")
     cp = backend.xp
@@ -181,13 +181,13 @@ def gpu_worker(out_path: str, which: str) -> None:
         src_host[o : o + len(f)] = np.frombuffer(f, dtype=np.uint8)
     results = []
     on_host = []  # frames the CPU codecs took (nvCOMP should take all good frames that claim bytes)
-    real_on_host = inflate_device._on_host
+    real_on_host = device._on_host
 
     def spy(backend, frames, which):
         on_host.extend(int(frames.dst_sizes[i]) for i in which)
         return real_on_host(backend, frames, which)
 
-    inflate_device._on_host = spy
+    device._on_host = spy
     with backend.activate():
         src = cp.asarray(src_host)
         dst = cp.full(int(dst_offsets[-1] + claims[-1]) + 64, 0xEE, dtype=cp.uint8)

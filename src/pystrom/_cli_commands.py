@@ -230,7 +230,7 @@ def _bench(args: argparse.Namespace) -> int:
         known = sorted(p.stem.removeprefix("bench_") for p in bench_dir.glob("bench_*.py"))
         raise InvalidArgumentError(f"no benchmark {args.only!r} in {bench_dir}; there are: {', '.join(known)}")
     if args.device is not None:
-        from ._backend import resolve_device
+        from .memory.backend import resolve_device
 
         resolve_device(args.device)  # a bad device is a one-line error here, not a traceback in the runner
     argv = [sys.executable, str(bench_dir / "run.py")]

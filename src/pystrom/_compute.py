@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _bitmap, _ops
-from ._layout import ColumnSpec
+from . import _ops
 from ._types import column_type
 from .errors import ExpressionError, SchemaMismatchError
 from .expr import compile_expression, evaluate_columns
+from .memory import bitmap
+from .memory.layout import ColumnSpec
 from .table import Table
 
 if TYPE_CHECKING:
@@ -103,10 +104,10 @@ def with_columns(table: Table, named: Mapping[str, Any]) -> Table:
             if backend.kind == "cpu":
                 nulls = 0 if result is None else n - int(np.count_nonzero(result))
                 if nulls:
-                    block.write_device(cp.validity.offset, _bitmap.pack(backend, result))
+                    block.write_device(cp.validity.offset, bitmap.pack(backend, result))
             else:
                 bits = block.array(cp.validity.offset, np.uint8, (cp.validity.size,))
-                nulls = n - _bitmap.count_set(backend, bits, 0, n)
+                nulls = n - bitmap.count_set(backend, bits, 0, n)
             columns[i] = dataclasses.replace(cp, null_count=nulls, validity=cp.validity if nulls else None)
         backend.synchronize()
     schema = pa.schema(fields, metadata=table.schema.metadata)
@@ -149,7 +150,7 @@ def with_arrays(table: Table, arrays: Mapping[str, tuple[Any, Any]]) -> Table:
             if n:
                 block.array(cp.values.offset, values.dtype, (n,))[...] = values
             if cp.validity is not None and nulls[cp.name]:
-                block.write_device(cp.validity.offset, _bitmap.pack(backend, valid))
+                block.write_device(cp.validity.offset, bitmap.pack(backend, valid))
             else:
                 columns[i] = dataclasses.replace(cp, null_count=0, validity=None)
         backend.synchronize()

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _bitmap
-from ._layout import ColumnSpec, plan_table
 from ._types import Layout
 from .errors import CapacityError, SchemaMismatchError
+from .memory import bitmap
+from .memory.layout import ColumnSpec, plan_table
 
 if TYPE_CHECKING:
     from .table import Table
@@ -116,7 +116,7 @@ def concat(tables: Sequence[Table]) -> Table:
             if col_plan.validity is not None:
                 valid = xp.concatenate([c.is_valid().astype(np.uint8) for c in cols])
                 out = block.array(col_plan.validity.offset, np.uint8, (col_plan.validity.size,))
-                out[...] = _bitmap.pack(backend, valid)
+                out[...] = bitmap.pack(backend, valid)
         backend.synchronize()
     return Table._wrap(block, plan, first.schema, num_rows)
 
@@ -125,7 +125,7 @@ def _element_nulls(backend: Any, column: Any, first: int, last: int) -> int:
     bits = column.child_validity
     if bits is None or last == first:
         return 0
-    return (last - first) - _bitmap.count_set(backend, bits, first, last - first)
+    return (last - first) - bitmap.count_set(backend, bits, first, last - first)
 
 
 def _concat_elements(backend: Any, block: Any, plan: Any, cols: Sequence[Any], spans: list[tuple[int, int]]) -> None:
@@ -146,12 +146,12 @@ def _concat_elements(backend: Any, block: Any, plan: Any, cols: Sequence[Any], s
             + [
                 xp.ones(b - a, dtype=bool)
                 if c.child_validity is None
-                else _bitmap.unpack(backend, c.child_validity, a, b - a)
+                else bitmap.unpack(backend, c.child_validity, a, b - a)
                 for c, (a, b) in zip(cols, spans)
             ]
         )
         dst = block.array(plan.child_validity.offset, np.uint8, (plan.child_validity.size,))
-        dst[...] = _bitmap.pack(backend, valid)[: plan.child_validity.size]
+        dst[...] = bitmap.pack(backend, valid)[: plan.child_validity.size]
 
 
 def _edges(backend: Any, column: Any) -> tuple[int, int]:

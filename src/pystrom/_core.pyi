@@ -27,7 +27,7 @@ def lz4_frames_decode(
 
 def zstd_frames_check(src: Buffer, offsets: Buffer, sizes: Buffer, claims: Buffer, out: Buffer) -> None:
     """Per frame ``src[offsets[i], + sizes[i])`` (int64) claimed to decompress to ``claims[i]`` bytes: 0 in
-    ``out[i]`` (int32) where it is one well-formed zstd frame that can, else a reason code (zstd_frames.py)."""
+    ``out[i]`` (int32) where it is one well-formed zstd frame that can, else a reason code (io/arrow/codecs/host.py)."""
 
 def gather_varbinary(
     src_offsets: Buffer, src_data: Buffer, rows: Buffer, dst_offsets: Buffer, dst_data: Buffer

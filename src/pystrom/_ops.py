@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _bitmap, _core
-from ._backend import Backend, Block, backend_of_array, resolve_device
-from ._layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
+from . import _core
 from ._types import Layout
 from .column import Column
 from .errors import NullValuesError, SchemaMismatchError, UnsupportedTypeError
+from .memory import bitmap
+from .memory.backend import Backend, Block, backend_of_array, resolve_device
+from .memory.layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 
 if TYPE_CHECKING:
     from .table import Table
@@ -105,7 +106,7 @@ def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec
             child_valid = None
             if col.child_validity is not None:
                 bits = col.child_validity
-                child_valid = _bitmap.unpack(backend, bits, 0, bits.shape[0] * 8)[idx]
+                child_valid = bitmap.unpack(backend, bits, 0, bits.shape[0] * 8)[idx]
                 child_nulls = int(idx.shape[0]) - int(xp.count_nonzero(child_valid))
             lengths = (idx, new_offsets, child_valid)
             if new_offsets is not None:
@@ -142,13 +143,13 @@ def _write_gathered(block: Block, plan: ColumnPlan, col: Column, rows: Any, vali
             out = block.array(target.offset, ctype.storage, (int(idx.shape[0]),))
             xp.take(values, idx, out=out)
         if plan.child_validity is not None:
-            block.write_device(plan.child_validity.offset, _bitmap.pack(backend, child_valid))
+            block.write_device(plan.child_validity.offset, bitmap.pack(backend, child_valid))
     elif m:
         shape = (m, ctype.width) if ctype.layout == Layout.BYTES else (m,)
         out = block.array(plan.values.offset, ctype.storage, shape)
         xp.take(col.values, rows, axis=0, out=out)
     if plan.validity is not None:
-        bits = _bitmap.pack(backend, valid)
+        bits = bitmap.pack(backend, valid)
         block.write_device(plan.validity.offset, bits)
 
 
@@ -237,7 +238,7 @@ def _element_nulls(backend: Backend, col: Column) -> Any | None:
     if bits is None:
         return None
     d = col.column_type.list_size
-    valid = _bitmap.unpack(backend, bits, col.offset * d, len(col) * d).reshape(len(col), d)
+    valid = bitmap.unpack(backend, bits, col.offset * d, len(col) * d).reshape(len(col), d)
     return None if bool(valid.all()) else valid
 
 

@@ -50,8 +50,8 @@ def _info(args: argparse.Namespace) -> int:
     import platform
 
     from . import __version__, defaults
-    from ._backend import cuda_device_count, no_gpu_reason, resolve_device
     from ._dist import DISTRIBUTION
+    from .memory.backend import cuda_device_count, no_gpu_reason, resolve_device
 
     def version(dist: str) -> str:
         try:
@@ -73,7 +73,7 @@ def _info(args: argparse.Namespace) -> int:
         print(f"  GPU            none ({no_gpu_reason()})")
     print(f"  default device {resolve_device(None).device}")
     if count and any(version(d) != "not installed" for d in ("kvikio-cu13", "kvikio-cu12")):
-        from .io.arrow.ranges import _configure_kvikio, kvikio_settings
+        from .io.arrow.file.ranges import _configure_kvikio, kvikio_settings
 
         try:
             _configure_kvikio()

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _bitmap
-from ._backend import Block
-from ._layout import ColumnPlan
 from ._types import ColumnType, Layout
 from .errors import ClosedError, NullValuesError, UnsupportedTypeError
+from .memory import bitmap
+from .memory.backend import Block
+from .memory.layout import ColumnPlan
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,7 +90,7 @@ class Column:
         if self._null_count is None and self._plan.validity is None:
             self._null_count = 0
         elif self._null_count is None:
-            self._null_count = self._length - _bitmap.count_set(
+            self._null_count = self._length - bitmap.count_set(
                 self._live_block().backend, self._base_validity(), self._offset, self._length
             )
         return self._null_count
@@ -199,7 +199,7 @@ class Column:
         if self._plan.validity is None:
             with backend.activate():
                 return backend.xp.ones(self._length, dtype=bool)
-        return _bitmap.unpack(backend, self._base_validity(), self._offset, self._length)
+        return bitmap.unpack(backend, self._base_validity(), self._offset, self._length)
 
     # -- conversion -------------------------------------------------------------------------------
 
@@ -222,7 +222,7 @@ class Column:
         if self._plan.child_validity is not None:
             d = self._plan.type.list_size
             backend = self._live_block().backend
-            nulls = self._length * d - _bitmap.count_set(
+            nulls = self._length * d - bitmap.count_set(
                 backend, self.child_validity, self._offset * d, self._length * d
             )
             if nulls:

@@ -179,7 +179,7 @@ def run(rows: int = 10_000_000, device: str | None = None, dsn: str | None = Non
     from psycopg import sql
 
     import pystrom
-    from pystrom._backend import no_gpu_reason, resolve_device
+    from pystrom.memory.backend import no_gpu_reason, resolve_device
 
     backend = resolve_device(device)
     if backend.kind == "cuda":

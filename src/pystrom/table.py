@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _ops
-from ._backend import Backend, Block, resolve_device
-from ._layout import TablePlan
 from .column import Column
 from .errors import ClosedError, ColumnNotFoundError, SchemaMismatchError
+from .memory.backend import Backend, Block, resolve_device
+from .memory.layout import TablePlan
 
 if TYPE_CHECKING:
     import pandas as pd

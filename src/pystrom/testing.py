@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import iter_devices
 from ._embedded_pg import EmbeddedPostgres
+from .memory.backend import iter_devices
 
 __all__ = ["available_devices", "to_host", "assert_tables_equal", "assert_same_on_all_devices", "EmbeddedPostgres"]
 

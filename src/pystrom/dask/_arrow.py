@@ -43,7 +43,7 @@ def scan_arrow(
     PartitionedTable
         ``.stats`` holds the plan's counts (batches and bytes skipped by statistics).
     """
-    from ..io.arrow.scan import ArrowScan
+    from ..io.arrow.scan.scan import ArrowScan
 
     check_device(device)
     scan = ArrowScan(paths, columns, where, batch_rows, "cpu", False)  # the client only reads metadata

@@ -19,8 +19,8 @@ from typing import Any
 
 from dask.base import DaskMethodsMixin, tokenize
 
-from .._backend import resolve_device
 from ..errors import ClosedError, InvalidArgumentError, SchemaMismatchError
+from ..memory.backend import resolve_device
 from ..table import Table
 from ._tasks import concat_tables, filter_rows, row_count, to_array, to_frame
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .._backend import resolve_device
 from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
+from ..memory.backend import resolve_device
 from ..ml._pass import layout_size
 from ..ml._sources import Source
 from ..table import Table

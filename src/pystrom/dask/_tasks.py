@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .._backend import resolve_device
 from ..errors import PostgresError
+from ..memory.backend import resolve_device
 from ..table import Table
 
 __all__ = [
@@ -81,7 +81,7 @@ def read_arrow_group(
     path: str, indices: Sequence[int], columns: Sequence[str], where: str | None, device: Any
 ) -> Table:
     """Record batches ``indices`` of one Arrow file, filtered by ``where``, onto this worker's device."""
-    from ..io.arrow.scan import ArrowScan
+    from ..io.arrow.scan.scan import ArrowScan
 
     scan = ArrowScan(path, columns, where, None, device, False)
     return scan.read_group(path, indices)

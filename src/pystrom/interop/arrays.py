@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .._backend import Backend, backend_of_array
 from .._types import column_type
 from ..errors import SchemaMismatchError, UnsupportedTypeError
+from ..memory.backend import Backend, backend_of_array
 from .arrow_import import host_column
 from .build import DeviceColumn, HostColumn
 from .lists import BufferColumn, list_column

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _bitmap, _core
+from .. import _core
 from .._types import Layout
+from ..memory import bitmap
 
 if TYPE_CHECKING:
     from ..column import Column
@@ -160,7 +161,7 @@ def _elements_array(col: Column) -> ArrowArray:
     keep: list[Any] = [block]
     values = block.ptr + span.offset
     if ctype.storage == np.bool_:
-        bits = _bitmap.pack(block.backend, block.array(span.offset, np.bool_, (count,)))
+        bits = bitmap.pack(block.backend, block.array(span.offset, np.bool_, (count,)))
         keep.append(bits)
         values = block.backend.array_ptr(bits) if bits.size else None
     validity = block.ptr + plan.child_validity.offset if plan.child_validity is not None else None
@@ -181,7 +182,7 @@ def _column_array(out: ArrowArray, col: Column) -> None:
     if ctype.layout == Layout.BOOL:
         # Pack the base column from element 0 so the Arrow offset applies to both buffers alike.
         base = block.array(plan.values.offset, np.bool_, (col.offset + len(col),))
-        bits = _bitmap.pack(backend, base)
+        bits = bitmap.pack(backend, base)
         keep.append(bits)
         buffers = [validity, backend.array_ptr(bits) if bits.size else None]
     elif ctype.layout == Layout.VARBINARY:

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from .. import _bitmap, _core
-from .._layout import align
+from .. import _core
 from .._types import Layout
+from ..memory import bitmap as _bitmap
+from ..memory.layout import align
 
 if TYPE_CHECKING:
-    from .._backend import Backend
     from ..column import Column
+    from ..memory.backend import Backend
 
 __all__ = ["columns_to_arrow"]
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _core
-from .._backend import Backend, Block
-from .._layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 from .._types import ColumnType, Layout
+from ..memory.backend import Backend, Block
+from ..memory.layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 from ..table import Table
 from .lists import BufferColumn
 

@@ -2,7 +2,7 @@
 :func:`list_column`, which builds one from NumPy/CuPy buffers for :func:`~pystrom.interop.build.build_table`.
 
 ``T`` is bool, int8..64, uint8..64 or float16/32/64. A list column of ``n`` rows with ``m`` elements
-in all (``m = n * d`` for a fixed_size_list) has, in the table's allocation (see :mod:`pystrom._layout`;
+in all (``m = n * d`` for a fixed_size_list) has, in the table's allocation (see :mod:`pystrom.memory.layout`;
 every span starts on a 64-byte boundary):
 
 =====================  ==========================================  =========================================
@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .. import _bitmap
-from .._backend import Backend, Block, backend_of_array, resolve_device
-from .._layout import ColumnPlan, ColumnSpec
 from .._types import ColumnType, Layout, column_type
 from ..errors import InvalidArgumentError
+from ..memory import bitmap as _bitmap
+from ..memory.backend import Backend, Block, backend_of_array, resolve_device
+from ..memory.layout import ColumnPlan, ColumnSpec
 
 __all__ = ["BufferColumn", "list_column"]
 

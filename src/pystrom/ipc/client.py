@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _shm, errors
-from .._backend import Backend, Block, resolve_device
+from .. import errors
 from ..errors import IPCError, StoreError, StoreUnavailableError
+from ..memory import shm
+from ..memory.backend import Backend, Block, resolve_device
 from . import protocol
 from .handle import TableLayout
 from .validate import check_table
@@ -105,9 +106,9 @@ class Reservation:
         else:
             # The daemon seals host memory against writes at commit, which the kernel allows only
             # once no writable mapping of it is left: ours becomes read-only here, in place.
-            mapping = _shm.mapping_of(self.block.memory)
+            mapping = shm.mapping_of(self.block.memory)
             if mapping is not None and getattr(mapping, "writable", False):
-                _shm.make_read_only(mapping)
+                shm.make_read_only(mapping)
                 mapping.writable = False
             self.block.memory.flags.writeable = False
         self.store._request(
@@ -226,12 +227,12 @@ class Store:
                 if os.fstat(fd).st_size < size:
                     raise StoreError(f"the daemon sent {os.fstat(fd).st_size} bytes of memory, described as {size}")
                 if writable:  # the reservation keeps its descriptor: commit remaps it read-only
-                    owner = _shm.mapping_of(_shm.map_fd_owned(fd, size, str(desc.get("name"))))
+                    owner = shm.mapping_of(shm.map_fd_owned(fd, size, str(desc.get("name"))))
                     fds.remove(fd)  # owned by the mapping now
                 else:
-                    owner = _shm.mapping_of(_shm.map_fd(fd, size, str(desc.get("name")), writable=False))
+                    owner = shm.mapping_of(shm.map_fd(fd, size, str(desc.get("name")), writable=False))
                 owner.writable = writable
-                owner.sealed = not writable and _shm.seals(fd) & _shm.FROZEN_SEALS == _shm.FROZEN_SEALS
+                owner.sealed = not writable and shm.seals(fd) & shm.FROZEN_SEALS == shm.FROZEN_SEALS
             elif kind == "vmm":
                 owner = _VmmMapping(ordinal, fds[0], size, read_only=not writable)
             elif kind == "cuda_ipc":

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _hostmem, _shm
-from .._backend import Backend, Block, cuda_device_count, resolve_device
 from ..errors import DeviceError, ExporterGoneError, InvalidHandleError, IPCError
+from ..memory import hostmem, shm
+from ..memory.backend import Backend, Block, cuda_device_count, resolve_device
 from . import handle as fmt
 from . import validate
 
@@ -84,7 +84,7 @@ def export_table(table: Table) -> bytes:
     layout = fmt.TableLayout.of(table)
     me = os.getpid()
     if backend.kind == "cpu":
-        m = _hostmem.exportable(block.memory)  # private memory moves into a memfd here (first export only)
+        m = hostmem.exportable(block.memory)  # private memory moves into a memfd here (first export only)
         if m is None or m.fd < 0:
             raise IPCError(
                 "this CPU table's memory cannot be exported: it is "
@@ -169,7 +169,7 @@ def _open_memfd(h: fmt.Handle, fd: int, name: str) -> int:
 def _map_host(h: fmt.Handle) -> np.ndarray:
     (fd,) = struct.unpack_from("<i", h.memory)
     name = h.memory[4:].decode(errors="replace")
-    if not _shm.is_name(name):
+    if not shm.is_name(name):
         raise InvalidHandleError(f"{h.describe()}: {name!r} is not the name of a pystrom memfd")
     if h.device_uuid != boot_id():
         raise IPCError(f"{h.describe()}: the handle comes from another machine (or an earlier boot) than this one")
@@ -185,8 +185,8 @@ def _map_host(h: fmt.Handle) -> np.ndarray:
         with _lock:
             m = _mappings.get(key)
             if m is None or len(m) != size:
-                arr = _shm.map_fd(src, size, name, writable=False)
-                m = _shm.mapping_of(arr)
+                arr = shm.map_fd(src, size, name, writable=False)
+                m = shm.mapping_of(arr)
                 _mappings[key] = m
     finally:
         os.close(src)

@@ -40,16 +40,16 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._layout import ALIGNMENT, ColumnPlan, ColumnSpec, Span, child_length, values_size
 from .._types import Layout, column_type
 from ..column import Column
 from ..errors import InvalidHandleError, UnsupportedTypeError
+from ..memory.layout import ALIGNMENT, ColumnPlan, ColumnSpec, Span, child_length, values_size
 from ..table import Table
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .._backend import Block
+    from ..memory.backend import Block
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "HOST_MEMFD", "CUDA_IPC", "Handle", "TableLayout", "encode", "decode"]
 

@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _shm
-from .._backend import Backend, resolve_device
 from ..errors import Error, InvalidHandleError, StoreError, StorePermissionError, TableExistsError, TableNotFoundError
+from ..memory import shm
+from ..memory.backend import Backend, resolve_device
 from . import protocol
 from .handle import TableLayout
 
@@ -55,7 +55,7 @@ class _Allocation:
         self.ordinal = server.backend.ordinal
         self.uuid = server.uuid_hex
         if self.kind == "memfd":
-            self.fd, self.name = _shm.create_fd(max(nbytes, 1))
+            self.fd, self.name = shm.create_fd(max(nbytes, 1))
             self.size = max(nbytes, 1)
         elif self.kind == "vmm":
             self.handle, self.size = server.vmm.create(nbytes)
@@ -77,7 +77,7 @@ class _Allocation:
         desc: dict[str, Any] = {"kind": self.kind, "size": self.size, "uuid": self.uuid}
         if self.kind == "memfd":
             desc["name"] = self.name
-            return desc, [os.dup(self.fd) if writable else _shm.reopen_read_only(self.fd)]
+            return desc, [os.dup(self.fd) if writable else shm.reopen_read_only(self.fd)]
         if self.kind == "vmm":
             from ._cuda import Vmm
 
@@ -148,7 +148,7 @@ class StoreServer:
         self.vmm: Any = None
         self.vmm_problem: str | None = None
         if self.backend.kind == "cpu":
-            if not _shm.HAVE_MEMFD:
+            if not shm.HAVE_MEMFD:
                 raise StoreError("the CPU store needs Linux memfd (os.memfd_create)")
             self.memory_kind, self.uuid_hex = "memfd", ""
         else:
@@ -401,14 +401,14 @@ class StoreServer:
 
         where = f"commit {entry.name!r}"
         try:
-            _shm.freeze(entry.alloc.fd)
+            shm.freeze(entry.alloc.fd)
         except OSError as exc:
             raise StoreError(
                 f"{where}: cannot seal the table's memory against writes ({exc.strerror or exc}): the writer "
                 "still maps it writable (pystrom's client remaps it read-only before committing)"
             ) from None
         try:
-            memory = _shm.map_fd(entry.alloc.fd, entry.alloc.size, entry.alloc.name, writable=False)
+            memory = shm.map_fd(entry.alloc.fd, entry.alloc.size, entry.alloc.name, writable=False)
             check_table(layout.table(self.backend.wrap(memory, layout.nbytes), where), where)
         except Error:
             with self.lock:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .._backend import Backend, backend_of_array, resolve_device
 from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
+from ..memory.backend import Backend, backend_of_array, resolve_device
 
 __all__ = ["Batch", "is_scan", "prepare_array", "prepare_table", "prefetch", "encode_target", "locate_nonfinite"]
 

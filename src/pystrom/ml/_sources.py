@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .._backend import Backend
 from .._settings import defaults
 from ..errors import DataError
+from ..memory.backend import Backend
 from ._data import Batch, locate_nonfinite, prefetch
 from ._narrow import KernelPass, uses_kernel
 from ._pass import (

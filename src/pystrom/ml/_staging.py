@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from .._layout import ColumnPlan, Span, align
-from .._transfer import host_copy
 from .._types import Layout
+from ..memory.layout import ColumnPlan, Span, align
+from ..memory.transfer import host_copy
 
 __all__ = ["HostStaging", "CudaOps", "batch_layout", "host_staging", "registered_ranges", "staging_stats"]
 

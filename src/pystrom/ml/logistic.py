@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .._backend import resolve_device
 from ..errors import DataError, NotFittedError, SchemaMismatchError, UnsupportedTypeError
+from ..memory.backend import resolve_device
 from ._data import is_scan, is_table, not_2d_message, prepare_array, prepare_table
 from ._irls import IRLSSolver, NumericalWarning
 from ._sources import ArraySource, ScanSource, Source
@@ -389,7 +389,7 @@ class LogisticRegression:
             )
         if not hasattr(X, "__cuda_array_interface__") and not isinstance(X, np.ndarray):
             X = np.asarray(X)
-        from .._backend import backend_of_array
+        from ..memory.backend import backend_of_array
 
         if backend_of_array(X) is None:
             X = np.asarray(X)
@@ -406,7 +406,7 @@ class LogisticRegression:
         return self._decision_array(X, names)
 
     def _decision_array(self, X: Any, names: list[str], valid: Any = None) -> Any:
-        from .._backend import backend_of_array
+        from ..memory.backend import backend_of_array
         from ._data import locate_nonfinite
 
         k = self.coef_.shape[1]

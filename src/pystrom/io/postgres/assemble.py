@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..._layout import ColumnSpec, TablePlan
 from ..._types import Layout
 from ...errors import CapacityError, OutOfMemoryError, PostgresError
 from ...interop.build import build_table_in_place
+from ...memory.layout import ColumnSpec, TablePlan
 from .chunks import ChunkLayout, layout_chunks
 from .decode import decode_into
 from .pump import Kind, Staged, drop_device_copies

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..._layout import TablePlan, child_length
 from ..._types import Layout
 from ...errors import PostgresError
+from ...memory.layout import TablePlan, child_length
 from .pump import DESC_SLOTS, FAILURES, Kind, Staged, new_shape
 from .types import PgColumn
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..._layout import TablePlan
-from ..._transfer import worker_threads
+from ...memory.layout import TablePlan
+from ...memory.transfer import worker_threads
 from .chunks import ChunkLayout, decode_failure, descriptors
 from .decode_device import decode_chunks
 from .pump import decode_cpu

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._layout import TablePlan
 from ...kernels import launch
+from ...memory.layout import TablePlan
 from .chunks import ChunkLayout, decode_failure, descriptors
 from .pump import Kind
 from .types import PgColumn

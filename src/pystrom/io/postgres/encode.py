@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ... import _core
-from ..._transfer import worker_threads
 from ...errors import DataError
+from ...memory.transfer import worker_threads
 from .ddl import ENCODE_FAILURES, EncodeKind, WriteColumn
 
 __all__ = ["Chunk", "descriptors", "encode_failure", "plan_chunks", "HostEncoder", "SLOTS"]

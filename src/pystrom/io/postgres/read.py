@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..._backend import resolve_device
 from ..._progress import check_progress
 from ...errors import InvalidArgumentError, PostgresError
+from ...memory.backend import resolve_device
 from ...table import Table
-from ..arrow.deflate import check_compression
-from ..arrow.write import write_arrow
+from ..arrow.codecs.compress import check_compression
+from ..arrow.write.write import write_arrow
 from .assemble import assemble
 from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session

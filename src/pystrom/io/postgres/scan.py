@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..._backend import resolve_device, stream_group_bytes
 from ..._concat import concat
 from ..._progress import check_progress, reporter
 from ..._udf._where import compile_where_udf
 from ...errors import ExpressionError, InvalidArgumentError, PostgresError, SchemaMismatchError
+from ...memory.backend import resolve_device, stream_group_bytes
 from ...table import Table
 from .assemble import assemble
 from .pump import Kind
