@@ -1,6 +1,6 @@
-// The record batch messages of an Arrow IPC file, parsed for the fields io/arrow/batches.py reads: one
+// The record batch messages of an Arrow IPC file, parsed for the fields io/arrow/read/batches.py reads: one
 // call for every batch rather than a Python flatbuffer walk (and pyarrow's verifier) per batch.
-// Pure C++; binding in module.cpp, the Python twin (which defines what is accepted) in batches.py.
+// Pure C++; binding in module.cpp, the Python twin (which defines what is accepted) in io/arrow/read/batches.py.
 //
 // Every read is bounds-checked against the message's flatbuffer, and the tables read are verified at
 // least as strictly as flatbuffers' Verifier does for pyarrow's ipc.read_message (alignment of every

@@ -15,7 +15,7 @@ void copy_bits(const uint8_t* src, std::size_t src_size, uint64_t src_offset,
 void unpack_bits(const uint8_t* src, std::size_t src_size, uint64_t src_offset,
                  uint8_t* dst, uint64_t count);
 
-// Many unpack_bits at once (a bitmap a record batch, io/arrow/direct.py): for spans s < n, dst[start[s] + i] =
+// Many unpack_bits at once (a bitmap a record batch, io/arrow/read/direct.py): for spans s < n, dst[start[s] + i] =
 // bit (bit[s] + i) of src + at[s], one byte 0/1, for i < count[s]; where at[s] < 0 (no bitmap) the byte
 // `missing` instead. Callers guarantee every span fits src[0, src_size) and dst. CPU twin of
 // kernels/bitmap.cu's unpack_bit_spans.

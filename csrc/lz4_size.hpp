@@ -1,6 +1,6 @@
 // An LZ4 frame decoded into memory of the caller's (lz4_frame_decode), or only the size it decompresses
 // to (lz4_frame_size): one walk of its blocks and sequences serves both, so they refuse the same frames.
-// Pure C++; binding in module.cpp. The CPU inflate (io/arrow/inflate_host.py) decodes with it, and with
+// Pure C++; binding in module.cpp. The CPU inflate (io/arrow/codecs/host.py) decodes with it, and with
 // the size names what a frame that produces more than its buffer's claim really produces.
 #pragma once
 #include <cstddef>

@@ -241,7 +241,7 @@ PYBIND11_MODULE(_core, m) {
   });
 
   // lz4_frames_decode / zstd_frames_decode: dst holds addresses of memory the caller owns, caps[i] bytes
-  // each (io/arrow/inflate.py checks or vouches for them); the frames' spans in src and the indices are
+  // each (io/arrow/codecs/decompress.py checks or vouches for them); the frames' spans in src and the indices are
   // checked here.
   m.def("lz4_frames_decode", [](py::buffer src, py::buffer offsets, py::buffer sizes, py::buffer dst, py::buffer caps,
                                 py::buffer which, py::buffer produced) {
@@ -327,7 +327,7 @@ PYBIND11_MODULE(_core, m) {
                               max_gap, max_bytes, reinterpret_cast<int64_t*>(r.ptr));
   });
 
-  // ptrs are addresses of memory the caller owns and keeps alive (io/arrow/ranges.py checks each piece
+  // ptrs are addresses of memory the caller owns and keeps alive (io/arrow/file/ranges.py checks each piece
   // lies inside its destination array); the runs' bounds are checked here.
   m.def("pread_runs", [](int fd, py::buffer offsets, py::buffer sizes, py::buffer ptrs, py::buffer run_first,
                          int64_t max_call, py::buffer got) {

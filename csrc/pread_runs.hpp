@@ -1,5 +1,5 @@
-// Positional scatter reads of many file pieces into memory (io/arrow/ranges.py's CPU reads, the length
-// prefixes of compressed buffers in io/arrow/compressed.py): the pieces grouped into runs and each run
+// Positional scatter reads of many file pieces into memory (io/arrow/file/ranges.py's CPU reads, the length
+// prefixes of compressed buffers in io/arrow/read/compressed_layouts.py): the pieces grouped into runs and each run
 // read with preadv, in C++ and without the GIL. In Python (a memoryview, a list entry and a loop step a
 // piece) a file of 2048 record batches x 8 columns spent ~40 ms on it.
 // Pure C++; binding in module.cpp.

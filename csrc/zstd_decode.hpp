@@ -1,5 +1,5 @@
 // ZSTD frames decoded by libzstd: the system's copy, loaded at run time (dlopen; never linked, so the
-// package builds without its headers). The CPU inflate (io/arrow/inflate_host.py) decodes with it, a
+// package builds without its headers). The CPU inflate (io/arrow/codecs/host.py) decodes with it, a
 // pool task's frames in one call and one decompression context a thread, where libzstd loads; else with
 // pyarrow's codec, which makes a context and takes a Python call a frame (~12 us: 16,384 frames of 4 KiB,
 // a 2048-batch file, ~200 ms of decoding work where libzstd itself needs ~60).

@@ -1,5 +1,5 @@
 // Structural check of ZSTD frames (RFC 8878) against the size each is claimed to decompress to; nothing is
-// decompressed. Pure C++; binding in module.cpp, reason messages in io/arrow/zstd_frames.py.
+// decompressed. Pure C++; binding in module.cpp, reason messages in io/arrow/codecs/host.py.
 //
 // Why: nvCOMP's batched ZSTD decoder faults (cudaErrorIllegalAddress, which poisons the CUDA context) or
 // hangs on a truncated or corrupt frame, so inflate_device.py hands it only frames that pass this walk;
@@ -16,7 +16,7 @@
 
 namespace pystrom {
 
-// Reasons a frame is refused (0: none). The numbers are part of the binding: zstd_frames.py names them.
+// Reasons a frame is refused (0: none). The numbers are part of the binding: io/arrow/codecs/host.py names them.
 enum ZstdCheck : int32_t {
   kZstdOk = 0,
   kZstdTruncated = 1,          // a header, block or checksum runs past the end of the bytes

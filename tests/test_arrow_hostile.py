@@ -17,7 +17,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 import pystrom
-from pystrom.io.arrow.file.metadata import format as fmt
+from pystrom.io.arrow.file import format as fmt
 from pystrom.io.arrow.file.metadata import open_arrow_file
 from pystrom.io.arrow.write.writer import write_ipc_file
 from pystrom.testing import to_host

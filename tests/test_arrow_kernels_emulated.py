@@ -1,7 +1,8 @@
 """The Arrow read path's GPU kernels (bitmap.cu, strings.cu, copies.cu, arrow_checks.cu) run on the CPU
 under tests/simt.py's emulation against their CPU twins (the C++ core and NumPy), with the arguments the
-read path passes (io/arrow/read/direct.py, inflating.py, offsets.py; _bitmap.py; _ops.py). CI has no GPU: this
-is where a change to these kernels is first checked; the GPU machine runs the real ones in the arrow tests.
+read path passes (io/arrow/read/direct.py, compressed_reads.py, offsets.py; memory/bitmap.py; _ops.py).
+CI has no GPU: this is where a change to these kernels is first checked; the GPU machine runs the real ones
+in the arrow tests.
 """
 
 from __future__ import annotations

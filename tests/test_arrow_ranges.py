@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import pystrom
 from pystrom import _core
-from pystrom.io.arrow.file.metadata import ranges
+from pystrom.io.arrow.file import ranges
 from pystrom.io.arrow.file.ranges import RangeReader
 from pystrom.memory.backend import resolve_device
 

@@ -12,7 +12,7 @@ import pyarrow.feather as feather
 import pytest
 
 import pystrom
-from pystrom.io.arrow.write.write import replace
+from pystrom.io.arrow.write import replace
 
 
 def test_over_an_existing_file_no_temporary_is_left_and_old_readers_keep_theirs(tmp_path):

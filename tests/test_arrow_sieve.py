@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 import pystrom
 from pystrom.errors import FileFormatError
+from pystrom.io.arrow.file import format as fmt
 from pystrom.io.arrow.file.metadata import direct_types, open_arrow_file
-from pystrom.io.arrow.file.metadata import format as fmt
 from pystrom.io.arrow.read.batches import batch_layouts
-from pystrom.io.arrow.scan.scan import sieve
+from pystrom.io.arrow.scan import sieve
 from pystrom.io.arrow.write.writer import write_ipc_file
 
 
@@ -311,7 +311,7 @@ def test_the_mapping_and_the_descriptor_are_of_one_file(tmp_path, monkeypatch):
     """A file replaced between ArrowFile's open and its memory mapping: both are of the file opened."""
     import pyarrow as pa_
 
-    from pystrom.io.arrow.file.metadata import metadata as arrow_file
+    from pystrom.io.arrow.file import metadata as arrow_file
 
     n = 50
     old = pa.table({"k": pa.array(np.arange(n)), "v": pa.array(np.arange(n, dtype=np.float64))})

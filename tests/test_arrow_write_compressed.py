@@ -22,7 +22,7 @@ from test_lists import _table as _list_table
 
 import pystrom
 from pystrom.io.arrow.codecs.compress import Deflater, check_compression, deflate
-from pystrom.io.arrow.file.metadata import format as fmt
+from pystrom.io.arrow.file import format as fmt
 from pystrom.io.arrow.write.writer import write_ipc_file
 from pystrom.testing import to_host
 

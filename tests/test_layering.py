@@ -1,7 +1,7 @@
 """The package's import structure: the data path flows one way.
 
 Every module of ``src/pystrom`` is parsed (not imported) and its imports resolved to modules of the
-package. Three rules:
+package. Five rules:
 
 1. Module-level imports form no cycle anywhere in the package.
 2. Among the modules of the PostgreSQL path (``pystrom.io.postgres``), no import at any depth, inside
@@ -9,6 +9,10 @@ package. Three rules:
 3. Elsewhere an import inside a function may close a loop only where a convenience method reaches up
    a layer (``Table.export()`` importing ``pystrom.ipc``); such an import says so on its line, with a
    ``# up:`` comment naming why, so every loop in the package is written down where it is made.
+4. The Arrow file path's stages (``pystrom.io.arrow``: file, codecs, read, scan, write) import only
+   stages before their own, at any depth, inside functions too: the read path flows one way.
+5. The memory layer (``pystrom.memory``) imports nothing above it: only itself and the package's
+   foundations (errors, settings, types, the C++ core, the kernel loader).
 """
 
 from __future__ import annotations
@@ -217,3 +221,91 @@ def test_checker_finds_a_planted_loop(source, target):
     """The checker itself: a loop added to the real graph is found."""
     edges = _edges() + [Edge(source, target, 1, True, "")]
     assert _cycle(_graph(edges, lambda e: e.top_level)) is not None
+
+
+# -- rules 4 and 5 ----------------------------------------------------------------------------------
+
+ARROW = "pystrom.io.arrow"
+ARROW_STAGES = ("file", "codecs", "read", "scan", "write")  # each may import only those before it
+MEMORY = "pystrom.memory"
+BELOW_MEMORY = {
+    "pystrom.errors",
+    "pystrom._settings",
+    "pystrom._types",
+    "pystrom._core",
+    "pystrom._dist",
+    "pystrom.kernels",
+}
+
+
+def _arrow_stage(module: str) -> int | None:
+    """The position of ``module``'s stage in ARROW_STAGES; None outside them (the package's own __init__)."""
+    if not module.startswith(ARROW + "."):
+        return None
+    stage = module[len(ARROW) + 1 :].split(".")[0]
+    return ARROW_STAGES.index(stage) if stage in ARROW_STAGES else None
+
+
+def _against_the_stages(edges: list[Edge]) -> list[str]:
+    bad = []
+    for e in edges:
+        source, target = _arrow_stage(e.source), _arrow_stage(e.target)
+        if source is not None and target is not None and target > source:
+            bad.append(f"{e.source}:{e.line} ({ARROW_STAGES[source]}) imports {e.target} ({ARROW_STAGES[target]})")
+    return bad
+
+
+def _above_memory(edges: list[Edge]) -> list[str]:
+    return [
+        f"{e.source}:{e.line} imports {e.target}"
+        for e in edges
+        if e.source.startswith(MEMORY)
+        and not (e.target == MEMORY or e.target.startswith(MEMORY + ".") or e.target in BELOW_MEMORY)
+    ]
+
+
+def test_every_arrow_module_is_in_a_stage():
+    """A module added at io/arrow/'s top level would escape rule 4: only the package's __init__ lives there."""
+    loose = [m for m in _modules() if m.startswith(ARROW + ".") and _arrow_stage(m) is None]
+    assert not loose, f"modules of {ARROW} outside its stages {ARROW_STAGES}: {loose}"
+    stages = {_arrow_stage(m) for m in _modules() if m.startswith(ARROW + ".")}
+    assert stages == set(range(len(ARROW_STAGES)))
+
+
+def test_arrow_stages_import_only_earlier_stages():
+    bad = _against_the_stages(_edges())
+    assert not bad, "imports against the order of io/arrow's stages:\n" + "\n".join(bad)
+
+
+def test_memory_layer_imports_nothing_above_it():
+    modules = [m for m in _modules() if m.startswith(MEMORY + ".")]
+    assert len(modules) >= 6
+    bad = _above_memory(_edges())
+    assert not bad, "the memory layer imports from above it:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "top_level"),
+    [
+        ("pystrom.io.arrow.read.direct", "pystrom.io.arrow.scan.scan", True),  # read -> scan
+        ("pystrom.io.arrow.read.host", "pystrom.io.arrow.write.writer", False),  # read -> write, in a function
+        ("pystrom.io.arrow.codecs.decompress", "pystrom.io.arrow.read.compressed_reads", True),  # codecs -> read
+        ("pystrom.io.arrow.file.metadata", "pystrom.io.arrow.codecs.plan", False),  # file -> codecs
+        ("pystrom.io.arrow.scan.sieve", "pystrom.io.arrow.write.write", True),  # scan -> write
+    ],
+)
+def test_stage_checker_finds_a_planted_violation(source, target, top_level):
+    assert not _against_the_stages(_edges())
+    planted = Edge(source, target, 1, top_level, "up: a comment does not excuse it")
+    assert _against_the_stages(_edges() + [planted]) == [
+        f"{source}:1 ({source.split('.')[3]}) imports {target} ({target.split('.')[3]})"
+    ]
+
+
+@pytest.mark.parametrize(
+    "target", ["pystrom.table", "pystrom.io.arrow.file.ranges", "pystrom.ipc.export", "pystrom._ops"]
+)
+def test_memory_checker_finds_a_planted_violation(target):
+    assert not _above_memory(_edges())
+    planted = Edge("pystrom.memory.bitmap", target, 7, False, "")
+    assert _above_memory(_edges() + [planted]) == [f"pystrom.memory.bitmap:7 imports {target}"]

@@ -169,7 +169,7 @@ def test_gpu_hostile_frames(tmp_path, nvcomp):
     """Refused frames give -1 without nvCOMP; good frames their bytes; frames the check passes but
     libzstd refuses (corrupt entropy-coded contents) some size in [-1, claim] and no fault. Only with
     nvCOMP off (the default): with it on, frames the structure check passes but that are corrupt
-    inside made nvCOMP fault (cudaErrorIllegalAddress) or hang on an H100 (inflate_device.py)."""
+    inside made nvCOMP fault (cudaErrorIllegalAddress) or hang on an H100 (io/arrow/codecs/device.py)."""
     got = _gpu_run(tmp_path, "all", {"PYSTROM_NVCOMP": nvcomp})
     cases = got["cases"]
     built = {n: e for n, _, _, e in zc.built()}

@@ -1,5 +1,5 @@
 // Checks of string offsets read from an Arrow file, before anything follows them.
-// CPU twin: pystrom/io/arrow/offsets.py (_check_host); tests/test_arrow_offsets.py compares the two.
+// CPU twin: pystrom/io/arrow/read/offsets.py (_check_host); tests/test_arrow_offsets.py compares the two.
 //
 // `offsets` holds segments back to back: one segment is one string column of one record batch, its
 // n + 1 int32 offsets (n > 0). For segment s, out[3 s + 0] = its first offset, out[3 s + 1] = its

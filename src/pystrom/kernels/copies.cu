@@ -1,5 +1,5 @@
 // Spans copied to their places in one launch: an InflatingReader's partial reads out of its scratch
-// (io/arrow/inflating.py), one launch a slice rather than a copy a read (2048 batches: ~15,000 of them,
+// (io/arrow/read/compressed_reads.py), one launch a slice rather than a copy a read (2048 batches: ~15,000 of them,
 // bitmaps and string offsets). CPU twin: csrc/gather.cpp copy_out.
 
 // spans is a (3, n) int64 table, rows offset, dst, size: size[s] bytes from src + offset[s] to the device

@@ -5,7 +5,7 @@
 // into the previous block's output, up to 64 KiB), so a frame's blocks cannot be decoded apart. A
 // warp walks one frame's blocks in order; all 32 lanes read the same header bytes (uniform control
 // flow, broadcast loads) and share the copies of literals and matches. CPU twin: liblz4 through
-// pyarrow's codec (io/arrow/inflate.py); tests/test_lz4_kernel.py compares the two.
+// pyarrow's codec (io/arrow/codecs/host.py); tests/test_lz4_kernel.py compares the two.
 //
 // Every length is checked against the frame's input and the output's capacity before it is used,
 // so a corrupt or hostile frame yields -1 (or a short output), never a read or write outside them.

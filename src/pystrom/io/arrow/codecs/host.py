@@ -122,6 +122,7 @@ def inflate_host(frames: Any, at: np.ndarray | None = None) -> np.ndarray:
         produced[order[t::tasks]] = got
     return produced
 
+
 # the codes of csrc/zstd_frame.hpp's ZstdCheck
 _REASONS = {
     1: "the frame runs past the end of its buffer",
