@@ -622,11 +622,11 @@ def _host(a):
 def test_cholesky_solve_every_size():
     """The Newton step's solve (lists, NumPy, blocks of rows, by size) equals a general solve, and
     refuses what is not positive definite as NumPy's Cholesky does."""
-    from pystrom.ml._irls import _cholesky_solve, _newton_solve
+    from pystrom.ml._linalg import cholesky_solve, newton_solve
 
     for bad in ([[1.0, 2.0], [2.0, 1.0]], [[0.0]], [[np.nan, 0.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]):
         with pytest.raises(np.linalg.LinAlgError):
-            _newton_solve(np.array(bad), np.ones(len(bad)))
+            newton_solve(np.array(bad), np.ones(len(bad)))
 
     rng = np.random.default_rng(7)
     for p in (1, 2, 5, 8, 9, 31, 32, 33, 63, 64, 65, 100, 257):
@@ -634,5 +634,5 @@ def test_cholesky_solve_every_size():
         H = A.T @ A + np.eye(p)
         g = rng.normal(size=p)
         ref = np.linalg.solve(H, g)
-        np.testing.assert_allclose(_cholesky_solve(np.linalg.cholesky(H), g), ref, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(_newton_solve(H, g), ref, rtol=1e-9, atol=1e-12, err_msg=f"p={p}")
+        np.testing.assert_allclose(cholesky_solve(np.linalg.cholesky(H), g), ref, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(newton_solve(H, g), ref, rtol=1e-9, atol=1e-12, err_msg=f"p={p}")

@@ -6,7 +6,8 @@
 """
 
 from ._irls import ConvergenceWarning, NumericalWarning, PerfectSeparationWarning
-from .logistic import LogisticRegression, logregr_predict, logregr_predict_prob, logregr_train
+from .logistic import LogisticRegression
+from .madlib import logregr_predict, logregr_predict_prob, logregr_train
 
 __all__ = [
     "LogisticRegression",

@@ -9,25 +9,35 @@ mirrored (``__init__`` stores parameters unchanged, ``get_params``/``set_params`
 
 from __future__ import annotations
 
-import functools
 import inspect
 import numbers
-import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, NotFittedError, SchemaMismatchError, UnsupportedTypeError
-from ..memory.backend import resolve_device
-from ._data import is_scan, is_table, not_2d_message, prepare_array, prepare_table
+from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
+from ._data import is_scan, is_table, not_2d_message
+from ._inputs import (
+    dask_predict,
+    fit_source,
+    frame_names,
+    is_dask,
+    is_frame_like,
+    names_mismatch,
+    not_fitted_error,
+    same_label,
+    sigmoid,
+    table_dtype,
+    valid_rows,
+    xp_of,
+)
 from ._irls import IRLSSolver, NumericalWarning
-from ._sources import ArraySource, ScanSource, Source
-from ._staging import host_staging
+from ._sources import Source
 from ._stats import Summary, compute_statistics
 
-__all__ = ["LogisticRegression", "logregr_train", "logregr_predict", "logregr_predict_prob"]
+__all__ = ["LogisticRegression"]
 
 
 class LogisticRegression:
@@ -180,7 +190,12 @@ class LogisticRegression:
         self._validate_params()
         if isinstance(y, str) and target is None and (is_table(X) or is_scan(X)):
             target, y = y, None
-        source, classes = self._source(X, y, sample_weight, columns, target)
+        source, classes, names, from_frame = fit_source(X, y, sample_weight, columns, target, self.device)
+        self._names_from_frame = from_frame
+        if names is not None:
+            self.feature_names_in_ = np.array(names, dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         try:
             return self._solve(source, classes, rule, intercept_at)
         finally:
@@ -210,66 +225,6 @@ class LogisticRegression:
         self._set_learned(res, source, classes, l2, order)
         return self
 
-    def _source(self, X: Any, y: Any, sample_weight: Any, columns: Any, target: Any) -> tuple[Source, np.ndarray]:
-        if _is_dask(X):
-            from ..dask._fit import dask_source  # up: fit takes dask collections; pystrom.dask builds on ml
-
-            if self.device is not None:
-                raise DataError("device= does not apply to dask input: the partitions are fitted where they live")
-            source, classes, names = dask_source(X, y, sample_weight, columns, target)
-            self._names_from_frame = False
-            if target is not None:
-                self.feature_names_in_ = np.array(names, dtype=object)
-            elif hasattr(self, "feature_names_in_"):
-                del self.feature_names_in_
-            return source, classes
-        if is_table(X):
-            weight = sample_weight if isinstance(sample_weight, str) else None
-            if sample_weight is not None and weight is None:
-                raise UnsupportedTypeError("with a Table, sample_weight is the name of a weight column")
-            if y is not None:
-                raise DataError("with a Table, name the target column: target='name' (y must be None)")
-            batch, classes = prepare_table(X, columns, target, weight, self.device, binary01=False)
-            self.feature_names_in_ = np.array(batch.names, dtype=object)
-            self._names_from_frame = False
-            return ArraySource(batch), classes
-        if is_scan(X):
-            weight = sample_weight if isinstance(sample_weight, str) else None
-            if (sample_weight is not None and weight is None) or y is not None:
-                raise UnsupportedTypeError("with a scan of Tables, pass target='name' (and sample_weight='column')")
-            first = next(iter(X), None)
-            if first is None:
-                raise DataError("the scan yielded no batches: nothing to fit")
-            if not is_table(first):
-                raise UnsupportedTypeError(
-                    f"a scan must yield pystrom Tables; its first item is a {type(first).__name__}"
-                )
-            device = self.device if self.device is not None else first.device
-            backend = resolve_device(device)
-
-            def prepare(table: Any) -> Any:
-                if not is_table(table):
-                    raise UnsupportedTypeError(f"a scan must yield pystrom Tables; it yielded a {type(table).__name__}")
-                return prepare_table(table, columns, target, weight, backend, binary01=True)[0]
-
-            batch0 = prepare(first)
-            self.feature_names_in_ = np.array(batch0.names, dtype=object)
-            self._names_from_frame = False
-            read = None if columns is None else [*batch0.names, target] + ([weight] if weight else [])
-            staging = host_staging(backend, first, read)
-            return ScanSource(X, prepare, backend, batch0, staging), np.array([False, True])
-        if columns is not None or target is not None:
-            raise DataError("columns= and target= apply to Tables; for arrays pass fit(X, y)")
-        if hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        names = _frame_names(X)
-        batch, classes = prepare_array(X, y, sample_weight, self.device)
-        self._names_from_frame = names is not None  # scikit-learn warns when such a model gets bare arrays
-        if names is not None:
-            self.feature_names_in_ = np.array(names, dtype=object)
-            batch.names = list(names)
-        return ArraySource(batch), classes
-
     def _class_weights(self, classes: np.ndarray, source: Source) -> tuple[float, float]:
         cw = self.class_weight
         if cw is None:
@@ -280,12 +235,12 @@ class LogisticRegression:
                 raise DataError("class_weight='balanced' needs rows of both classes")
             total = n0 + n1
             return (total / (2.0 * n0), total / (2.0 * n1))
-        unknown = [key for key in cw if not any(_same_label(key, c) for c in classes)]
+        unknown = [key for key in cw if not any(same_label(key, c) for c in classes)]
         if unknown:
             raise DataError(f"class_weight names label(s) {unknown!r} that are not classes {list(classes)!r}")
         out = []
         for c in classes:
-            match = [v for key, v in cw.items() if _same_label(key, c)]
+            match = [v for key, v in cw.items() if same_label(key, c)]
             out.append(float(match[0]) if match else 1.0)
         return out[0], out[1]
 
@@ -347,7 +302,7 @@ class LogisticRegression:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "coef_"):
-            raise _not_fitted_error()("this LogisticRegression is not fitted yet: call fit(X, y) before using it")
+            raise not_fitted_error()("this LogisticRegression is not fitted yet: call fit(X, y) before using it")
 
     def decision_function(self, X: Any, *, columns: Sequence[str] | None = None) -> Any:
         """w.x + b for every row, on X's device (float64; float32 X is multiplied in float32); a dask
@@ -357,31 +312,31 @@ class LogisticRegression:
         Aliased coefficients (NaN) count as 0: the predictions are the reduced model's.
         """
         self._check_fitted()
-        if _is_dask(X):
-            return _dask_predict(self, "decision_function", X, columns)
+        if is_dask(X):
+            return dask_predict(self, "decision_function", X, columns)
         if is_table(X):
             names = list(columns) if columns is not None else list(getattr(self, "feature_names_in_", []))
             if not names:
                 raise DataError("this model was fitted on an array: pass columns=[...] to predict from a Table")
             table = X if self.device is None else X.to(self.device)
-            valid = _valid_rows(table, names)
-            array = table.to_array(names, dtype=_table_dtype(table, names), nulls="raise" if valid is None else "nan")
+            valid = valid_rows(table, names)
+            array = table.to_array(names, dtype=table_dtype(table, names), nulls="raise" if valid is None else "nan")
             return self._decision_array(array, names, valid)
         if is_scan(X):
             parts = [self.decision_function(t, columns=columns) for t in X]
-            xp = _xp_of(parts[0]) if parts else np
+            xp = xp_of(parts[0]) if parts else np
             return xp.concatenate(parts) if parts else np.zeros(0)
-        frame_names = _frame_names(X)
+        given_names = frame_names(X)
         fitted_names = getattr(self, "feature_names_in_", None)
-        if frame_names is not None and fitted_names is not None and list(frame_names) != list(fitted_names):
-            raise DataError(_names_mismatch(list(frame_names), [str(n) for n in fitted_names]))
-        if frame_names is not None and fitted_names is None:
+        if given_names is not None and fitted_names is not None and list(given_names) != list(fitted_names):
+            raise DataError(names_mismatch(list(given_names), [str(n) for n in fitted_names]))
+        if given_names is not None and fitted_names is None:
             warnings.warn(
                 "X has feature names, but LogisticRegression was fitted without feature names",
                 UserWarning,
                 stacklevel=2,
             )
-        if frame_names is None and getattr(self, "_names_from_frame", False) and not _is_frame_like(X):
+        if given_names is None and getattr(self, "_names_from_frame", False) and not is_frame_like(X):
             warnings.warn(
                 "X does not have valid feature names, but LogisticRegression was fitted with feature names",
                 UserWarning,
@@ -402,7 +357,7 @@ class LogisticRegression:
                 raise UnsupportedTypeError(f"X has dtype object and holds non-numbers: {exc}") from None
         if X.dtype.kind not in "iufb":
             raise UnsupportedTypeError(f"X has dtype {X.dtype}; numeric features are needed")
-        names = list(frame_names) if frame_names is not None else [f"x{j}" for j in range(X.shape[1])]
+        names = list(given_names) if given_names is not None else [f"x{j}" for j in range(X.shape[1])]
         return self._decision_array(X, names)
 
     def _decision_array(self, X: Any, names: list[str], valid: Any = None) -> Any:
@@ -433,19 +388,19 @@ class LogisticRegression:
 
     def predict_proba(self, X: Any, **kwargs: Any) -> Any:
         """(n, 2) probabilities of ``classes_[0]`` and ``classes_[1]`` (NaN for rows with NULLs)."""
-        if _is_dask(X):
-            return _dask_predict(self, "predict_proba", X, kwargs.get("columns"))
+        if is_dask(X):
+            return dask_predict(self, "predict_proba", X, kwargs.get("columns"))
         d = self.decision_function(X, **kwargs)
-        xp = _xp_of(d)
-        p1 = _sigmoid(xp, d)
+        xp = xp_of(d)
+        p1 = sigmoid(xp, d)
         return xp.stack([1.0 - p1, p1], axis=1)
 
     def predict_log_proba(self, X: Any, **kwargs: Any) -> Any:
         """(n, 2) natural logs of :meth:`predict_proba`, computed without rounding to 0 first."""
-        if _is_dask(X):
-            return _dask_predict(self, "predict_log_proba", X, kwargs.get("columns"))
+        if is_dask(X):
+            return dask_predict(self, "predict_log_proba", X, kwargs.get("columns"))
         d = self.decision_function(X, **kwargs)
-        xp = _xp_of(d)
+        xp = xp_of(d)
         tail = xp.log1p(xp.exp(-xp.abs(d)))
         return xp.stack([-(xp.maximum(d, 0.0) + tail), -(xp.maximum(-d, 0.0) + tail)], axis=1)
 
@@ -455,12 +410,12 @@ class LogisticRegression:
         Rows of a Table with NULL features have no label: the result is then float64 with NaN there
         for numeric or bool labels (True as 1.0, as pandas does), or a NumPy object array with None.
         """
-        if _is_dask(X):
-            return _dask_predict(self, "predict", X, kwargs.get("columns"))
+        if is_dask(X):
+            return dask_predict(self, "predict", X, kwargs.get("columns"))
         return self._labels(self.decision_function(X, **kwargs))
 
     def _labels(self, d: Any) -> Any:
-        xp = _xp_of(d)
+        xp = xp_of(d)
         missing = xp.isnan(d)
         classes = self.classes_
         if not bool(missing.any()):
@@ -483,7 +438,7 @@ class LogisticRegression:
         if not is_table(X) and (isinstance(y, str) or isinstance(sample_weight, str)):
             raise DataError("score(X, 'name') names a column of a Table; for arrays pass the labels")
         d = self.decision_function(X)
-        xp = _xp_of(d)
+        xp = xp_of(d)
         keep = ~xp.isnan(d)
         if is_table(X):
             table = X if self.device is None else X.to(self.device)
@@ -529,198 +484,3 @@ class LogisticRegression:
             ("condition number of X^T A X", f"{self.condition_no_:.4g}"),
         ]
         return Summary(self._stat_names, self._stats, header)
-
-
-def _not_fitted_error() -> type:
-    """Our NotFittedError; when scikit-learn is loaded, one that is also scikit-learn's (its checks ask for it)."""
-    sk = sys.modules.get("sklearn.exceptions")
-    if sk is None:
-        return NotFittedError
-    return _sklearn_not_fitted(sk.NotFittedError)
-
-
-@functools.cache
-def _sklearn_not_fitted(base: type) -> type:
-    return type("NotFittedError", (NotFittedError, base), {"__module__": NotFittedError.__module__})
-
-
-def _same_label(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
-def _frame_names(X: Any) -> list[str] | None:
-    """A pandas DataFrame's column names (all strings), as scikit-learn's ``feature_names_in_``."""
-    cols = getattr(X, "columns", None)
-    if cols is None or not hasattr(X, "iloc"):
-        return None
-    names = list(cols)
-    return names if names and all(isinstance(n, str) for n in names) else None
-
-
-def _names_mismatch(given: list[str], fitted: list[str]) -> str:
-    """scikit-learn's wording (its checks match it), then the names."""
-    unseen, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
-    text = "The feature names should match those that were passed during fit.\n"
-    for title, names in (
-        ("Feature names unseen at fit time:", unseen),
-        ("Feature names seen at fit time, yet now missing:", missing),
-    ):
-        if names:
-            text += title + "\n" + "".join(f"- {n}\n" for n in names[:5]) + ("- ...\n" if len(names) > 5 else "")
-    if not unseen and not missing:
-        text += "Feature names must be in the same order as they were in fit.\n"
-    return text + f"(X has {given!r}; this model was fitted on {fitted!r})"
-
-
-def _is_frame_like(X: Any) -> bool:
-    return hasattr(X, "columns") and hasattr(X, "iloc")
-
-
-def _valid_rows(table: Any, names: Sequence[str]) -> Any:
-    """True where none of the named columns is NULL; None when they hold no NULLs."""
-    valid = None
-    for name in names:
-        col = table.column(name)
-        if col.null_count:
-            v = col.is_valid()
-            valid = v if valid is None else valid & v
-    return valid
-
-
-def _table_dtype(table: Any, names: list[str]) -> Any:
-    return np.float32 if {str(table.column(n).type) for n in names} == {"float"} else np.float64
-
-
-def _is_dask(x: Any) -> bool:
-    """A pystrom.dask collection or a dask array (dask is never imported here: it was if x is one)."""
-    if "dask" not in sys.modules:
-        return False
-    from ..dask._fit import is_dask_input  # up: fit and predict take dask input
-
-    return is_dask_input(x)
-
-
-def _dask_predict(model: LogisticRegression, method: str, X: Any, columns: Sequence[str] | None) -> Any:
-    """``model.method`` on dask input: a dask array whose blocks are the method on each partition, where it lives."""
-    from ..dask._fit import dask_predict  # up: predictions on dask input are dask arrays
-
-    model._check_fitted()
-    return dask_predict(model, method, X, columns, _table_dtype)
-
-
-def _xp_of(a: Any) -> Any:
-    if isinstance(a, np.ndarray):
-        return np
-    import cupy
-
-    return cupy
-
-
-def _sigmoid(xp: Any, d: Any) -> Any:
-    e = xp.exp(-xp.abs(d))
-    return xp.where(d >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
-# -- MADlib's functions ---------------------------------------------------------------------------
-
-
-def _independent(independent: str | Sequence[Any]) -> tuple[list[str], int | None]:
-    """Column names, and where MADlib's intercept marker ``1`` stands among the items (None: absent)."""
-    if isinstance(independent, str):
-        text = independent.strip()
-        if text.upper().startswith("ARRAY[") and text.endswith("]"):
-            text = text[6:-1]
-        independent = [p.strip() for p in text.split(",") if p.strip()]
-    names: list[str] = []
-    intercept_at = None
-    for item in independent:
-        if not isinstance(item, bool) and (item == 1 or item == "1"):
-            if intercept_at is not None:
-                raise DataError("the independent variables hold the intercept marker 1 twice")
-            intercept_at = len(names)
-        elif isinstance(item, str):
-            names.append(item)
-        else:
-            raise DataError(f"independent variables are column names (and 1 for the intercept); got {item!r}")
-    return names, intercept_at
-
-
-def logregr_train(
-    table: Any,
-    dependent: str,
-    independent: str | Sequence[Any],
-    max_iter: int = 20,
-    tol: float = 1e-4,
-    **kwargs: Any,
-) -> LogisticRegression:
-    """MADlib's ``logregr_train`` (optimizer ``'irls'``) on a Table or a scan: returns the fitted model.
-
-    As in MADlib, point by point (docs/ml.md lists them): ``independent`` lists feature column names
-    and the intercept is fitted only where it holds ``1`` (``"ARRAY[1, x1, x2]"`` or ``[1, "x1", "x2"]``);
-    ``coefficients_`` and the statistics follow the array's order; iteration stops after ``max_iter``
-    iterations or when the log-likelihood changed by less than ``tol`` (absolute), and the last
-    iteration's Newton step is applied (its statistics are those of the pass before it); rows with a
-    NULL are skipped and counted. Other keyword arguments go to :class:`LogisticRegression`.
-    """
-    names, intercept_at = _independent(independent)
-    if "fit_intercept" in kwargs and bool(kwargs["fit_intercept"]) != (intercept_at is not None):
-        raise DataError(
-            "logregr_train takes the intercept from the independent array: include 1 in it, or leave it out"
-        )
-    kwargs["fit_intercept"] = intercept_at is not None
-    model = LogisticRegression(max_iter=max_iter, tol=tol, **kwargs)
-    return model._fit(table, None, None, names, dependent, rule="madlib", intercept_at=intercept_at or 0)
-
-
-def _model_and_names(model: Any, independent: Any) -> tuple[LogisticRegression, list[str] | None]:
-    if isinstance(model, LogisticRegression):
-        model._check_fitted()
-        return model, _independent(independent)[0] if independent is not None else None
-    coef = np.asarray(model, dtype=np.float64).ravel()  # MADlib's coef array, in the array's order
-    if independent is None:  # no array to align with: intercept first
-        if coef.size < 2:
-            raise DataError("coefficients must hold the intercept and at least one feature weight")
-        intercept, weights, names = coef[0], coef[1:], None
-    else:
-        names, at = _independent(independent)
-        if at is None and coef.size == len(names) + 1:  # names without the 1, coef with the intercept first
-            at = 0
-        if coef.size != len(names) + (at is not None):
-            raise DataError(
-                f"{coef.size} coefficient(s) for {len(names) + (at is not None)} independent variable(s): "
-                "the lengths must be equal"
-            )
-        intercept = coef[at] if at is not None else 0.0
-        weights = np.delete(coef, at) if at is not None else coef
-        if not len(names):
-            raise DataError("the independent variables name no column")
-    m = LogisticRegression()
-    m.coef_, m.intercept_ = weights.reshape(1, -1), np.array([intercept])
-    m.classes_ = np.array([False, True])
-    return m, names
-
-
-def logregr_predict(model: Any, table: Any, independent: Any = None) -> Any:
-    """MADlib's ``logregr_predict``: True where the predicted probability is above 0.5.
-
-    Rows with a NULL feature have no prediction (MADlib: NULL): the result is then float64, NaN there.
-    """
-    m, names = _model_and_names(model, independent)
-    d = m.decision_function(table, columns=names)
-    xp = _xp_of(d)
-    missing = xp.isnan(d)
-    if not bool(missing.any()):
-        return d > 0
-    out = (d > 0).astype(np.float64)
-    out[missing] = np.nan
-    return out
-
-
-def logregr_predict_prob(model: Any, table: Any, independent: Any = None) -> Any:
-    """MADlib's ``logregr_predict_prob``: the probability of the positive class for every row (NaN for NULLs)."""
-    m, names = _model_and_names(model, independent)
-    d = m.decision_function(table, columns=names)
-    return _sigmoid(_xp_of(d), d)
