@@ -17,7 +17,7 @@ import pytest
 
 import pystrom
 from pystrom import Table
-from pystrom.ml import LogisticRegression, logistic
+from pystrom.ml import LogisticRegression, _inputs
 from pystrom.ml._staging import HostStaging, batch_layout, registered_ranges, staging_stats
 
 from conftest import device_memory_in_use, needs_gpu
@@ -127,7 +127,7 @@ def fake(monkeypatch):
         made.append(FakeOps(backend, refuse["on"]))
         return HostStaging(backend, columns, ops=made[-1])
 
-    monkeypatch.setattr(logistic, "host_staging", staging)
+    monkeypatch.setattr(_inputs, "host_staging", staging)
     return made
 
 
@@ -183,7 +183,7 @@ def _mixed_case():
 def _direct(batches, device="cpu", columns=None):
     """The same fit without staging (the prefetch path)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(logistic, "host_staging", lambda *a: None)
+        mp.setattr(_inputs, "host_staging", lambda *a: None)
         return LogisticRegression(device=device).fit(batches, target="y", columns=columns)
 
 
