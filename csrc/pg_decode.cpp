@@ -276,7 +276,7 @@ DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrow
           case INT2: at<int16_t>(d[1])[row] = 0; break;
           case INT4: case FLOAT4: case DATE: case OID: at<int32_t>(d[1])[row] = 0; break;
           case INT8: case FLOAT8: case NUMERIC_F64: case TIMESTAMP: at<int64_t>(d[1])[row] = 0; break;
-          case NUMERIC_DEC128: case UUID: std::memset(at<uint8_t>(d[1]) + row * 16, 0, 16); break;
+          case NUMERIC_DEC128: case UUID: case MONEY: std::memset(at<uint8_t>(d[1]) + row * 16, 0, 16); break;
           case VARLEN: at<int32_t>(d[1])[row] = static_cast<int32_t>(d[4] + written[c]); break;
           case VECTOR_F4: std::memset(at<uint8_t>(d[1]) + row * d[6] * 4, 0, static_cast<std::size_t>(d[6] * 4)); break;
           case VECTOR_F2: std::memset(at<uint8_t>(d[1]) + row * d[6] * 2, 0, static_cast<std::size_t>(d[6] * 2)); break;
@@ -336,6 +336,14 @@ DecodeError decode_rows(const uint8_t* buf, const int64_t* offsets, int64_t nrow
           break;
         case UUID:
           if (len != 16) failure = BAD_LENGTH; else std::memcpy(at<uint8_t>(d[1]) + row * 16, p, 16);
+          break;
+        case MONEY:
+          if (len != 8) {
+            failure = BAD_LENGTH;
+          } else {  // sign-extended into decimal128's two little-endian 64-bit halves
+            const uint64_t v[2] = {be64(p), static_cast<int64_t>(be64(p)) < 0 ? ~uint64_t(0) : 0};
+            std::memcpy(at<uint8_t>(d[1]) + row * 16, v, 16);
+          }
           break;
         case VECTOR_F4: case VECTOR_F2: {
           const int64_t dim = d[6];

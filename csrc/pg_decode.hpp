@@ -30,6 +30,7 @@ enum Kind : int64_t {
   ARRAY_INT8 = 18,
   ARRAY_FLOAT4 = 19,
   ARRAY_FLOAT8 = 20,
+  MONEY = 21,  // money: int64 in the currency's smallest unit -> decimal128 (scale: lc_monetary's digits)
 };
 
 // An array's binary form: int32 ndim, int32 has-NULL flag, int32 element OID, per dimension int32 size and

@@ -101,15 +101,11 @@ int numeric_digits(uint32_t limbs[4], int scale, uint16_t digits[12], int* weigh
   return nd;
 }
 
-// One field of a row: its length (-1: NULL) and, when out is not null, its bytes at out. Sets
-// *failure for a value PostgreSQL cannot take.
-int64_t encode_field(const int64_t* d, int64_t row, uint8_t* out, int64_t* failure) {
-  const int64_t kind = d[0], values = d[1], validity = d[2];
-  if (validity != 0) {
-    const uint64_t bit = uint64_t(d[3]) + uint64_t(row);
-    if (((reinterpret_cast<const uint8_t*>(validity)[bit >> 3] >> (bit & 7)) & 1) == 0) return -1;
-  }
-  const int64_t param = d[5], div = d[6];
+// One value of a scalar kind (E_BOOL .. E_INTERVAL, E_MDN_INTERVAL): value `index` of the buffer at
+// `values`; its length and, when out is not null, its bytes at out. Sets *failure for a value
+// PostgreSQL cannot take.
+int64_t encode_scalar(int64_t kind, int64_t values, int64_t row, int64_t param, int64_t div, uint8_t* out,
+                      int64_t* failure) {
   switch (kind) {
     case E_BOOL:
       if (out) out[0] = load<uint8_t>(values, row) ? 1 : 0;
@@ -257,6 +253,150 @@ int64_t encode_field(const int64_t* d, int64_t row, uint8_t* out, int64_t* failu
       }
       return 16;
     }
+    case E_MDN_INTERVAL: {
+      if (out) {
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(values) + row * 16;
+        uint32_t months, days;
+        int64_t ns;
+        std::memcpy(&months, p, 4);
+        std::memcpy(&days, p + 4, 4);
+        std::memcpy(&ns, p + 8, 8);
+        const int64_t us = ns / 1000 - ((ns % 1000 != 0 && ns < 0) ? 1 : 0);  // floored, as timestamps
+        put64(out, uint64_t(us));
+        put32(out + 8, days);
+        put32(out + 12, months);
+      }
+      return 16;
+    }
+    default:
+      *failure = E_RANGE;  // unreachable: the Python side only builds the kinds above
+      return 0;
+  }
+}
+
+// An element's bytes on the wire (fixed-width element kinds) and the element type OID it is sent as.
+inline int64_t wire_width(int64_t kind) {
+  switch (kind) {
+    case E_BOOL: return 1;
+    case E_INT8: case E_UINT8: case E_INT16: return 2;
+    case E_UINT16: case E_INT32: case E_FLOAT16: case E_FLOAT32: return 4;
+    default: return 8;  // E_UINT32, E_INT64, E_FLOAT64 (E_UINT64 is a numeric of its own length)
+  }
+}
+inline uint32_t element_oid(int64_t kind) {
+  switch (kind) {
+    case E_BOOL: return 16;                                 // bool
+    case E_INT8: case E_UINT8: case E_INT16: return 21;     // int2
+    case E_UINT16: case E_INT32: return 23;                 // int4
+    case E_UINT32: case E_INT64: return 20;                 // int8
+    case E_UINT64: return 1700;                             // numeric
+    case E_FLOAT16: case E_FLOAT32: return 700;             // float4
+    default: return 701;                                    // float8
+  }
+}
+
+inline bool bit_set(int64_t bitmap, int64_t k) {
+  return ((reinterpret_cast<const uint8_t*>(bitmap)[uint64_t(k) >> 3] >> (uint64_t(k) & 7)) & 1) != 0;
+}
+
+constexpr int64_t kMaxField = 0x3FFFFFFF;  // PostgreSQL's largest field (MaxAllocSize - 1)
+
+// A list row as a one-dimensional array (array_send's layout: ndim, has-NULL flag, element OID, then
+// for one dimension its size and lower bound 1; an empty array is ndim 0 and nothing after the OID),
+// each element as its length (-1: NULL) and bytes.
+int64_t encode_array(const int64_t* d, int64_t row, uint8_t* out, int64_t* failure) {
+  const int64_t ekind = d[5], dim = d[6], child_bits = d[7];
+  int64_t first, count;
+  if (d[1] == 0) {  // a fixed_size_list (d may be 0: every row empty)
+    first = d[8] + row * dim;
+    count = dim;
+  } else {
+    first = load<int32_t>(d[1], row);
+    count = int64_t(load<int32_t>(d[1], row + 1)) - first;
+  }
+  int64_t nulls = 0;
+  if (child_bits != 0) {
+    for (int64_t j = 0; j < count; ++j) nulls += bit_set(child_bits, first + j) ? 0 : 1;
+  }
+  int64_t size = count == 0 ? 12 : 20;
+  if (ekind == E_UINT64) {
+    for (int64_t j = 0; j < count; ++j) {
+      if (child_bits == 0 || bit_set(child_bits, first + j)) {
+        size += encode_scalar(ekind, d[4], first + j, 0, 1, nullptr, failure);
+      }
+    }
+    size += 4 * count;
+  } else {
+    size += 4 * count + (count - nulls) * wire_width(ekind);
+  }
+  if (size > kMaxField) {
+    *failure = E_TOO_LONG;
+    return 0;
+  }
+  if (out) {
+    put32(out, count == 0 ? 0 : 1);
+    put32(out + 4, nulls != 0 ? 1 : 0);
+    put32(out + 8, element_oid(ekind));
+    uint8_t* p = out + 12;
+    if (count != 0) {
+      put32(p, uint32_t(count));
+      put32(p + 4, 1);
+      p += 8;
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      if (child_bits != 0 && !bit_set(child_bits, first + j)) {
+        put32(p, 0xFFFFFFFFu);
+        p += 4;
+        continue;
+      }
+      const int64_t len = encode_scalar(ekind, d[4], first + j, 0, 1, p + 4, failure);
+      put32(p, uint32_t(len));
+      p += 4 + len;
+    }
+  }
+  return size;
+}
+
+// A fixed_size_list<float32|float16>[d] row as pgvector's vector(d) | halfvec(d): int16 dimension,
+// int16 unused (0), the d values big-endian (float4 | float2). pgvector refuses NULL elements, NaN
+// and infinities: so do we, naming the row, before anything is sent.
+int64_t encode_vector(const int64_t* d, int64_t row, uint8_t* out, int64_t* failure) {
+  const bool half = d[5] == E_FLOAT16;
+  const int64_t dim = d[6], first = d[8] + row * dim, child_bits = d[7];
+  const int64_t width = half ? 2 : 4;
+  if (out == nullptr) {  // the sizes pass checks every element
+    for (int64_t j = 0; j < dim; ++j) {
+      if (child_bits != 0 && !bit_set(child_bits, first + j)) {
+        *failure = E_VECTOR_NULL;
+        return 0;
+      }
+      const bool finite = half ? (load<uint16_t>(d[4], first + j) & 0x7C00u) != 0x7C00u
+                                : (load<uint32_t>(d[4], first + j) & 0x7F800000u) != 0x7F800000u;
+      if (!finite) {
+        *failure = E_VECTOR_VALUE;
+        return 0;
+      }
+    }
+    return 4 + dim * width;
+  }
+  put16(out, uint32_t(dim));
+  put16(out + 2, 0);
+  for (int64_t j = 0; j < dim; ++j) {
+    if (half) {
+      put16(out + 4 + 2 * j, load<uint16_t>(d[4], first + j));
+    } else {
+      put32(out + 4 + 4 * j, load<uint32_t>(d[4], first + j));
+    }
+  }
+  return 4 + dim * width;
+}
+
+// One field of a row: its length (-1: NULL) and, when out is not null, its bytes at out. Sets
+// *failure for a value PostgreSQL cannot take.
+int64_t encode_field(const int64_t* d, int64_t row, uint8_t* out, int64_t* failure) {
+  const int64_t kind = d[0], values = d[1], validity = d[2];
+  if (validity != 0 && !bit_set(validity, d[3] + row)) return -1;
+  switch (kind) {
     case E_VARLEN: {
       const int32_t a = load<int32_t>(values, row), b = load<int32_t>(values, row + 1);
       const int64_t len = int64_t(b) - a;
@@ -264,12 +404,16 @@ int64_t encode_field(const int64_t* d, int64_t row, uint8_t* out, int64_t* failu
       return len;
     }
     case E_FIXED: {
+      const int64_t param = d[5];
       if (out) std::memcpy(out, reinterpret_cast<const uint8_t*>(values) + row * param, std::size_t(param));
       return param;
     }
+    case E_ARRAY:
+      return encode_array(d, row, out, failure);
+    case E_VECTOR:
+      return encode_vector(d, row, out, failure);
     default:
-      *failure = E_RANGE;  // unreachable: the Python side only builds the kinds above
-      return 0;
+      return encode_scalar(kind, values, row, d[5], d[6], out, failure);
   }
 }
 

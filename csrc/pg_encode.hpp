@@ -36,13 +36,20 @@ enum EncodeKind : int64_t {
   E_INTERVAL = 18,  // int64 units * slot 5 / slot 6 -> interval (microseconds, 0 days, 0 months)
   E_VARLEN = 19,    // int32 offsets + bytes -> text / bytea
   E_FIXED = 20,     // slot 5 bytes per value -> bytea / uuid
+  E_MDN_INTERVAL = 21,  // 16 bytes: int32 months, int32 days, int64 ns -> interval (microseconds, ns floored)
+  E_ARRAY = 22,     // list<T> / fixed_size_list<T>[d] -> a one-dimensional T[]; slot 5 = T's kind (E_BOOL..E_FLOAT64)
+  E_VECTOR = 23,    // fixed_size_list<float32|float16>[d] -> pgvector vector(d) | halfvec(d); slot 5 = E_FLOAT32|16
 };
 
-// One column's source, as 8 int64 slots:
-//   kind, values (or int32 offsets) address of row 0, validity bitmap address (0: no NULLs),
-//   bit of row 0 in the bitmap, string data address, parameter (scale, width or multiplier),
-//   divisor (sub-microsecond units), unused.
-constexpr int kEncodeSlots = 8;
+// One column's source, as 10 int64 slots:
+//   0 kind, 1 values (or int32 offsets) address of row 0, 2 validity bitmap address (0: no NULLs),
+//   3 bit of row 0 in the bitmap, 4 string data address, 5 parameter (scale, width, multiplier or
+//   element kind), 6 divisor (sub-microsecond units) or d (fixed_size_list, vector), 7 element
+//   validity bitmap address (0: no NULL elements), 8 element index of row 0 (fixed_size_list, vector), 9 unused.
+// A list's elements are addressed by their index in the child buffer: offsets[row] + j for list<T>
+// (slot 1: the offsets, absolute), slot 8 + row * d + j for fixed_size_list<T>[d] (slot 1: 0); element k's value is
+// at slot 4 + k * sizeof(T) and its validity bit is bit k of slot 7's bitmap.
+constexpr int kEncodeSlots = 10;
 
 // Values PostgreSQL cannot take, reported with the first failing row and column.
 enum EncodeFailure : int64_t {
@@ -50,6 +57,9 @@ enum EncodeFailure : int64_t {
   E_RANGE = 1,       // a date or timestamp outside PostgreSQL's range (4713 BC .. 5874897 AD / 294276 AD)
   E_TIME_RANGE = 2,  // a time of day outside [00:00, 24:00]
   E_OVERFLOW = 3,    // a duration or timestamp whose microseconds overflow int64
+  E_VECTOR_NULL = 4,   // a NULL element in a row sent as a pgvector vector (pgvector has none)
+  E_VECTOR_VALUE = 5,  // NaN or +-Infinity in a vector (pgvector refuses them)
+  E_TOO_LONG = 6,      // a field past PostgreSQL's 1 GB limit
 };
 
 struct EncodeError {

@@ -21,6 +21,7 @@ from test_postgres_write import _arrow_table
 import pystrom
 from pystrom import DataError
 from pystrom.io.postgres import encode, write
+from pystrom.io.postgres.encode_device import failure_key
 
 psycopg = pytest.importorskip("psycopg")
 from psycopg import sql  # noqa: E402
@@ -52,7 +53,7 @@ def emulated(monkeypatch, kernels):
                 want = super().starts().copy()
             except DataError as exc:
                 assert key != _NO_FAILURE, f"the C++ encoder refused a value the kernel took: {exc}"
-                got = encode.encode_failure(self._cols, key & 3, key >> 13, (key >> 2) & 0x7FF)
+                got = encode.encode_failure(self._cols, *failure_key(key))
                 assert str(got) == str(exc)
                 raise
             assert key == _NO_FAILURE, "the kernel refused a value the C++ encoder took"

@@ -18,7 +18,7 @@
 // per row writing 768 floats left each load instruction touching 32 rows' cache lines.
 
 enum Kind { BOOL = 0, INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC_F64, NUMERIC_DEC128, DATE, TIMESTAMP, VARLEN, UUID,
-            OID, VECTOR_F4, VECTOR_F2, ARRAY_BOOL, ARRAY_INT2, ARRAY_INT4, ARRAY_INT8, ARRAY_FLOAT4, ARRAY_FLOAT8 };
+            OID, VECTOR_F4, VECTOR_F2, ARRAY_BOOL, ARRAY_INT2, ARRAY_INT4, ARRAY_INT8, ARRAY_FLOAT4, ARRAY_FLOAT8, MONEY };
 enum Failure { OK = 0, BAD_LENGTH, DECIMAL_OVERFLOW, DECIMAL_SPECIAL, DECIMAL_SCALE, UNEXPECTED_NULL, TIMESTAMP_RANGE,
                VECTOR_DIM, ARRAY_NDIM, ARRAY_ELEMENT, ARRAY_LENGTH, ARRAY_BAD };
 
@@ -331,7 +331,7 @@ __device__ __forceinline__ void decode_row(const unsigned char* p, long long r, 
         case INT2: at<short>(d[1])[row] = 0; break;
         case INT4: case FLOAT4: case DATE: case OID: at<int>(d[1])[row] = 0; break;
         case INT8: case FLOAT8: case NUMERIC_F64: case TIMESTAMP: at<long long>(d[1])[row] = 0; break;
-        case NUMERIC_DEC128: case UUID: {
+        case NUMERIC_DEC128: case UUID: case MONEY: {
           unsigned int* o = at<unsigned int>(d[1]) + row * 4;
           o[0] = o[1] = o[2] = o[3] = 0;
           break;
@@ -397,6 +397,16 @@ __device__ __forceinline__ void decode_row(const unsigned char* p, long long r, 
         } else {
           unsigned char* o = at<unsigned char>(d[1]) + row * 16;
           for (int k = 0; k < 16; ++k) o[k] = p[k];
+        }
+        break;
+      case MONEY:  // int64 in the currency's smallest unit -> decimal128 (sign-extended, little endian)
+        if (len != 8) {
+          failure = BAD_LENGTH;
+        } else {
+          const unsigned long long v = be64(p);
+          unsigned long long* o = at<unsigned long long>(d[1]) + row * 2;
+          o[0] = v;
+          o[1] = (long long)v < 0 ? ~0ULL : 0ULL;
         }
         break;
       case VARLEN:

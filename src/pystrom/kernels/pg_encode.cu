@@ -1,18 +1,21 @@
 // Arrow-layout columns -> PostgreSQL binary COPY rows, one thread per row. CPU twin: csrc/pg_encode.cpp
 // (same descriptors, kinds and failure codes; the tests compare the two byte for byte).
 //
-// Descriptor: 8 long longs per column: kind, values/offsets address of row 0, validity address (0: none),
-// bit of row 0 in the validity bitmap, string data address, parameter (decimal scale, fixed width or
-// unit multiplier), divisor (sub-microsecond units), unused.
+// Descriptor: 10 long longs per column: kind, values/offsets address of row 0, validity address (0: none),
+// bit of row 0 in the validity bitmap, string data (or list element) address, parameter (decimal scale,
+// fixed width, unit multiplier or element kind), divisor (sub-microsecond units) or d (fixed_size_list,
+// vector), element validity address (0: none), element index of row 0 (fixed_size_list, vector), unused.
 // pg_encode_sizes writes each row's encoded size and the first failure (atomicMin over a key of row,
 // column and code); the host scans the sizes into row starts; pg_encode_rows writes every row at its start.
 
 enum Kind { E_BOOL = 0, E_INT8, E_UINT8, E_INT16, E_UINT16, E_INT32, E_UINT32, E_INT64, E_UINT64, E_FLOAT16,
             E_FLOAT32, E_FLOAT64, E_DECIMAL, E_DATE32, E_DATE64, E_TIMESTAMP, E_TIME32, E_TIME64, E_INTERVAL,
-            E_VARLEN, E_FIXED };
-enum Failure { E_OK = 0, E_RANGE = 1, E_TIME_RANGE = 2, E_OVERFLOW = 3 };
+            E_VARLEN, E_FIXED, E_MDN_INTERVAL, E_ARRAY, E_VECTOR };
+enum Failure { E_OK = 0, E_RANGE = 1, E_TIME_RANGE = 2, E_OVERFLOW = 3, E_VECTOR_NULL = 4, E_VECTOR_VALUE = 5,
+               E_TOO_LONG = 6 };
 
-#define SLOTS 8
+#define SLOTS 10
+#define MAX_FIELD 0x3FFFFFFFLL
 #define DATE_SHIFT 10957LL
 #define TIMESTAMP_SHIFT 946684800000000LL
 #define DATE_MIN (-2451545LL)
@@ -38,6 +41,10 @@ __device__ __forceinline__ void put32(unsigned char* p, unsigned int v) {
 __device__ __forceinline__ void put64(unsigned char* p, unsigned long long v) {
   put32(p, (unsigned int)(v >> 32));
   put32(p + 4, (unsigned int)v);
+}
+__device__ __forceinline__ unsigned long long load_u64_bytes4(const unsigned char* p) {
+  return (unsigned long long)p[0] | ((unsigned long long)p[1] << 8) | ((unsigned long long)p[2] << 16) |
+         ((unsigned long long)p[3] << 24);  // little endian, 4 bytes
 }
 __device__ __forceinline__ unsigned long long load_u64_bytes(const unsigned char* p) {
   unsigned long long v = 0;
@@ -102,16 +109,9 @@ __device__ int numeric_digits(unsigned int limbs[4], int scale, unsigned short d
   return nd;
 }
 
-// One field: its length (-1: NULL) and, when out is not null, its bytes at out.
-__device__ long long encode_field(const long long* d, long long row, unsigned char* out, int* failure) {
-  const long long kind = d[0];
-  const unsigned char* values = (const unsigned char*)d[1];
-  const unsigned char* validity = (const unsigned char*)d[2];
-  if (validity != 0) {
-    const unsigned long long bit = (unsigned long long)d[3] + (unsigned long long)row;
-    if (((validity[bit >> 3] >> (bit & 7)) & 1) == 0) return -1;
-  }
-  const long long param = d[5], div = d[6];
+// One value of a scalar kind (E_BOOL .. E_INTERVAL, E_MDN_INTERVAL): value `row` of the buffer at `values`.
+__device__ long long encode_scalar(long long kind, const unsigned char* values, long long row, long long param,
+                                   long long div, unsigned char* out, int* failure) {
   switch (kind) {
     case E_BOOL:
       if (out) out[0] = values[row] ? 1 : 0;
@@ -253,6 +253,144 @@ __device__ long long encode_field(const long long* d, long long row, unsigned ch
       }
       return 16;
     }
+    case E_MDN_INTERVAL: {
+      if (out) {
+        const unsigned char* p = values + row * 16;
+        const unsigned int months = (unsigned int)load_u64_bytes4(p), days = (unsigned int)load_u64_bytes4(p + 4);
+        const long long ns = (long long)load_u64_bytes(p + 8);
+        const long long us = ns / 1000 - ((ns % 1000 != 0 && ns < 0) ? 1 : 0);  // floored, as timestamps
+        put64(out, (unsigned long long)us);
+        put32(out + 8, days);
+        put32(out + 12, months);
+      }
+      return 16;
+    }
+    default:
+      *failure = E_RANGE;
+      return 0;
+  }
+}
+
+// A list element's bytes on the wire (fixed-width element kinds) and the element type OID it is sent as.
+__device__ __forceinline__ long long wire_width(long long kind) {
+  switch (kind) {
+    case E_BOOL: return 1;
+    case E_INT8: case E_UINT8: case E_INT16: return 2;
+    case E_UINT16: case E_INT32: case E_FLOAT16: case E_FLOAT32: return 4;
+    default: return 8;
+  }
+}
+__device__ __forceinline__ unsigned int element_oid(long long kind) {
+  switch (kind) {
+    case E_BOOL: return 16;
+    case E_INT8: case E_UINT8: case E_INT16: return 21;
+    case E_UINT16: case E_INT32: return 23;
+    case E_UINT32: case E_INT64: return 20;
+    case E_UINT64: return 1700;
+    case E_FLOAT16: case E_FLOAT32: return 700;
+    default: return 701;
+  }
+}
+__device__ __forceinline__ bool bit_set(const long long bitmap, long long k) {
+  const unsigned long long b = (unsigned long long)k;
+  return ((((const unsigned char*)bitmap)[b >> 3] >> (b & 7)) & 1) != 0;
+}
+
+// A list row as a one-dimensional array (array_send's layout; an empty array has ndim 0).
+__device__ long long encode_array(const long long* d, long long row, unsigned char* out, int* failure) {
+  const long long ekind = d[5], dim = d[6], child_bits = d[7];
+  const unsigned char* elements = (const unsigned char*)d[4];
+  long long first, count;
+  if (d[1] == 0) {  // a fixed_size_list (d may be 0)
+    first = d[8] + row * dim;
+    count = dim;
+  } else {
+    const int* offsets = (const int*)d[1];
+    first = offsets[row];
+    count = (long long)offsets[row + 1] - first;
+  }
+  long long nulls = 0;
+  if (child_bits != 0) {
+    for (long long j = 0; j < count; ++j) nulls += bit_set(child_bits, first + j) ? 0 : 1;
+  }
+  long long size = count == 0 ? 12 : 20;
+  if (ekind == E_UINT64) {
+    for (long long j = 0; j < count; ++j) {
+      if (child_bits == 0 || bit_set(child_bits, first + j)) {
+        size += encode_scalar(ekind, elements, first + j, 0, 1, 0, failure);
+      }
+    }
+    size += 4 * count;
+  } else {
+    size += 4 * count + (count - nulls) * wire_width(ekind);
+  }
+  if (size > MAX_FIELD) {
+    *failure = E_TOO_LONG;
+    return 0;
+  }
+  if (out) {
+    put32(out, count == 0 ? 0u : 1u);
+    put32(out + 4, nulls != 0 ? 1u : 0u);
+    put32(out + 8, element_oid(ekind));
+    unsigned char* p = out + 12;
+    if (count != 0) {
+      put32(p, (unsigned int)count);
+      put32(p + 4, 1u);
+      p += 8;
+    }
+    for (long long j = 0; j < count; ++j) {
+      if (child_bits != 0 && !bit_set(child_bits, first + j)) {
+        put32(p, 0xFFFFFFFFu);
+        p += 4;
+        continue;
+      }
+      const long long len = encode_scalar(ekind, elements, first + j, 0, 1, p + 4, failure);
+      put32(p, (unsigned int)len);
+      p += 4 + len;
+    }
+  }
+  return size;
+}
+
+// A fixed_size_list<float32|float16>[d] row as pgvector's vector(d) | halfvec(d): int16 dimension, int16 0,
+// the values big-endian. The sizes pass refuses NULL elements and NaN / infinities, as pgvector does.
+__device__ long long encode_vector(const long long* d, long long row, unsigned char* out, int* failure) {
+  const bool half = d[5] == E_FLOAT16;
+  const long long dim = d[6], first = d[8] + row * dim, child_bits = d[7];
+  const long long width = half ? 2 : 4;
+  if (out == 0) {
+    for (long long j = 0; j < dim; ++j) {
+      if (child_bits != 0 && !bit_set(child_bits, first + j)) {
+        *failure = E_VECTOR_NULL;
+        return 0;
+      }
+      const bool finite = half ? (((const unsigned short*)d[4])[first + j] & 0x7C00u) != 0x7C00u
+                               : (((const unsigned int*)d[4])[first + j] & 0x7F800000u) != 0x7F800000u;
+      if (!finite) {
+        *failure = E_VECTOR_VALUE;
+        return 0;
+      }
+    }
+    return 4 + dim * width;
+  }
+  put16(out, (unsigned int)dim);
+  put16(out + 2, 0u);
+  for (long long j = 0; j < dim; ++j) {
+    if (half) {
+      put16(out + 4 + 2 * j, ((const unsigned short*)d[4])[first + j]);
+    } else {
+      put32(out + 4 + 4 * j, ((const unsigned int*)d[4])[first + j]);
+    }
+  }
+  return 4 + dim * width;
+}
+
+// One field: its length (-1: NULL) and, when out is not null, its bytes at out.
+__device__ long long encode_field(const long long* d, long long row, unsigned char* out, int* failure) {
+  const long long kind = d[0];
+  const unsigned char* values = (const unsigned char*)d[1];
+  if (d[2] != 0 && !bit_set(d[2], d[3] + row)) return -1;
+  switch (kind) {
     case E_VARLEN: {
       const int a = ((const int*)values)[row], b = ((const int*)values)[row + 1];
       const long long len = (long long)b - a;
@@ -263,15 +401,19 @@ __device__ long long encode_field(const long long* d, long long row, unsigned ch
       return len;
     }
     case E_FIXED: {
+      const long long param = d[5];
       if (out) {
         const unsigned char* src = values + row * param;
         for (long long i = 0; i < param; ++i) out[i] = src[i];
       }
       return param;
     }
+    case E_ARRAY:
+      return encode_array(d, row, out, failure);
+    case E_VECTOR:
+      return encode_vector(d, row, out, failure);
     default:
-      *failure = E_RANGE;
-      return 0;
+      return encode_scalar(kind, values, row, d[5], d[6], out, failure);
   }
 }
 
@@ -286,7 +428,7 @@ extern "C" __global__ void pg_encode_sizes(const long long* desc, int ncols, lon
       const long long len = encode_field(desc + c * SLOTS, row, 0, &failure);
       if (failure != E_OK) {
         // The first failing (row, column) wins, as in the CPU twin's sequential pass.
-        atomicMin(first_failure, ((unsigned long long)row << 13) | ((unsigned long long)c << 2) | failure);
+        atomicMin(first_failure, ((unsigned long long)row << 14) | ((unsigned long long)c << 3) | failure);
         break;
       }
       size += 4 + (len > 0 ? len : 0);

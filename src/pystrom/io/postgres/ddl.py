@@ -21,9 +21,15 @@ timestamp[unit]                timestamp             microseconds (ns floored); 
 timestamp[unit, tz]            timestamptz           the values are UTC instants
 time32, time64                 time                  microseconds (ns floored)
 duration[unit]                 interval              microseconds, no days or months
+month_day_nano_interval        interval              months, days, microseconds (ns floored)
 string / binary                text / bytea          text must be valid in the server's encoding
 fixed_size_binary(w)           bytea
 uuid                           uuid
+list<T>, fixed_size_list<T>    T[] (one dimension)   T as above (uint64: numeric(20, 0)[]); NULL
+                                                     elements kept
+fixed_size_list<float32>[d]    vector(d)             pgvector: with vector=True or into an existing
+fixed_size_list<float16>[d]    halfvec(d)            vector/halfvec column (else real[])
+binary into bit / varbit       varbit                the value is PostgreSQL's binary form of the bits
 =============================  ====================  ==================================================
 """
 
@@ -38,6 +44,9 @@ from ...errors import ColumnNotFoundError, InvalidArgumentError, SchemaMismatchE
 
 __all__ = [
     "EncodeKind",
+    "check_identifier_length",
+    "retarget",
+    "vector_column",
     "ENCODE_FAILURES",
     "WriteColumn",
     "target_columns",
@@ -72,6 +81,9 @@ class EncodeKind:
     INTERVAL = 18
     VARLEN = 19
     FIXED = 20
+    MDN_INTERVAL = 21
+    ARRAY = 22
+    VECTOR = 23
 
 
 # Encoder failure codes (csrc/pg_encode.hpp) and what they mean to a user.
@@ -79,7 +91,29 @@ ENCODE_FAILURES = {
     1: "a date or timestamp outside PostgreSQL's range (4713 BC to 5874897 AD for dates, 294276 AD for timestamps)",
     2: "a time of day outside 00:00 .. 24:00",
     3: "a duration whose microseconds overflow int64",
+    4: "a NULL element in a vector (pgvector's vectors have none: fill or drop it first)",
+    5: "NaN or +-Infinity in a vector (pgvector refuses them)",
+    6: "a value larger than PostgreSQL's 1 GB field limit",
 }
+
+# A list element's NumPy dtype -> (encoder kind, PostgreSQL element type)
+_ELEMENTS = {
+    "bool": (EncodeKind.BOOL, "boolean"),
+    "int8": (EncodeKind.INT8, "smallint"),
+    "uint8": (EncodeKind.UINT8, "smallint"),
+    "int16": (EncodeKind.INT16, "smallint"),
+    "uint16": (EncodeKind.UINT16, "integer"),
+    "int32": (EncodeKind.INT32, "integer"),
+    "uint32": (EncodeKind.UINT32, "bigint"),
+    "int64": (EncodeKind.INT64, "bigint"),
+    "uint64": (EncodeKind.UINT64, "numeric(20, 0)"),
+    "float16": (EncodeKind.FLOAT16, "real"),
+    "float32": (EncodeKind.FLOAT32, "real"),
+    "float64": (EncodeKind.FLOAT64, "double precision"),
+}
+# pgvector's dense types by element dtype, and the most dimensions either takes (VECTOR_MAX_DIM, HALFVEC_MAX_DIM)
+_VECTORS = {"float32": (EncodeKind.FLOAT32, "vector"), "float16": (EncodeKind.FLOAT16, "halfvec")}
+VECTOR_MAX_DIM = 16000
 
 # unit -> (multiplier, divisor) to microseconds
 _MICROS = {"s": (1_000_000, 1), "ms": (1_000, 1), "us": (1, 1), "ns": (1, 1_000)}
@@ -90,8 +124,26 @@ class WriteColumn:
     name: str
     pg_type: str  # SQL type text, composed into DDL with sql.SQL (ours, never the user's)
     kind: int
-    param: int = 0  # decimal scale, fixed width or unit multiplier
-    div: int = 1  # unit divisor (ns)
+    param: int = 0  # decimal scale, fixed width, unit multiplier or a list's element kind
+    div: int = 1  # unit divisor (ns); d of a fixed_size_list or vector
+
+
+def vector_column(name: str, ctype: Any) -> WriteColumn:
+    """A fixed_size_list<float32|float16>[d] column as pgvector's vector(d) | halfvec(d), or refused."""
+    element = ctype.storage.name if ctype.layout in Layout.NESTED else None
+    if ctype.layout != Layout.FIXED_LIST or element not in _VECTORS:
+        raise UnsupportedTypeError(
+            f"column {name!r} has type {ctype.arrow}, which is not sent as a pgvector vector: vectors come from "
+            "fixed_size_list<float32> (vector) or <float16> (halfvec) columns, e.g. a 2-D float32 array"
+            + (" (cast it to float32 first)" if element == "float64" else "")
+        )
+    d = ctype.list_size
+    if not 1 <= d <= VECTOR_MAX_DIM:
+        raise UnsupportedTypeError(
+            f"column {name!r} has type {ctype.arrow}: pgvector's vectors have 1 to {VECTOR_MAX_DIM} dimensions"
+        )
+    kind, pg = _VECTORS[element]
+    return WriteColumn(name, f"{pg}({d})", EncodeKind.VECTOR, kind, d)
 
 
 def _map(name: str, ctype: Any) -> WriteColumn:
@@ -142,11 +194,18 @@ def _map(name: str, ctype: Any) -> WriteColumn:
         return WriteColumn(name, "interval", EncodeKind.INTERVAL, mul, div)
     if pt.is_fixed_size_binary(arrow) and ctype.layout == Layout.BYTES:
         return WriteColumn(name, "bytea", EncodeKind.FIXED, ctype.width)
+    if arrow == pa.month_day_nano_interval():
+        return WriteColumn(name, "interval", EncodeKind.MDN_INTERVAL)
+    if ctype.layout in Layout.NESTED:
+        kind, element = _ELEMENTS[ctype.storage.name]
+        return WriteColumn(name, f"{element}[]", EncodeKind.ARRAY, kind, ctype.list_size)
     raise UnsupportedTypeError(f"column {name!r} has type {ctype.arrow}, which write_postgres cannot send")
 
 
-def target_columns(table: Any, columns: Sequence[str] | None) -> list[WriteColumn]:
-    """The columns to write (all, or ``columns`` in that order) and how each is sent."""
+def target_columns(table: Any, columns: Sequence[str] | None, vector: Any = False) -> list[WriteColumn]:
+    """The columns to write (all, or ``columns`` in that order) and how each is sent. ``vector``: True
+    sends every fixed_size_list<float32|float16> column as a pgvector vector (halfvec), a list of names
+    those columns (each must be one)."""
     if columns is None:
         names = list(table.column_names)
     else:
@@ -165,19 +224,79 @@ def target_columns(table: Any, columns: Sequence[str] | None) -> list[WriteColum
     for n in names:
         if "\x00" in n:
             raise InvalidArgumentError(f"column name {n!r} contains a NUL byte, which PostgreSQL refuses")
-    return [_map(n, table.column(n).column_type) for n in names]
+        check_identifier_length(n, "column")
+    named = _vector_names(vector, names)
+    cols = []
+    for n in names:
+        ctype = table.column(n).column_type
+        if n in named:
+            cols.append(vector_column(n, ctype))
+        elif vector is True and _vector_shaped(ctype):
+            cols.append(vector_column(n, ctype))
+        else:
+            cols.append(_map(n, ctype))
+    return cols
+
+
+def _vector_shaped(ctype: Any) -> bool:
+    return ctype.layout == Layout.FIXED_LIST and ctype.storage.name in _VECTORS and ctype.list_size >= 1
+
+
+def _vector_names(vector: Any, names: Sequence[str]) -> set[str]:
+    if isinstance(vector, bool):
+        return set()
+    if isinstance(vector, str) or not isinstance(vector, Sequence) or not all(isinstance(v, str) for v in vector):
+        raise InvalidArgumentError(f"vector must be True, False or a list of column names; got {vector!r}")
+    for v in vector:
+        if v not in names:
+            raise ColumnNotFoundError(f"vector names column {v!r}, which is not written; columns: {list(names)}")
+    return set(vector)
+
+
+def retarget(cols: Sequence[WriteColumn], table: Any, existing: dict[str, str]) -> list[WriteColumn]:
+    """The columns as sent into an existing table whose column types are ``existing`` (name -> pg_type's
+    typname): a fixed_size_list<float32|float16> into a vector or halfvec column goes as a pgvector vector
+    (the server casts halfvec and vector into each other), a binary column into bit or varbit as varbit
+    (its bytes are PostgreSQL's binary form of the bits, as ``read_postgres`` reads them)."""
+    out = []
+    for c in cols:
+        typ = existing.get(c.name)
+        ctype = table.column(c.name).column_type
+        if typ in ("vector", "halfvec") and c.kind != EncodeKind.VECTOR and _vector_shaped(ctype):
+            c = vector_column(c.name, ctype)
+        elif typ in ("bit", "varbit") and c.kind == EncodeKind.VARLEN and c.pg_type == "bytea":
+            c = WriteColumn(c.name, "varbit", EncodeKind.VARLEN)
+        out.append(c)
+    return out
+
+
+# PostgreSQL keeps the first NAMEDATALEN - 1 bytes of an identifier and drops the rest with only a NOTICE.
+MAX_IDENTIFIER_BYTES = 63
+
+
+def check_identifier_length(name: str, what: str) -> None:
+    """Refuse a name PostgreSQL would truncate (silently, to a name that may be another table's)."""
+    size = len(name.encode("utf-8"))
+    if size > MAX_IDENTIFIER_BYTES:
+        raise InvalidArgumentError(
+            f"{what} name {name!r} is {size} bytes long; PostgreSQL truncates names to {MAX_IDENTIFIER_BYTES} "
+            f"bytes ({name.encode('utf-8')[:MAX_IDENTIFIER_BYTES].decode('utf-8', 'ignore')!r}): use a shorter name"
+        )
 
 
 def target_name(name: Any) -> tuple[str | None, str]:
     """``name`` as (schema or None, relation): a string is one identifier taken literally, a tuple
     ``(schema, name)`` qualifies it."""
     if isinstance(name, str) and name and "\x00" not in name:
+        check_identifier_length(name, "table")
         return None, name
     if (
         isinstance(name, (tuple, list))
         and len(name) == 2
         and all(isinstance(p, str) and p and "\x00" not in p for p in name)
     ):
+        check_identifier_length(name[0], "schema")
+        check_identifier_length(name[1], "table")
         return name[0], name[1]
     raise InvalidArgumentError(
         f"name must be a table name (taken literally, quotes and dots included) or a tuple "

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from ... import _core
+from ..._types import Layout
 from ...errors import DataError
 from ...memory.transfer import worker_threads
 from .ddl import ENCODE_FAILURES, EncodeKind, WriteColumn
 
 __all__ = ["Chunk", "descriptors", "encode_failure", "plan_chunks", "HostEncoder", "SLOTS"]
 
-SLOTS = 8  # int64 slots per column descriptor (csrc/pg_encode.hpp, kernels/pg_encode.cu)
+SLOTS = 10  # int64 slots per column descriptor (csrc/pg_encode.hpp, kernels/pg_encode.cu)
 _SIZE_RANGE = 1 << 20  # rows per task of the parallel sizes pass
 
 
@@ -46,6 +47,14 @@ def descriptors(table: Any, cols: Sequence[WriteColumn]) -> np.ndarray:
         if c.kind == EncodeKind.VARLEN:  # offsets (absolute into data) and data
             values, data = col.offsets, col.data
             desc[i, 4] = backend.array_ptr(data) if data.size else 0
+        elif c.kind in (EncodeKind.ARRAY, EncodeKind.VECTOR):  # elements by their index in the child buffer
+            nested = col.column_type
+            values = col.offsets if nested.layout == Layout.LIST else col.child_values[:0]
+            child = col.child_values
+            desc[i, 4] = backend.array_ptr(child) if child.size else 0
+            bits = col.child_validity
+            desc[i, 7] = backend.array_ptr(bits) if bits is not None else 0
+            desc[i, 8] = col.offset * nested.list_size  # the fixed_size_list's first element
         else:
             values = col.values
         desc[i, 0] = c.kind
@@ -84,10 +93,19 @@ class HostEncoder:
 
     def __init__(self, table: Any, cols: Sequence[WriteColumn]):
         self._table = table  # keeps the buffers the descriptors point at alive
-        self._cols = cols
-        self._desc = descriptors(table, cols)
+        self.reset(cols)
         self.nrows = table.num_rows
         self.xp = np
+
+    @property
+    def table(self) -> Any:
+        """The table encoded."""
+        return self._table
+
+    def reset(self, cols: Sequence[WriteColumn]) -> None:
+        """Encode the columns as ``cols`` says from now on (run :meth:`starts` again)."""
+        self._cols = cols
+        self._desc = descriptors(self._table, cols)
         self._starts: np.ndarray | None = None
 
     def starts(self) -> np.ndarray:

@@ -21,9 +21,14 @@ from ...kernels import launch
 from .ddl import WriteColumn
 from .encode import Chunk, descriptors, encode_failure, plan_chunks
 
-__all__ = ["DeviceEncoder"]
+__all__ = ["DeviceEncoder", "failure_key"]
 
 _NO_FAILURE = (1 << 64) - 1
+
+
+def failure_key(key: int) -> tuple[int, int, int]:
+    """(code, row, column) of pg_encode_sizes's first failure: row << 14 | column << 3 | code."""
+    return key & 7, key >> 14, (key >> 3) & 0x7FF
 
 
 class DeviceEncoder:
@@ -31,14 +36,23 @@ class DeviceEncoder:
 
     def __init__(self, table: Any, cols: Sequence[WriteColumn]):
         self._table = table  # keeps the buffers the descriptors point at alive
-        self._cols = cols
         self._backend = table._backend
         self.xp = self._backend.xp
         self.nrows = table.num_rows
-        with self._backend.activate():
-            self._desc = self.xp.asarray(descriptors(table, cols))
-        self._starts: Any = None
+        self.reset(cols)
         self._local = threading.local()
+
+    @property
+    def table(self) -> Any:
+        """The table encoded."""
+        return self._table
+
+    def reset(self, cols: Sequence[WriteColumn]) -> None:
+        """Encode the columns as ``cols`` says from now on (run :meth:`starts` again)."""
+        self._cols = cols
+        with self._backend.activate():
+            self._desc = self.xp.asarray(descriptors(self._table, cols))
+        self._starts: Any = None
 
     def starts(self) -> Any:
         """Every row's start on the device (n + 1 int64, the total last); raises :class:`DataError`
@@ -56,7 +70,7 @@ class DeviceEncoder:
             )
             key = int(first.get()[0])  # waits for the kernel
             if key != _NO_FAILURE:
-                raise encode_failure(self._cols, key & 3, key >> 13, (key >> 2) & 0x7FF)
+                raise encode_failure(self._cols, *failure_key(key))
             self._starts = cp.cumsum(sizes)  # sizes[0] is 0: the scan gives each row's start
         return self._starts
 

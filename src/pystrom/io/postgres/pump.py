@@ -50,6 +50,7 @@ class Kind:
     ARRAY_FLOAT4 = 19
     ARRAY_FLOAT8 = 20
     ARRAYS = range(15, 21)
+    MONEY = 21  # int64 -> decimal128
 
 
 # Decoder failure codes (csrc/pg_decode.hpp) and what they mean to a user.

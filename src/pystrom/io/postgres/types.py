@@ -65,6 +65,11 @@ def _arrow_for(oid: int) -> tuple[int, Any] | None:
         1082: (Kind.DATE, pa.date32()),
         1114: (Kind.TIMESTAMP, pa.timestamp("us")),
         1184: (Kind.TIMESTAMP, pa.timestamp("us", tz="UTC")),
+        1083: (Kind.INT8, pa.time64("us")),  # time: int64 microseconds since midnight, as Arrow's time64[us]
+        # bit, varbit: the value is their binary form (int32 bit count, then the bits, first bit in the
+        # high bit of the first byte): Arrow has no bit string, and the count cannot be left out (varbit)
+        1560: (Kind.VARLEN, pa.binary()),
+        1562: (Kind.VARLEN, pa.binary()),
         25: (Kind.VARLEN, pa.utf8()),  # text
         1043: (Kind.VARLEN, pa.utf8()),  # varchar
         1042: (Kind.VARLEN, pa.utf8()),  # bpchar
@@ -85,16 +90,16 @@ def _arrow_for(oid: int) -> tuple[int, Any] | None:
 # a version byte then the text; inet/cidr/macaddr's are address bytes): the server casts them.
 _TEXT_CAST = {3802: "jsonb", 869: "inet", 650: "cidr", 829: "macaddr", 774: "macaddr8"}
 
-_CAST_HINTS = {
-    1083: "::text",  # time
-    1266: "::text",  # timetz
-    18: "::text",  # "char"
-    1560: "::text",  # bit
-    1562: "::text",  # varbit
-    869: "::text",  # inet
-    650: "::text",  # cidr
-    829: "::text",  # macaddr
-    790: "::numeric",  # money
+_CAST_HINTS = {18: "::text"}  # "char"
+
+# Types refused with a reason and the SQL to read them instead ({c}: the column as SQL spells it).
+_REFUSED = {
+    1266: (
+        "a time of day with a time zone offset, which Arrow has no type for",
+        "({c} AT TIME ZONE 'UTC')::time for the UTC time of day, and extract(timezone FROM {c}) for the offset",
+    ),
+    3614: ("a text search vector, which has no Arrow form", "{c}::text, or tsvector_to_array({c})::text"),
+    3615: ("a text search query, which has no Arrow form", "{c}::text"),
 }
 
 
@@ -119,13 +124,14 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
     pg_types = run(
         conn,
         "naming the types",
-        "SELECT format_type(o, m), typtype, typname, typcategory "
+        "SELECT format_type(o, m), pg_type.typtype, pg_type.typname, pg_type.typcategory, e.typtype "
         "FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY AS t(o, m, i) "
-        "LEFT JOIN pg_type ON pg_type.oid = t.o ORDER BY i",
+        "LEFT JOIN pg_type ON pg_type.oid = t.o LEFT JOIN pg_type e ON e.oid = pg_type.typelem ORDER BY i",
         (oids, [m if m >= 0 else None for m in typmods]),
     ).fetchall()
     cols = []
-    for name, oid, typmod, (pg_type, typtype, typname, category) in zip(names, oids, typmods, pg_types):
+    money_scale = None
+    for name, oid, typmod, (pg_type, typtype, typname, category, element) in zip(names, oids, typmods, pg_types):
         if typname in _PGVECTOR:  # the extension's types have no fixed OIDs: known by name
             dim = typmod if typmod > 0 else _vector_dimension(conn, select, name, pg_type, run)
             cols.append(_vector_column(name, pg_type, typname, dim))
@@ -137,14 +143,38 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
         elif oid in _ARRAYS:
             cols.append(_array_column(name, oid, pg_type))
         elif category in ("A", b"A"):
-            raise UnsupportedTypeError(
-                f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), an array whose elements read_postgres "
-                "cannot decode (arrays of bool, int2, int4, int8, float4 and float8 are read): add a cast in SQL, "
-                f"e.g. {_quoted(name)}{_ARRAY_CASTS.get(oid, '::text')}"
-            )
+            raise UnsupportedTypeError(_array_refusal(name, oid, pg_type, element))
         else:
-            cols.append(_map(name, oid, typmod, pg_type, numeric, typtype))
+            if oid == 790 and money_scale is None:
+                money_scale = _money_scale(conn, run)
+            cols.append(_map(name, oid, typmod, pg_type, numeric, typtype, money_scale or 0))
     return cols
+
+
+def _money_scale(conn: Any, run: Callable[..., Any]) -> int:
+    """The fraction digits money has in this session (lc_monetary's; the server's own fallback is 2)."""
+    return int(run(conn, "asking money's fraction digits", "SELECT scale('0'::money::numeric)").fetchone()[0])
+
+
+# Arrays whose elements are text: their lists would be list<string>, which pystrom's tables do not hold.
+_TEXT_ARRAYS = {1009, 1015, 1014, 1003}  # text[], varchar[], bpchar[], name[]
+
+
+def _array_refusal(name: str, oid: int, pg_type: str, element_typtype: Any) -> str:
+    ident = _quoted(name)
+    head = f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), "
+    if oid in _TEXT_ARRAYS:
+        return (
+            head + "an array of strings: pystrom's tables hold lists of numbers and booleans, not list<string>; "
+            f"read it as text, {ident}::text (or array_to_json({ident})::text for JSON), or its elements as rows "
+            f"with unnest({ident})"
+        )
+    if element_typtype in ("r", b"r", "c", b"c"):
+        return head + f"an array of ranges or composites, which has no form in pystrom's tables: e.g. {ident}::text"
+    return (
+        head + "an array whose elements read_postgres cannot decode (arrays of bool, int2, int4, int8, float4 and "
+        f"float8 are read): add a cast in SQL, e.g. {ident}{_ARRAY_CASTS.get(oid, '::text')}"
+    )
 
 
 def _array_column(name: str, oid: int, pg_type: str) -> PgColumn:
@@ -225,9 +255,12 @@ def _vector_dimension(conn: Any, select: Any, name: str, pg_type: str, run: Call
             f"one from: cast it, e.g. {_quoted(name)}::{pg_type}(768)"
         )
     if lo != hi:
+        # A cast to one dimension (e::vector(3)) fails on every other row: the hints are a filter or lists.
+        ident = _quoted(name)
         raise SchemaMismatchError(
             f"column {name!r} ({pg_type}) holds vectors of {lo} to {hi} dimensions; a matrix needs one: "
-            f"filter them, or cast to one, e.g. {_quoted(name)}::{pg_type}({hi})"
+            f"keep one dimension, e.g. WHERE vector_dims({ident}) = {hi}, or read them as lists, "
+            f"{ident}::real[] (a list<float32> column)"
         )
     return int(lo)
 
@@ -253,7 +286,9 @@ def describe_read(
     return cast_to_text(plan, [c.name for c in cols], [c.text_cast for c in cols]), cols
 
 
-def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str, typtype: Any = None) -> PgColumn:
+def _map(
+    name: str, oid: int, typmod: int, pg_type: str, numeric: str, typtype: Any = None, money_scale: int = 2
+) -> PgColumn:
     import pyarrow as pa
 
     if typtype in ("e", b"e"):  # an enum: binary COPY sends the label's text
@@ -278,6 +313,30 @@ def _map(name: str, oid: int, typmod: int, pg_type: str, numeric: str, typtype: 
                 "or use numeric='float64'"
             )
         return PgColumn(name, pg_type, Kind.NUMERIC_DEC128, column_type(pa.decimal128(precision, scale), name), scale)
+    if oid == 790:  # money: int64 in units of the currency's fraction digits (lc_monetary's)
+        return PgColumn(name, pg_type, Kind.MONEY, column_type(pa.decimal128(19, money_scale), name), money_scale)
+    if oid in _REFUSED:
+        why, how = _REFUSED[oid]
+        raise UnsupportedTypeError(
+            f"column {name!r} has PostgreSQL type {pg_type}, {why}: read it through SQL, e.g. "
+            + how.format(c=_quoted(name))
+        )
+    if typtype in ("r", b"r", "m", b"m"):
+        ident = _quoted(name)
+        multi = typtype in ("m", b"m")
+        raise UnsupportedTypeError(
+            f"column {name!r} has PostgreSQL type {pg_type}, a {'multi' if multi else ''}range: pystrom's tables "
+            "hold no structs, so read its parts as columns, e.g. "
+            + (f"{ident}::text" if multi else
+               f"lower({ident}) AS {_quoted(name + '_lower')}, upper({ident}) AS {_quoted(name + '_upper')}, "
+               f"lower_inc({ident}), upper_inc({ident}), isempty({ident})")
+        )  # fmt: skip
+    if typtype in ("c", b"c"):
+        raise UnsupportedTypeError(
+            f"column {name!r} has PostgreSQL type {pg_type}, a composite type: pystrom's tables hold no structs, "
+            f"so read its fields as columns, e.g. ({_quoted(name)}).* in the SELECT list (or "
+            f"({_quoted(name)}).field AS name for each field)"
+        )
     mapped = _arrow_for(oid)
     if mapped is None:
         cast = _CAST_HINTS.get(oid, "::text")

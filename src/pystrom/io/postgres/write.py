@@ -30,7 +30,16 @@ from ..._progress import check_progress, reporter
 from ..._settings import defaults
 from ...errors import InvalidArgumentError, PostgresError
 from ...table import Table
-from .ddl import WriteColumn, copy_in_sql, create_table, insert_select, target_columns, target_name
+from .ddl import (
+    EncodeKind,
+    WriteColumn,
+    copy_in_sql,
+    create_table,
+    insert_select,
+    retarget,
+    target_columns,
+    target_name,
+)
 from .encode import Chunk, HostEncoder
 from .pump import CopyInStream
 from .session import auto_partitions, connect, psycopg_module, run_sql
@@ -51,6 +60,7 @@ def write_postgres(
     columns: Sequence[str] | None = None,
     partitions: int | None = None,
     progress: bool | Callable[[int], None] | None = None,
+    vector: bool | Sequence[str] = False,
 ) -> int:
     """Write a Table (on a GPU or the CPU) into a PostgreSQL table, all or nothing.
 
@@ -68,8 +78,12 @@ def write_postgres(
         numeric(20, 0), float16/32 -> real, float64 -> double precision, decimal128(p, s) ->
         numeric(p, s), date32/64 -> date, timestamp -> timestamp (timestamptz with a time zone),
         time -> time, duration -> interval, string -> text, binary and fixed_size_binary -> bytea,
-        uuid -> uuid. The largest and smallest dates and timestamps (how ``read_postgres`` reads
-        ±infinity) are written as ±infinity.
+        uuid -> uuid, month_day_nano_interval -> interval, list<T> and fixed_size_list<T>[d] ->
+        one-dimensional T[] (T as above; NULL elements kept). The largest and smallest dates and
+        timestamps (how ``read_postgres`` reads ±infinity) are written as ±infinity. Into an existing
+        table (``"append"``, ``"replace"``) a fixed_size_list<float32|float16> column whose target
+        column is a pgvector ``vector``/``halfvec`` is sent as one, and a binary column whose target
+        is ``bit``/``varbit`` as PostgreSQL's binary form of the bits (as ``read_postgres`` reads them).
     conninfo
         A libpq connection string or URI, or an open ``psycopg.Connection``. With a connection the
         write runs on it as one stream inside ``conn.transaction()``: a savepoint within the
@@ -93,6 +107,11 @@ def write_postgres(
         server's cores (``pystrom.defaults.pg_partitions`` caps it), like ``read_postgres``.
     progress
         As for :func:`read_postgres` (rows sent).
+    vector
+        True: send every fixed_size_list<float32> (float16) column, e.g. a 2-D (n, d) float32 array
+        given to ``Table.from_arrays``, as a pgvector ``vector(d)`` (``halfvec(d)``) column; a list of
+        column names: those columns (each must be one). NaN, infinities and NULL elements raise
+        :class:`DataError` naming the row (pgvector refuses them). The server needs pgvector.
 
     Returns
     -------
@@ -119,7 +138,7 @@ def write_postgres(
         raise InvalidArgumentError(f"partitions must be a positive int or None; got {partitions!r}")
     check_progress(progress)
     schema, rel = target_name(name)
-    cols = target_columns(table, columns)
+    cols = target_columns(table, columns, vector)
     user_conn = isinstance(conninfo, psycopg.Connection)
     if not user_conn and not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -185,6 +204,31 @@ def _locate(conn: Any, schema: str | None, rel: str) -> tuple[str, bool]:
             f"no schema to create {rel!r} in: the search_path names no existing schema; pass name=('schema', {rel!r})"
         )
     return current, False
+
+
+def _retarget(
+    conn: Any, schema: str, rel: str, cols: list[WriteColumn], encoder: Any, total: int
+) -> tuple[list[WriteColumn], int]:
+    """The columns as sent into the existing target (:func:`.ddl.retarget`): when a column's target type
+    changes how it is sent (vector, varbit), the encoder is reset and its sizes pass runs again."""
+    from psycopg import sql
+
+    table = encoder.table
+    candidates = [c.name for c in cols if c.kind in (EncodeKind.ARRAY, EncodeKind.VARLEN)]
+    if not candidates:
+        return cols, total
+    rows = run_sql(
+        conn,
+        "looking up the target's column types",
+        "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY(%s)",
+        (sql.Identifier(schema, rel).as_string(conn), candidates),
+    ).fetchall()
+    new = retarget(cols, table, dict(rows))
+    if new == cols:
+        return cols, total
+    encoder.reset(new)
+    return new, int(encoder.starts()[table.num_rows])
 
 
 def _check_mode(schema: str, rel: str, exists: bool, if_exists: str) -> None:
@@ -262,6 +306,8 @@ def _write_on_dsn(
     try:
         schema, exists = _locate(main, schema, rel)
         _check_mode(schema, rel, exists, if_exists)
+        if exists:
+            cols, total = _retarget(main, schema, rel, cols, encoder, total)
         _set_utf8(main)
         n = partitions if partitions is not None else auto_partitions(main, total // 8192)
         chunks = _chunks(encoder, total, n)
@@ -393,6 +439,8 @@ def _write_on_connection(
         raise PostgresError("the psycopg connection passed to write_postgres is in a failed transaction: roll it back")
     schema, exists = _locate(conn, schema, rel)
     _check_mode(schema, rel, exists, if_exists)
+    if exists:
+        cols, total = _retarget(conn, schema, rel, cols, encoder, total)
     target = sql.Identifier(schema, rel)
     chunks = _chunks(encoder, total, 1)
     queue = iter(chunks)
