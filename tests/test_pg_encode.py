@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import pystrom
 from pystrom.io.postgres.ddl import target_columns
 from pystrom.io.postgres.encode import HostEncoder, descriptors
+from pystrom.io.postgres.encode_device import failure_key
 
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
@@ -267,7 +268,7 @@ def test_infinities_sentinels_and_failures_agree(host_kernels):
     with pytest.raises(pystrom.DataError, match=r"column 't' \(time\), row 2"):
         HostEncoder(tb, target_columns(tb, None)).starts()
     key, _ = _host_kernel_encode(host_kernels, tb)
-    assert (key >> 13, (key >> 2) & 0x7FF, key & 3) == (2, 1, 2)
+    assert failure_key(key) == (2, 2, 1)  # (code, row, column)
 
 
 @pytest.mark.gpu

@@ -21,11 +21,12 @@ pytestmark = pytest.mark.postgres
 @pytest.mark.parametrize(
     ("alias", "expr", "spelled"),
     [
-        ("Weird Col", "B'1010'", '"Weird Col"'),
+        ("Weird Col", "'[1,5)'::int4range", '"Weird Col"'),
         ('we"ird', "point(1, 2)", '"we""ird"'),
-        ("select", "B'1010'", '"select"'),
-        ("Upper", "'12:00'::time", '"Upper"'),
-        ("plain_name", "B'1010'", "plain_name"),
+        ("select", "'12:00+02'::timetz", '"select"'),
+        ("Upper", "'a b'::tsvector", '"Upper"'),
+        ("plain_name", "'x'::\"char\"", "plain_name"),
+        ("Mixed", "ARRAY['a', 'b']", '"Mixed"'),
     ],
 )
 def test_cast_hints_spell_the_column_as_sql_must(pg, alias, expr, spelled):

@@ -95,11 +95,12 @@ _CAST_HINTS = {18: "::text"}  # "char"
 # Types refused with a reason and the SQL to read them instead ({c}: the column as SQL spells it).
 _REFUSED = {
     1266: (
-        "a time of day with a time zone offset, which Arrow has no type for",
-        "({c} AT TIME ZONE 'UTC')::time for the UTC time of day, and extract(timezone FROM {c}) for the offset",
+        "a time of day with a time zone offset, which Arrow has no type for: read the UTC time of day "
+        "(and the offset, extract(timezone FROM {c}), as a column of its own if needed)",
+        "({c} AT TIME ZONE 'UTC')::time",
     ),
-    3614: ("a text search vector, which has no Arrow form", "{c}::text, or tsvector_to_array({c})::text"),
-    3615: ("a text search query, which has no Arrow form", "{c}::text"),
+    3614: ("a text search vector, which has no Arrow form: read its text (or tsvector_to_array's)", "{c}::text"),
+    3615: ("a text search query, which has no Arrow form: read its text", "{c}::text"),
 }
 
 
@@ -166,11 +167,11 @@ def _array_refusal(name: str, oid: int, pg_type: str, element_typtype: Any) -> s
     if oid in _TEXT_ARRAYS:
         return (
             head + "an array of strings: pystrom's tables hold lists of numbers and booleans, not list<string>; "
-            f"read it as text, {ident}::text (or array_to_json({ident})::text for JSON), or its elements as rows "
-            f"with unnest({ident})"
+            f"read its text (array_to_json({ident})::text for JSON) or its elements as rows (unnest({ident})), "
+            f"e.g. {ident}::text"
         )
     if element_typtype in ("r", b"r", "c", b"c"):
-        return head + f"an array of ranges or composites, which has no form in pystrom's tables: e.g. {ident}::text"
+        return head + f"an array of ranges or composites, which has no form in pystrom's tables: read its text, e.g. {ident}::text"
     return (
         head + "an array whose elements read_postgres cannot decode (arrays of bool, int2, int4, int8, float4 and "
         f"float8 are read): add a cast in SQL, e.g. {ident}{_ARRAY_CASTS.get(oid, '::text')}"
@@ -318,7 +319,7 @@ def _map(
     if oid in _REFUSED:
         why, how = _REFUSED[oid]
         raise UnsupportedTypeError(
-            f"column {name!r} has PostgreSQL type {pg_type}, {why}: read it through SQL, e.g. "
+            f"column {name!r} has PostgreSQL type {pg_type}, {why.format(c=_quoted(name))}, e.g. "
             + how.format(c=_quoted(name))
         )
     if typtype in ("r", b"r", "m", b"m"):
