@@ -41,10 +41,10 @@ from typing import Any
 
 from ..._types import Layout
 from ...errors import ColumnNotFoundError, InvalidArgumentError, SchemaMismatchError, UnsupportedTypeError
+from .statement import check_identifier_length
 
 __all__ = [
     "EncodeKind",
-    "check_identifier_length",
     "retarget",
     "vector_column",
     "ENCODE_FAILURES",
@@ -268,20 +268,6 @@ def retarget(cols: Sequence[WriteColumn], table: Any, existing: dict[str, str]) 
             c = WriteColumn(c.name, "varbit", EncodeKind.VARLEN)
         out.append(c)
     return out
-
-
-# PostgreSQL keeps the first NAMEDATALEN - 1 bytes of an identifier and drops the rest with only a NOTICE.
-MAX_IDENTIFIER_BYTES = 63
-
-
-def check_identifier_length(name: str, what: str) -> None:
-    """Refuse a name PostgreSQL would truncate (silently, to a name that may be another table's)."""
-    size = len(name.encode("utf-8"))
-    if size > MAX_IDENTIFIER_BYTES:
-        raise InvalidArgumentError(
-            f"{what} name {name!r} is {size} bytes long; PostgreSQL truncates names to {MAX_IDENTIFIER_BYTES} "
-            f"bytes ({name.encode('utf-8')[:MAX_IDENTIFIER_BYTES].decode('utf-8', 'ignore')!r}): use a shorter name"
-        )
 
 
 def target_name(name: Any) -> tuple[str | None, str]:

@@ -17,6 +17,8 @@ connections are closed.
 
 from __future__ import annotations
 
+import re
+
 import concurrent.futures as cf
 import math
 import os
@@ -170,10 +172,10 @@ class PostgresScan:
             try:
                 self.predicate = compile_where_udf(where, self._schema)
             except ExpressionError as exc:
-                if "%s" in where or (params is not None and query is None and sql_where is None):
+                if _looks_like_sql(where) or (params is not None and query is None and sql_where is None):
                     raise ExpressionError(
                         f"{exc} (scan_postgres's where= is pystrom's expression language, run on the device; a "
-                        "SQL condition with %s parameters goes in sql_where=)"
+                        "SQL condition goes in sql_where=, with %s parameters from params=)"
                     ) from None
                 raise
 
@@ -385,6 +387,14 @@ def _abandon(conns: list[Any], future: cf.Future) -> None:
             return  # the cancelled read's error: the caller has left, nobody to tell
         table.close()
         return
+
+
+# What only SQL writes: parameters, casts, and the operators pystrom's expression language does not have.
+_SQL_ONLY = re.compile(r"%s|::|\b(i?like|between|similar\s+to|is\s+(not\s+)?(null|true|false|distinct))\b", re.I)
+
+
+def _looks_like_sql(where: str) -> bool:
+    return _SQL_ONLY.search(where) is not None
 
 
 def _with_where_columns(conn: Any, query: Any, table: Any, sql_where: Any, params: Any, columns: Any,

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import InvalidArgumentError
 
-__all__ = ["Plan", "check_read_arguments", "compose", "cast_to_text"]
+__all__ = ["Plan", "check_read_arguments", "check_identifier_length", "compose", "cast_to_text"]
 
 
 @dataclass
@@ -23,14 +23,31 @@ class Plan:
     where: Any = None  # composed user predicate or None
 
 
+# PostgreSQL keeps the first NAMEDATALEN - 1 bytes of an identifier and drops the rest with only a NOTICE.
+MAX_IDENTIFIER_BYTES = 63
+
+
+def check_identifier_length(name: str, what: str) -> None:
+    """Refuse a name PostgreSQL would truncate (silently, to a name that may be another table's)."""
+    size = len(name.encode("utf-8"))
+    if size > MAX_IDENTIFIER_BYTES:
+        raise InvalidArgumentError(
+            f"{what} name {name!r} is {size} bytes long; PostgreSQL truncates names to {MAX_IDENTIFIER_BYTES} "
+            f"bytes ({name.encode('utf-8')[:MAX_IDENTIFIER_BYTES].decode('utf-8', 'ignore')!r}): use a shorter name"
+        )
+
+
 def _identifier(table: Any) -> Any:
     from psycopg import sql
 
     if isinstance(table, str):
         if not table:
             raise InvalidArgumentError("table must be a non-empty name")
+        check_identifier_length(table, "table")
         return sql.Identifier(table)
     if isinstance(table, (tuple, list)) and 1 <= len(table) <= 3 and all(isinstance(p, str) and p for p in table):
+        for part in table:
+            check_identifier_length(part, "table")
         return sql.Identifier(*table)
     raise InvalidArgumentError(
         f"table must be a name (taken literally, quotes and dots included) or a tuple such as "
@@ -61,6 +78,8 @@ def compose(conn: Any, query: Any, table: Any, columns: Any, where: Any, params:
         else:
             if isinstance(columns, str) or not all(isinstance(c, str) and c for c in columns) or not columns:
                 raise InvalidArgumentError(f"columns must be a non-empty list of column names; got {columns!r}")
+            for c in columns:
+                check_identifier_length(c, "column")
             cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
         pred = None
         if where is not None:
