@@ -35,7 +35,7 @@ def assert_same_rows(pg, source: str, target: str, pairs: list[tuple[str, str]])
 
 # The type matrix: (column, SQL type, values as SQL literals with NULLs and edge values, how the
 # source column is compared with the written one: its expression, then the written column's).
-MATRIX = [
+MATRIX = [  # fmt: skip
     ("b", "bool", ["true", "false", "NULL"], "b", "b"),
     ("i2", "int2", ["-32768", "32767", "NULL"], "i2", "i2"),
     ("i4", "int4", ["-2147483648", "2147483647", "NULL"], "i4", "i4"),
@@ -54,7 +54,13 @@ MATRIX = [
     ("bp", "char(5)", ["'ab'", "NULL", "'abcde'"], "rpad(bp::text, 5)", "bp"),
     ("nm", "name", ["'pg_class'", "NULL", "''"], "nm::text", "nm"),
     ("by", "bytea", ["'\\x00ff'", "''", "NULL"], "by", "by"),
-    ("u", "uuid", ["'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "NULL", "'00000000-0000-0000-0000-000000000000'"], "u", "u"),
+    (
+        "u",
+        "uuid",
+        ["'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "NULL", "'00000000-0000-0000-0000-000000000000'"],
+        "u",
+        "u",
+    ),
     ("j", "json", ["'{\"a\": [1, 2]}'", "NULL", "'1'"], "j::text", "j"),
     ("jb", "jsonb", ["'{\"a\": [1, 2]}'", "NULL", "'[]'"], "jb::text", "jb"),
     ("ip", "inet", ["'10.1.2.3/8'", "'::1'", "NULL"], "ip", "ip::inet"),
@@ -64,7 +70,7 @@ MATRIX = [
     ("ai", "int4[]", ["'{1,NULL,3}'", "'{}'", "NULL"], "ai", "ai"),
     ("ab", "bool[]", ["'{t,NULL}'", "'{f}'", "'{}'"], "ab", "ab"),
     ("as2", "int2[]", ["'{-32768,32767}'", "NULL", "'{NULL}'"], "as2", "as2"),
-    ("al", "int8[]", ["'[0:1]={1,2}'", "'{9223372036854775807}'", "NULL"], "al[array_lower(al, 1):]", "al"),  # lower bound 1
+    ("al", "int8[]", ["'[0:1]={1,2}'", "'{9223372036854775807}'", "NULL"], "al[array_lower(al, 1):]", "al"),
     ("af4", "float4[]", ["'{NaN,-Infinity}'", "'{1.5}'", "NULL"], "af4", "af4"),
     ("af8", "float8[]", ["'{1e308,NULL,-0}'", "NULL", "'{}'"], "af8", "af8"),
     ("fx", "float8[]", ["'{1,2,3}'", "NULL", "'{NULL,5,6}'"], "fx", "fx"),  # one length: fixed_size_list[3]
@@ -172,8 +178,8 @@ def test_lists_of_every_element_type_and_intervals_are_written(pg, device):
     t = _lists_table(device)
     out = pg.name("lists")
     pystrom.write_postgres(t, pg.conninfo, out)
-    types = dict(pg.fetch(sql.SQL("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-                                  "WHERE attrelid = {}::regclass AND attnum > 0").format(sql.Literal(out))))  # fmt: skip
+    types = dict(pg.fetch(f"SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                          f"WHERE attrelid = '{out}'::regclass AND attnum > 0"))  # fmt: skip
     assert types == {
         "id": "integer", "u8": "smallint[]", "i8": "smallint[]", "u16": "integer[]", "u32": "bigint[]",
         "u64": "numeric(20,0)[]", "h": "real[]", "z": "integer[]", "iv": "interval",

@@ -17,11 +17,10 @@ connections are closed.
 
 from __future__ import annotations
 
-import re
-
 import concurrent.futures as cf
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence

@@ -171,7 +171,7 @@ def _array_refusal(name: str, oid: int, pg_type: str, element_typtype: Any) -> s
             f"e.g. {ident}::text"
         )
     if element_typtype in ("r", b"r", "c", b"c"):
-        return head + f"an array of ranges or composites, which has no form in pystrom's tables: read its text, e.g. {ident}::text"
+        return head + f"an array of ranges or composites, which pystrom's tables cannot hold: e.g. {ident}::text"
     return (
         head + "an array whose elements read_postgres cannot decode (arrays of bool, int2, int4, int8, float4 and "
         f"float8 are read): add a cast in SQL, e.g. {ident}{_ARRAY_CASTS.get(oid, '::text')}"
