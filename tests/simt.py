@@ -167,11 +167,17 @@ extern "C" void emu_block_end() {
 """
 
 
-def build(source_name: str, wrappers: str, work: Path) -> ctypes.CDLL:
+def build(source_name: str, wrappers: str, work: Path, mutant: tuple[str, str] | None = None) -> ctypes.CDLL:
     """``kernels/<source_name>.cu`` after the emulator, then ``wrappers`` (more C++), as a shared library
-    in ``work``."""
+    in ``work``. ``mutant``: (text, replacement) made once in the source first (a planted bug that the
+    test using it must catch); the text must be there."""
     source = resources.files("pystrom.kernels").joinpath(f"{source_name}.cu").read_text(encoding="utf-8")
-    cpp, lib = work / f"{source_name}_emulated.cpp", work / f"{source_name}_emulated.so"
+    stem = source_name
+    if mutant is not None:
+        assert source.count(mutant[0]) == 1, f"the mutant's text is not in {source_name}.cu once: {mutant[0]!r}"
+        source = source.replace(mutant[0], mutant[1])
+        stem += f"_mutant{abs(hash(mutant)) % 10**8}"
+    cpp, lib = work / f"{stem}_emulated.cpp", work / f"{stem}_emulated.so"
     cpp.write_text(EMULATOR + source + wrappers)
     cmd = [
         CXX,
@@ -207,8 +213,8 @@ class Emulated:
     a grid-stride kernel of 256-thread blocks, its arguments NumPy arrays (passed as host pointers) and
     NumPy scalars. ``max_blocks`` keeps the grid small (grid-stride kernels are right for any grid)."""
 
-    def __init__(self, source_name: str, work: Path):
-        self.lib = build(source_name, "", work)
+    def __init__(self, source_name: str, work: Path, mutant: tuple[str, str] | None = None):
+        self.lib = build(source_name, "", work, mutant)
 
     def launch(self, function: str, work_items: int, args: tuple, max_blocks: int = 1, timeout: float = 120.0) -> None:
         if work_items > 0:

@@ -60,12 +60,19 @@ def _decode_emulated(kernels, block, plan, cols, lay) -> np.ndarray:
 @pytest.fixture
 def twice(monkeypatch, kernels):
     """Make read_postgres(device="cpu") decode with both decoders; the pairs of Tables."""
+    return _decode_twice(monkeypatch, kernels)
+
+
+def _decode_twice(monkeypatch, kernels, poison: bool = False):
+    """``poison``: the emulated decoder's block starts as 0xEE bytes (a slot it fails to write shows)."""
     pairs = []
     real = assemble.decode_into
 
     def both(backend, block, plan, cols, lay):
         real(backend, block, plan, cols, lay)
         other = backend.allocate(plan.nbytes)
+        if poison:
+            other.array(0, np.uint8, (plan.nbytes,)).fill(0xEE)
         for cp in plan.columns:  # as assemble's fill prepares the block
             if cp.validity is not None:
                 other.array(cp.validity.offset, np.uint8, (cp.validity.size,)).fill(0xFF)
@@ -122,3 +129,46 @@ def test_many_chunks_partitions_nulls_and_arrays(pg, twice):
     assert t.num_rows == 6000
     assert len(twice) == 1
     _check(twice)
+
+
+NEW_READS = (
+    "SELECT g AS id, make_time(g % 24, g % 60, (g % 60) + 0.123456) AS t, "
+    "CASE WHEN g % 4 = 0 THEN NULL ELSE ((g - 50) * 1234567)::numeric::money END AS m, "
+    "'-92233720368547758.08'::money AS mmin, "
+    "CASE WHEN g % 3 = 0 THEN NULL ELSE (g::bit(12))::varbit END AS vb, (g % 32)::bit(5) AS b5 "
+    "FROM generate_series(1, 100) g"
+)
+
+
+def test_time_money_and_bits(pg, monkeypatch, kernels):
+    """The types read since issue 38: time (int64), money (int64 -> decimal128), bit/varbit (bytes); the
+    emulated decoder's block poisoned, so NULL slots must be written too."""
+    pairs = _decode_twice(monkeypatch, kernels, poison=True)
+    t = pystrom.read_postgres(pg.conninfo, NEW_READS, device="cpu")
+    assert t.schema.field("m").type == pa.decimal128(19, 2)
+    _check_poisoned(pairs)
+
+
+# (kernels/pg_decode.cu text, a planted bug): each must make the emulated decoder differ from the C++ one
+DECODE_MUTANTS = [
+    ("o[1] = (long long)v < 0 ? ~0ULL : 0ULL;", "o[1] = 0ULL;"),  # money: no sign extension
+    ("case NUMERIC_DEC128: case UUID: case MONEY: {", "case NUMERIC_DEC128: case UUID: {"),  # NULL money not zeroed
+]
+
+
+@pytest.mark.parametrize("mutant", DECODE_MUTANTS, ids=["sign", "null"])
+def test_a_planted_bug_in_the_new_kinds_is_caught(pg, monkeypatch, tmp_path, mutant):
+    pairs = _decode_twice(monkeypatch, simt.Emulated("pg_decode", tmp_path, mutant), poison=True)
+    with pystrom.defaults.set(pg_staging_chunk=1 << 14):
+        pystrom.read_postgres(pg.conninfo, NEW_READS.replace("WHEN g % 4 = 0", "WHEN g % 4 = 1"), device="cpu")
+    with pytest.raises(AssertionError):
+        _check_poisoned(pairs)
+
+
+def _check_poisoned(pairs) -> None:
+    """_check, with the NULL slots' bytes compared too (a decoder must zero them: the block is not)."""
+    _check(pairs)
+    for cpu, gpu in pairs:
+        for name in cpu.column_names:
+            if cpu.column(name).column_type.layout == "bytes":
+                assert np.asarray(cpu.column(name).values).tobytes() == np.asarray(gpu.column(name).values).tobytes()
