@@ -159,6 +159,9 @@ def _encode_both(kernels, table: pystrom.Table, cols) -> tuple[Exception | None,
         assert key != _NO_FAILURE, f"the C++ encoder refused a value the kernel took: {exc}"
         return encode.encode_failure(cols, *failure_key(key)), str(exc).encode(), b""
     assert int(first[0]) == _NO_FAILURE, "the kernel refused a value the C++ encoder took"
+    # before the rows are written at the kernel's starts: a size the C++ encoder disagrees with would
+    # have the kernel write past the buffer
+    assert np.array_equal(np.cumsum(sizes), starts), "the kernel's row sizes differ from the C++ encoder's"
     want = np.empty(int(starts[n]), dtype=np.uint8)
     host.encode(encode.Chunk(0, n, int(starts[n])), want)
     got = np.full(max(int(starts[n]), 1), 0xEE, dtype=np.uint8)
