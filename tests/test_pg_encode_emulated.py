@@ -23,6 +23,8 @@ from pystrom import DataError
 from pystrom.io.postgres import encode, write
 from pystrom.io.postgres.encode_device import failure_key
 
+from conftest import needs_gpu  # noqa: E402
+
 psycopg = pytest.importorskip("psycopg")
 from psycopg import sql  # noqa: E402
 
@@ -222,3 +224,28 @@ def test_a_planted_bug_in_the_new_kinds_is_caught(tmp_path, mutant):
         if want != got:
             caught.append("bytes differ")
     assert caught, "the planted bug went unnoticed"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("which", ["nested", "vector", "halfvec"])
+def test_the_gpu_encoder_equals_the_cpp_one_on_the_new_kinds(which):
+    """The real kernels on a GPU: every row's bytes of lists, fixed_size_lists, intervals and vectors (a
+    slice too) equal the C++ encoder's."""
+    from pystrom.io.postgres.encode_device import DeviceEncoder
+
+    host = {"nested": _nested_table, "vector": lambda: _vectors(False), "halfvec": lambda: _vectors(True)}[which]()
+    for table in (host, host.slice(3)):
+        cols = write.target_columns(table, None, which != "nested")
+        gpu_table = pystrom.Table.from_arrow(table.to_arrow(), device="cuda").slice(0)
+        cpu, gpu = encode.HostEncoder(table, cols), DeviceEncoder(gpu_table, cols)
+        starts = cpu.starts()
+        np.testing.assert_array_equal(gpu.starts().get(), starts)
+        n = table.num_rows
+        want = np.empty(int(starts[n]), dtype=np.uint8)
+        cpu.encode(encode.Chunk(0, n, int(starts[n])), want)
+        for chunk in gpu.chunks(1 << 12):
+            got = np.empty(chunk.nbytes, dtype=np.uint8)
+            gpu.encode(chunk, got)
+            assert got.tobytes() == want[starts[chunk.begin] : starts[chunk.end]].tobytes(), (chunk.begin, chunk.end)
+        gpu.close()

@@ -27,8 +27,9 @@ def _pagila(pg, film: str, rental: str, rating: str, year: str) -> None:
         rental_rate numeric(4,2) DEFAULT 4.99 NOT NULL, length smallint, replacement_cost numeric(5,2) NOT NULL,
         rating "{rating}" DEFAULT 'G', last_update timestamp with time zone DEFAULT now() NOT NULL,
         special_features text[], fulltext tsvector NOT NULL)""")
-    pg.execute(f"""INSERT INTO "{film}" SELECT g, 'FILM ' || g, CASE WHEN g % 9 = 0 THEN NULL ELSE 'A ' || md5(g::text) END,
-        2000 + g % 20, 1, NULLIF(g % 3, 0), 3 + g % 5, (0.99 + (g % 3) * 2)::numeric(4,2), 46 + g % 140,
+    pg.execute(f"""INSERT INTO "{film}" SELECT g, 'FILM ' || g,
+        CASE WHEN g % 9 = 0 THEN NULL ELSE 'A ' || md5(g::text) END, 2000 + g % 20, 1, NULLIF(g % 3, 0),
+        3 + g % 5, (0.99 + (g % 3) * 2)::numeric(4,2), 46 + g % 140,
         (9.99 + g % 21)::numeric(5,2), (ARRAY['G','PG','PG-13','R','NC-17'])[1 + g % 5]::"{rating}",
         '2022-02-15 09:57:20+00'::timestamptz + g * interval '1 min',
         CASE g % 4 WHEN 0 THEN NULL WHEN 1 THEN ARRAY['Trailers', 'Deleted Scenes']
