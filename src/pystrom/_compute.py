@@ -52,38 +52,79 @@ def filter_expression(table: Table, text: str) -> Table:
 
 
 def with_columns(table: Table, named: Mapping[str, Any]) -> Table:
-    import pyarrow as pa
+    """``table`` with the columns ``named`` (name -> expression text, UDF call, array, Column or
+    scalar) added or replaced, in a new allocation.
 
-    backend = table._live().backend
+    Expressions alone are computed straight into the new allocation. Otherwise each value first
+    becomes a column of the table's device (expressions and UDF calls computed from the table as it
+    is before the call, data placed by :func:`._values.value_column`), and one gather assembles the
+    result in the call's order.
+    """
+    table._live()
     if not named:
-        raise ValueError("with_columns needs at least one name=expression")
-    calls = {n: v for n, v in named.items() if hasattr(v, "evaluate") and hasattr(v, "udf")}  # UDFCall
-    if calls:
-        # UDF columns are computed from the table as it is before the call, like the expressions.
-        computed = {}
-        for name, call in calls.items():
-            if not isinstance(name, str) or not name:
-                raise SchemaMismatchError(f"with_columns: column names are non-empty strings; got {name!r}")
-            computed[name] = call.evaluate(table)
-        rest = {n: v for n, v in named.items() if n not in calls}
-        out = with_columns(table, rest) if rest else table
-        return with_arrays(out, computed)
-    new = {}
-    for name, text in named.items():
+        raise ValueError("with_columns needs at least one name=value")
+    for name in named:
         if not isinstance(name, str) or not name:
             raise SchemaMismatchError(f"with_columns: column names are non-empty strings; got {name!r}")
-        if not isinstance(text, str):
-            raise ExpressionError(
-                f"with_columns({name}=...): the expression must be a str in the where language "
-                f"(e.g. 'x * 2'), got {type(text).__name__}"
-            )
+    texts = {n: v for n, v in named.items() if isinstance(v, str)}
+    if len(texts) == len(named):
+        return _with_expressions(table, _compile(table, texts), keep=True)
+    from ._values import value_column  # up: a convenience method; _values builds Tables
+
+    takes: dict[str, _ops.Take] = {}
+    if texts:
+        computed = _with_expressions(table, _compile(table, texts), keep=False)
+        takes.update((n, _ops.Take(computed.column(n))) for n in texts)
+    calls = {n: v for n, v in named.items() if hasattr(v, "evaluate") and hasattr(v, "udf")}  # UDFCall
+    if calls:
+        results = with_arrays(table.select([]), {n: call.evaluate(table) for n, call in calls.items()})
+        takes.update((n, _ops.Take(results.column(n))) for n in calls)
+    for name, value in named.items():
+        if name not in takes:
+            takes[name] = value_column(table, name, value)
+    return splice(table, {n: takes[n] for n in named})
+
+
+def _compile(table: Table, texts: Mapping[str, str]) -> dict[str, Any]:
+    new = {}
+    for name, text in texts.items():
         try:
             new[name] = compile_expression(text, table.schema)
         except ExpressionError as exc:
             raise ExpressionError(f"with_columns({name}={text!r}): {exc}", exc.position) from None
+    return new
 
+
+def splice(table: Table, new: Mapping[str, _ops.Take]) -> Table:
+    """A new table: ``table``'s columns with those named in ``new`` replaced in place and the other
+    names appended in order, all gathered into one new allocation on the table's device."""
+    import pyarrow as pa
+
+    backend = table._live().backend
     n = table.num_rows
-    slots, fields = _plan_slots(table, new, n)
+    slots: list[Any] = []
+    fields = []
+    for col in table.columns:
+        take = new.get(col.name)
+        slots.append(col if take is None else _ops.Take(take.column, take.rows, col.name))
+        fields.append(table.schema.field(col.name) if take is None else pa.field(col.name, take.column.type))
+    for name, take in new.items():
+        if name not in table:
+            slots.append(_ops.Take(take.column, take.rows, name))
+            fields.append(pa.field(name, take.column.type))
+    with backend.activate():
+        block, plan = _ops.gather_into(backend, backend.xp.arange(n, dtype=np.int64), slots)
+    return Table._wrap(block, plan, pa.schema(fields, metadata=table.schema.metadata), n)
+
+
+def _with_expressions(table: Table, new: dict[str, Any], keep: bool) -> Table:
+    """The table with the compiled expressions ``new`` computed into a new allocation: after the
+    kept columns of ``table`` (``keep``), or alone."""
+    import pyarrow as pa
+
+    backend = table._live().backend
+    n = table.num_rows
+    slots, fields = _plan_slots(table, new, n, keep)
     with backend.activate():
         block, plan = _ops.gather_into(backend, backend.xp.arange(n, dtype=np.int64), slots)
         where = {cp.name: i for i, cp in enumerate(plan.columns)}
@@ -158,8 +199,9 @@ def with_arrays(table: Table, arrays: Mapping[str, tuple[Any, Any]]) -> Table:
     return Table._wrap(block, dataclasses.replace(plan, columns=tuple(columns)), schema, n)
 
 
-def _plan_slots(table: Table, new: dict[str, Any], n: int) -> tuple[list[Any], list[pa.Field]]:
-    """The output's columns in order (kept Columns, ColumnSpecs of new ones) and their fields."""
+def _plan_slots(table: Table, new: dict[str, Any], n: int, keep: bool) -> tuple[list[Any], list[pa.Field]]:
+    """The output's columns in order (kept Columns unless not ``keep``, ColumnSpecs of new ones) and
+    their fields."""
     import pyarrow as pa
 
     def spec(name: str) -> tuple[ColumnSpec, pa.Field]:
@@ -169,12 +211,12 @@ def _plan_slots(table: Table, new: dict[str, Any], n: int) -> tuple[list[Any], l
 
     slots: list[Any] = []
     fields = []
-    for col in table.columns:  # a replaced column keeps its position
+    for col in table.columns if keep else ():  # a replaced column keeps its position
         slot, field = spec(col.name) if col.name in new else (col, table.schema.field(col.name))
         slots.append(slot)
         fields.append(field)
     for name in new:
-        if name not in table:
+        if name not in table or not keep:
             slot, field = spec(name)
             slots.append(slot)
             fields.append(field)

@@ -33,7 +33,7 @@ def concat(tables: Sequence[Table]) -> Table:
     tables : sequence of Table
         At least one table; all with the same schema (names and types) on the same device.
     """
-    from .table import Table
+    from .table import Table  # up: concat builds a Table; table operations (fill_null) use concat
 
     tables = list(tables)
     if not tables:

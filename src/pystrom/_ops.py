@@ -7,6 +7,7 @@ string-gather kernels, each with a C++ twin.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from .memory.layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["gather", "gather_into", "as_mask", "to_array"]
+__all__ = ["gather", "gather_into", "Take", "as_mask", "to_array"]
 
 
 # -- row gathering (filter, compaction) -----------------------------------------------------------
@@ -78,31 +79,50 @@ def _gather(table: Table, backend: Backend, rows: Any) -> Table:
     )  # the caller's class: _ops sits below table.py
 
 
-def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec]) -> tuple[Block, TablePlan]:
+@dataclass(frozen=True)
+class Take:
+    """A slot of :func:`gather_into` that gathers its own ``rows`` of ``column`` (which may belong to
+    another block of the same device) under ``name``: a filled, broadcast or renamed column."""
+
+    column: Column
+    rows: Any = None  # int64 indices into the column; None: the rows every slot gathers
+    name: str | None = None  # None: the column's name
+
+
+def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec | Take]) -> tuple[Block, TablePlan]:
     """One new block laid out for ``slots`` in order: columns (their ``rows`` are gathered into the
-    block) and specs of columns the caller fills itself (``Table.with_columns``)."""
+    block), :class:`Take` slots (their own rows, under their own name) and specs of columns the
+    caller fills itself (``Table.with_columns``). Every slot must have ``len(rows)`` rows."""
     xp = backend.xp
     m = int(rows.shape[0])
-    specs, prepared = [], []
-    for col in slots:
-        if isinstance(col, ColumnSpec):
-            specs.append(col)
+    specs, prepared, sources = [], [], []
+    for slot in slots:
+        if isinstance(slot, ColumnSpec):
+            specs.append(slot)
             prepared.append(None)
+            sources.append(None)
             continue
+        col, name, col_rows = (slot.column, slot.name, slot.rows) if isinstance(slot, Take) else (slot, None, None)
+        name = col.name if name is None else name
+        if col_rows is None:
+            col_rows = rows
+        elif int(col_rows.shape[0]) != m:
+            raise AssertionError(f"slot {name!r} gathers {int(col_rows.shape[0])} rows, the others {m}")
+        sources.append((col, col_rows))
         ctype = col.column_type
         valid = None
         null_count = 0
         if col.null_count:
-            valid = col.is_valid()[rows]
+            valid = col.is_valid()[col_rows]
             null_count = m - int(xp.count_nonzero(valid))
         lengths = data_size = None
         child_nulls = 0
         if ctype.layout == Layout.VARBINARY:
             offsets = col.offsets
-            lengths = (offsets[1:] - offsets[:-1])[rows]
+            lengths = (offsets[1:] - offsets[:-1])[col_rows]
             data_size = int(lengths.sum()) if m else 0
         elif ctype.layout in Layout.NESTED:  # lengths: (element indices, new offsets, element validity)
-            idx, new_offsets = _list_elements(xp, col, rows)
+            idx, new_offsets = _list_elements(xp, col, col_rows)
             child_valid = None
             if col.child_validity is not None:
                 bits = col.child_validity
@@ -111,13 +131,13 @@ def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec
             lengths = (idx, new_offsets, child_valid)
             if new_offsets is not None:
                 data_size = int(idx.shape[0]) * ctype.storage.itemsize
-        specs.append(ColumnSpec(col.name, ctype, m, null_count, data_size or 0, child_nulls))
+        specs.append(ColumnSpec(name, ctype, m, null_count, data_size or 0, child_nulls))
         prepared.append((valid if null_count else None, lengths))
     plan = plan_table(specs)
     new_block = backend.allocate(plan.nbytes)
-    for col, cplan, prep in zip(slots, plan.columns, prepared):
+    for source, cplan, prep in zip(sources, plan.columns, prepared):
         if prep is not None:
-            _write_gathered(new_block, cplan, col, rows, *prep)
+            _write_gathered(new_block, cplan, source[0], source[1], *prep)
     return new_block, plan
 
 

@@ -201,6 +201,64 @@ class Column:
                 return backend.xp.ones(self._length, dtype=bool)
         return bitmap.unpack(backend, self._base_validity(), self._offset, self._length)
 
+    def is_null(self) -> Any:
+        """A bool array on the column's device: True where the row is NULL (polars' ``is_null``;
+        ``"x is null"`` in an expression)."""
+        return ~self.is_valid()
+
+    def is_not_null(self) -> Any:
+        """A bool array on the column's device: True where the row is not NULL (:meth:`is_valid`)."""
+        return self.is_valid()
+
+    # -- operations (polars' Series methods; the work is in _unique and _fill) ----------------------
+
+    def unique(self, *, maintain_order: bool = False) -> Column:
+        """The distinct values, as polars' ``Series.unique``: a column of a new one-column table.
+
+        NULL is one value, NaN is one value, -0.0 and 0.0 are one value (the first seen is kept).
+
+        Parameters
+        ----------
+        maintain_order
+            True: in order of first appearance. False (default): in the values' order, NULL first
+            (polars leaves it unspecified).
+        """
+        from ._unique import unique_values  # up: a convenience method; _unique builds Tables
+
+        return unique_values(self, maintain_order)
+
+    def value_counts(self, *, sort: bool = False, name: str | None = None, normalize: bool = False) -> Any:
+        """How often each distinct value occurs, as polars' ``Series.value_counts``.
+
+        Returns a new Table on the column's device: this column's distinct values (NULL included)
+        and ``count`` (int64; pyarrow's type, where polars uses uint32).
+
+        Parameters
+        ----------
+        sort
+            Most frequent first (equal counts in the values' order). False: in the values' order.
+        name
+            The name of the count column (default ``count``, or ``proportion`` with ``normalize``).
+        normalize
+            Give each value's share of the rows (float64) instead of its count.
+        """
+        from ._unique import value_counts  # up: a convenience method; _unique builds Tables
+
+        return value_counts(self, sort, name, normalize)
+
+    def fill_null(self, value: Any = None, strategy: str | None = None, limit: int | None = None) -> Column:
+        """This column with NULLs replaced, as polars' ``Series.fill_null``: a column of a new
+        one-column table, of the same type.
+
+        Takes the values and strategies of :meth:`Table.fill_null`; a value or strategy that does
+        not apply to this column's type is an error naming the column (a table's fill_null skips
+        such columns). ``table.with_columns(x=table.column("x").fill_null(0))`` fills one column of
+        a table.
+        """
+        from ._fill import fill_column  # up: a convenience method; _fill builds Tables
+
+        return fill_column(self, value, strategy, limit)
+
     # -- conversion -------------------------------------------------------------------------------
 
     def to_arrow(self) -> pa.Array:
@@ -215,9 +273,13 @@ class Column:
 
     def _dense_values(self, protocol: str) -> Any:
         if self.null_count:
+            name = self.name
             raise NullValuesError(
-                f"column {self.name!r} has {self.null_count} NULL(s), which {protocol} cannot carry; use "
-                "column.values (NULL slots unspecified) with column.is_valid(), or table.to_array(nulls='nan'|'drop')"
+                f"column {name!r} has {self.null_count:,} NULL(s), which {protocol} cannot carry. Fill or drop "
+                f"them in one call: table.fill_null(0)[{name!r}] or table.fill_null(strategy='forward')[{name!r}] "
+                f"(table.column({name!r}).fill_null(...) fills this column only), table.drop_nulls({name!r})[{name!r}] "
+                f"(rows with a NULL left out), or table.to_array([{name!r}], nulls='nan'|'drop'); the raw values "
+                "are column.values (NULL slots unspecified) with column.is_valid()"
             )
         if self._plan.child_validity is not None:
             d = self._plan.type.list_size

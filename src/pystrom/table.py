@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _ops
+from ._frame import TableOps
 from .column import Column
 from .errors import ClosedError, ColumnNotFoundError, SchemaMismatchError
 from .memory.backend import Backend, Block, resolve_device
@@ -18,13 +19,15 @@ if TYPE_CHECKING:
 __all__ = ["Table"]
 
 
-class Table:
+class Table(TableOps):
     """Named columns laid out as Arrow arrays inside **one** allocation, on a GPU or on the CPU.
 
     One allocation means one handle shares the whole table with another process, a column is a
     zero-copy CuPy (or NumPy) array, and adjacent columns of one dtype form a zero-copy 2-D array.
     Build tables with :meth:`from_arrow` or :meth:`from_arrays` (or the loaders); views made by
-    :meth:`select` and :meth:`slice` share the allocation and keep it alive.
+    :meth:`select` and :meth:`slice` share the allocation and keep it alive. The everyday DataFrame
+    operations (:meth:`sort`, :meth:`rename`, :meth:`drop`, :meth:`fill_null`, :meth:`describe`, ...)
+    are named as polars names them (docs/table.md lists them).
 
     The memory is released by :meth:`close` (or leaving a ``with`` block) once no view or exported
     array still uses it, or when the table is garbage collected. A closed table raises
@@ -43,6 +46,13 @@ class Table:
         self._index = {c.name: i for i, c in enumerate(self._columns)}
         self._num_rows = num_rows
         return self
+
+    @classmethod
+    def _of_column(cls, col: Column) -> Table:
+        """A one-column table viewing ``col`` (zero copy)."""
+        schema = _pa().schema([_pa().field(col.name, col.type)])
+        view = Column._view(col._live_block(), col._plan, col.offset, len(col), col._null_count)
+        return cls._from_columns(col._live_block(), schema, [view], len(col))
 
     @classmethod
     def _wrap(cls, block: Block, plan: TablePlan, schema: pa.Schema, num_rows: int) -> Table:
@@ -76,15 +86,21 @@ class Table:
         return build_table(backend, columns_of(table), table.schema.metadata, table.num_rows)
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, Any], device: str | int | None = None) -> Table:
+    def from_arrays(cls, arrays: Mapping[str, Any] | pd.DataFrame, device: str | int | None = None) -> Table:
         """A new Table from named arrays: NumPy (masked arrays give NULLs), CuPy or anything with
         ``__cuda_array_interface__``, pyarrow arrays, pandas Series, or Python lists (None is NULL).
 
-        All columns must have the same length. GPU inputs are copied device to device.
+        All columns must have the same length. GPU inputs are copied device to device. A pandas
+        DataFrame (or a polars one, or any other Arrow stream producer) is taken whole, exactly as
+        :meth:`from_arrow` takes it (through Arrow; the index is left out).
         """
         from .interop.arrays import columns_from_arrays  # up: a convenience constructor; interop builds Tables
         from .interop.build import build_table  # up: as above
 
+        if not isinstance(arrays, Mapping) and (
+            _is_pandas_frame(arrays) or hasattr(arrays, "__arrow_c_stream__")
+        ):  # a data frame is named columns already: one conversion for both constructors
+            return cls.from_arrow(arrays, device)
         backend = resolve_device(device)
         return build_table(backend, columns_from_arrays(arrays, backend))
 
@@ -434,6 +450,10 @@ def _pa() -> Any:
     import pyarrow
 
     return pyarrow
+
+
+def _is_pandas_frame(obj: Any) -> bool:
+    return type(obj).__module__.startswith("pandas") and type(obj).__name__ == "DataFrame"
 
 
 def _check_capsule_kwargs(kwargs: dict) -> None:
