@@ -351,8 +351,9 @@ def test_to_array_promotes_like_numpy_without_dtype(device):
         np.testing.assert_array_equal(host(got), np.column_stack([host(t[n]) for n in names]).astype(want))
 
 
-def test_repr_shows_dates_beyond_pythons_datetime_as_stored_values(device):
+def test_repr_shows_dates_beyond_pythons_datetime_as_stored_values(device, monkeypatch):
     """Valid Arrow data (any int64 of microseconds, any int32 of days) that datetime cannot hold."""
+    monkeypatch.setenv("COLUMNS", "200")  # the three long cells side by side, none elided
     big = np.iinfo(np.int64).max
     arrow = pa.table(
         {
@@ -369,9 +370,67 @@ def test_repr_shows_dates_beyond_pythons_datetime_as_stored_values(device):
     assert f"{big} us from 1970" in t._repr_html_()
 
 
-def test_repr_shows_timestamps_uuids_and_decimals_whole():
+def _wide(device, columns=32, rows=100):
+    rng = np.random.default_rng(2)
+    data = {f"feature_{i}": rng.standard_normal(rows) for i in range(columns - 2)}
+    data["label"] = pa.array([None if i % 7 == 0 else i % 2 for i in range(rows)])
+    data["name"] = [f"row {i}" for i in range(rows)]
+    return Table.from_arrays(data, device=device)
+
+
+@pytest.mark.parametrize("width", [100, 60, 200])
+def test_repr_of_a_wide_table_fits_the_terminal(device, monkeypatch, width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    t = _wide(device)
+    lines = repr(t).splitlines()
+    assert lines[0].startswith("pystrom.Table: 100 rows x 32 columns")
+    assert all(len(line) <= width for line in lines), max(lines, key=len)
+    schema = lines[1 : lines.index("----")]
+    assert len(schema) <= 5  # folded: not 32 lines
+    assert "feature_0: double" in schema[0] and "name: string" in schema[-1] and "label: int64 (15 nulls)" in schema[-1]
+    folded = any("more columns (table.schema lists all)" in line for line in schema)
+    assert folded == (width < 200)  # 200 characters hold all 32 entries in 4 lines
+    header = lines[lines.index("----") + 1].split()
+    assert header[0] == "feature_0" and header[-1] == "name" and "…" in header  # first and last columns, elided middle
+    assert len(header) < 32
+    rows = lines[lines.index("----") + 2 : -1]
+    assert len(rows) == 10 and all(r.split()[-2:] == ["row", str(i)] for i, r in enumerate(rows))
+    assert lines[-1] == "... 90 more rows"
+
+
+def test_repr_folds_nothing_when_everything_fits(device, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    t = _wide(device, columns=12)
+    text = repr(t)
+    assert "…" not in text and all(f"feature_{i}" in text.splitlines()[-2 - 10] for i in range(10))
+    narrow = t.select(["feature_0", "label", "name"])
+    assert repr(narrow).splitlines()[1:4] == ["  feature_0: double", "  label: int64 (15 nulls)", "  name: string"]
+
+
+def test_repr_of_thousands_of_columns_stays_short(device, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    t = _wide(device, columns=2000, rows=3)
+    lines = repr(t).splitlines()
+    assert len(lines) <= 12 and all(len(line) <= 120 for line in lines)
+    assert "1,993 more columns" in lines[3] or any("more columns" in line for line in lines)
+    assert lines[lines.index("----") + 1].split()[-1] == "name"
+
+
+def test_html_of_a_wide_table_shows_the_first_and_last_ten_columns(device):
+    t = _wide(device)
+    html = t._repr_html_()
+    assert html.count("<th>") == 21 and "<th>…</th>" in html and html.count("<td>…</td>") == 10
+    assert "feature_9<br>" in html and "feature_10<br>" not in html and "feature_22<br>" in html
+    assert "label<br><small>int64 · 15 nulls</small>" in html and "32 columns" in html
+    narrow = t.select([f"feature_{i}" for i in range(20)])._repr_html_()
+    assert narrow.count("<th>") == 20 and "…</th>" not in narrow
+
+
+def test_repr_shows_timestamps_uuids_and_decimals_whole(monkeypatch):
     import decimal
     import uuid
+
+    monkeypatch.setenv("COLUMNS", "200")  # the four long cells side by side, none elided
 
     ts = pa.array([1_700_000_000_123_456_789], pa.timestamp("ns", tz="Europe/Paris"))
     u = uuid.UUID("12345678-1234-5678-1234-567812345678")
