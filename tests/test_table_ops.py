@@ -258,7 +258,8 @@ def test_unique_and_value_counts_refusals(device):
     empty = t.slice(3)
     assert empty.column("x").unique().to_arrow().to_pylist() == []
     assert empty.column("x").value_counts(normalize=True).num_rows == 0
-    assert empty.unique().num_rows == 0
+    for keep in ["first", "last", "any", "none"]:
+        assert empty.unique(keep=keep).num_rows == 0 and empty.unique("x", keep=keep, maintain_order=True).num_rows == 0
 
 
 # -- fill_null and drop_nulls -------------------------------------------------------------------------
@@ -410,6 +411,25 @@ def test_describe_matches_polars(device, data, interpolation, percentiles):
                 assert math.isclose(a, b, rel_tol=1e-9, abs_tol=tolerance) or a == b, (name, stat, a, b)
             else:
                 assert _same([a], [b]), (name, stat, a, b)
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "lower", "higher", "midpoint", "linear"])
+def test_describe_of_infinities_and_nan_matches_polars(device, interpolation):
+    inf, nan = math.inf, math.nan
+    for values in (
+        [inf, inf],
+        [-inf, 0.0],
+        [0.0, inf],
+        [-inf, inf],
+        [1.0, nan],
+        [nan, nan],
+        [-0.0, 0.0],
+        [1e308, 1.7e308],
+    ):
+        arrow = pa.table({"f": pa.array(values, pa.float64())})
+        got = Table.from_arrow(arrow, device=device).describe([0.25, 0.5], interpolation=interpolation).to_arrow()
+        want = pl.from_arrow(arrow).describe([0.25, 0.5], interpolation=interpolation)["f"].to_list()
+        assert _same(got.column("f").to_pylist(), want), (values, got.column("f").to_pylist(), want)
 
 
 def test_describe_decimals_and_refusals(device):

@@ -97,12 +97,13 @@ def _statistics(col: Column, percentiles: list[float], interpolation: str) -> li
         ordered = xp.sort(values)  # NaN last, as polars orders it
         for q in percentiles:
             low, high, weight = _position(q, count, interpolation)
+            a, b = ordered[low], ordered[high]
             if not weight:
-                results.append(ordered[low])
+                results.append(a)
             elif interpolation == "midpoint":  # (a + b) / 2 and a + (b - a) * w differ at infinities: polars' forms
-                results.append((ordered[low] + ordered[high]) / 2)
-            else:
-                results.append(ordered[low] + (ordered[high] - ordered[low]) * weight)
+                results.append((a + b) / 2)
+            else:  # equal ends are the value itself (inf, not inf - inf = NaN), as in polars
+                results.append(xp.where(a == b, a, a + (b - a) * weight))
     host = [float(v) for v in col._live_block().backend.to_host(xp.stack([xp.asarray(r) for r in results]))]
     mean_h, min_h, max_h = host[:3]
     std_h = None

@@ -57,7 +57,7 @@ def unique_rows(table: Table, subset: str | Sequence[str] | None, keep: str, mai
     xp = backend.xp
     with backend.activate():
         order, starts = _grouped(table, names)
-        ends = xp.concatenate([starts[1:], xp.asarray([table.num_rows], dtype=np.int64)]) - 1
+        ends = xp.concatenate([starts, xp.asarray([table.num_rows], dtype=np.int64)])[1:] - 1  # none if no rows
         if keep == "last":
             rows = order[ends]
         elif keep == "none":

@@ -194,7 +194,8 @@ class Table(TableOps):
     def __getitem__(self, key: str | Sequence[str]) -> Any:
         """``table["x"]``: the column's values as a zero-copy CuPy (GPU) or NumPy (CPU) array.
 
-        The column must be fixed-width (not string/binary) and hold no NULLs in the rows of this table;
+        The column must be fixed-width (not string/binary) and hold no NULLs in the rows of this table
+        (fill or drop them in one call first: ``table.fill_null(0)["x"]``, ``table.drop_nulls("x")["x"]``);
         for raw values with NULL slots use ``table.column("x").values``. ``table[["a", "b"]]`` is
         :meth:`select`.
         """
@@ -268,32 +269,54 @@ class Table(TableOps):
         with backend.activate():
             return _ops.gather(self, backend.xp.flatnonzero(_ops.as_mask(self, mask)))
 
-    def with_columns(self, columns: Mapping[str, str] | None = None, /, **named: str) -> Table:
-        """A new table (new allocation, same device) with computed columns added or replaced.
+    def with_columns(self, columns: Mapping[str, Any] | None = None, /, **named: Any) -> Table:
+        """A new table (new allocation, same device) with columns added or replaced.
 
-        ``table.with_columns(bmi="weight / height^2", old="age >= 65")``: each value is an
-        expression in the ``where`` language (docs/where.md) over this table's columns as they are
-        before the call. Names may also come as a mapping (``with_columns({"body mass": ...})``).
-        A name that exists replaces that column in place; new names are appended in order.
+        ``table.with_columns(bmi="weight / height^2", p=proba, run=7)``. Each value is one of:
 
-        Types come from the type checker: integer arithmetic gives int64 (wrapping on overflow),
-        anything with a float, ``/``, ``^``, sqrt/exp/log gives float64, comparisons and and/or/not
-        give bool. NULL rules as in a scan's ``where``: a NULL operand makes the result NULL, a
-        zero divisor (``/``, ``%``) gives NULL, and/or/not follow SQL's three-valued logic,
+        - an expression (str) in the ``where`` language (docs/where.md) over this table's columns
+          as they are before the call;
+        - an array: NumPy (masked arrays give NULLs), CuPy, anything with
+          ``__cuda_array_interface__`` or DLPack (torch, JAX), a pyarrow array or chunked array, a
+          pandas or polars Series, a list (None is NULL); a 2-D array gives a fixed_size_list column;
+        - a :class:`Column` of a table on the same device;
+        - a scalar (Python, NumPy or pyarrow; ``pyarrow.scalar(None, type)`` for NULLs), broadcast
+          to every row with its Arrow type (``7`` is int64, ``2.5`` float64);
+        - a user function call (docs/udf.md).
+
+        Names may also come as a mapping (``with_columns({"body mass": ...})``). A name that exists
+        replaces that column in place; new names are appended in the order given.
+
+        Arrays must have the table's length and live on the table's device: ``with_columns`` never
+        copies between host and GPU on its own, so a NumPy array for a GPU table (or a CuPy array
+        for a CPU table) is refused with the call that moves it (``cupy.asarray(p)``, ``p.get()``,
+        or ``table.to(...)``). A scalar is written on the device from one row.
+
+        Expression types come from the type checker: integer arithmetic gives int64 (wrapping on
+        overflow), anything with a float, ``/``, ``^``, sqrt/exp/log gives float64, comparisons and
+        and/or/not give bool. NULL rules as in a scan's ``where``: a NULL operand makes the result
+        NULL, a zero divisor (``/``, ``%``) gives NULL, and/or/not follow SQL's three-valued logic,
         ``x is null`` is never NULL. A new column has a validity bitmap only if some row is NULL.
-
         On a GPU all the expressions run as one generated kernel that writes every new column's
         values and validity; on the CPU they are computed with NumPy.
 
-        Raises :class:`~pystrom.errors.ExpressionError` naming the expression, the column and its
-        type for an expression that does not parse or type-check, or whose result is a string, a
-        temporal value or a bare NULL (no computed type).
+        Raises
+        ------
+        ExpressionError
+            An expression that does not parse or type-check, or whose result is a string, a
+            temporal value or a bare NULL (the message names the expression, the column and its type).
+        SchemaMismatchError
+            An array or Column of another length (the message names the column and both lengths).
+        DeviceError
+            Values on another device than the table (the message says how to move them).
+        UnsupportedTypeError
+            A value that is none of the above, or a bare None.
         """
         from ._compute import with_columns  # up: a convenience method; _compute builds Tables
 
         if columns is not None:
             if not isinstance(columns, Mapping):
-                raise TypeError(f"with_columns takes a mapping of name -> expression; got {type(columns).__name__}")
+                raise TypeError(f"with_columns takes a mapping of name -> value; got {type(columns).__name__}")
             named = {**columns, **named}
         return with_columns(self, named)
 
