@@ -15,6 +15,8 @@ from .memory.layout import ColumnPlan
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from .table import Table
+
 __all__ = ["Column"]
 
 
@@ -227,7 +229,7 @@ class Column:
 
         return unique_values(self, maintain_order)
 
-    def value_counts(self, *, sort: bool = False, name: str | None = None, normalize: bool = False) -> Any:
+    def value_counts(self, *, sort: bool = False, name: str | None = None, normalize: bool = False) -> Table:
         """How often each distinct value occurs, as polars' ``Series.value_counts``.
 
         Returns a new Table on the column's device: this column's distinct values (NULL included)
