@@ -49,7 +49,7 @@ class FakeDevice:
             self.__dlpack__ = lambda **kw: None
 
 
-def test_host_arrays_of_every_kind(device):
+def test_host_arrays_of_every_kind():
     t = Table.from_arrays({"x": [1.0, 2.0, 3.0]}, device="cpu")
     out = t.with_columns(
         np1=np.array([1, 2, 3], dtype=np.int16),
