@@ -9,6 +9,8 @@ from .column import Column
 from .errors import (
     CapacityError,
     ClosedError,
+    ClusterError,
+    CollectiveTimeoutError,
     ColumnNotFoundError,
     DataError,
     DeviceError,
@@ -56,6 +58,8 @@ __all__ = [
     "Error",
     "CapacityError",
     "ClosedError",
+    "ClusterError",
+    "CollectiveTimeoutError",
     "ColumnNotFoundError",
     "DataError",
     "DeviceError",

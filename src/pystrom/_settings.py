@@ -132,6 +132,32 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 0,
         "Rows per chunk of the logistic regression pass with more than 8 features; 0 sizes chunks by the device.",
     ),
+    "dask_fit_loop": _Option(
+        "PYSTROM_DASK_FIT_LOOP",
+        str,
+        "auto",
+        lambda v: v in ("auto", "workers", "client"),
+        "Where a fit over persisted pystrom.dask partitions runs its Newton loop: 'auto' runs it on the GPU workers "
+        "(each pass's sums all-gathered over NCCL; one GPU worker needs none) and on the client otherwise; "
+        "'workers' also on CPU workers and where NCCL is unusable (all-gathers over TCP between the workers); "
+        "'client' always on the client (one Client.run of every worker a pass).",
+    ),
+    "dask_fit_timeout": _Option(
+        "PYSTROM_DASK_FIT_TIMEOUT",
+        float,
+        120.0,
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
+        "Seconds a worker of a fit whose loop runs on the workers waits for the others at one all-gather (the "
+        "slowest worker's pass included), or for its communicator to form, before it gives up with an error.",
+    ),
+    "dask_fit_restarts": _Option(
+        "PYSTROM_DASK_FIT_RESTARTS",
+        int,
+        2,
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "Times a fit whose loop runs on the workers starts again (its lost partitions read again) after a worker "
+        "was lost or an all-gather failed; past that it raises pystrom.ClusterError.",
+    ),
     "repr_rows": _Option(
         "PYSTROM_REPR_ROWS",
         int,

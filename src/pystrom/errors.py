@@ -33,6 +33,8 @@ __all__ = [
     "DataError",
     "NotFittedError",
     "ExpressionError",
+    "ClusterError",
+    "CollectiveTimeoutError",
 ]
 
 
@@ -144,6 +146,15 @@ class FileError(Error, OSError):
 
 class DataError(Error, ValueError):
     """Values an operation cannot use: an empty input, a target with one class, NaN or Inf in features."""
+
+
+class ClusterError(Error, RuntimeError):
+    """Work spread over a dask cluster lost a worker, or its workers could not agree or reach each other; the
+    message names the worker (its address and rank) and says what was tried (a fit restarts a few times first)."""
+
+
+class CollectiveTimeoutError(ClusterError, TimeoutError):
+    """Workers of a fit waited for the others longer than ``pystrom.defaults.dask_fit_timeout`` at one exchange."""
 
 
 class NotFittedError(Error, ValueError, AttributeError):

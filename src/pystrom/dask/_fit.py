@@ -23,8 +23,9 @@ import numpy as np
 
 from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
 from ..memory.backend import resolve_device
+from ..ml._irls import IRLSResult
 from ..ml._pass import layout_size
-from ..ml._sources import Source
+from ..ml._sources import SolverSpec, Source
 from ..table import Table
 from ._collection import PartitionedTable, Partitions, _dask_array, _Keys, _on_client_device
 from ._tasks import _EXTRA, PartitionMoved, array_pass, local_passes, sum_passes, table_pass
@@ -45,7 +46,11 @@ def is_dask_input(x: Any) -> bool:
 
 
 class DaskSource(Source):
-    """Passes over partitions on dask workers; only each pass's summed vector comes to the client."""
+    """Passes over partitions on dask workers; only each pass's summed vector comes to the client.
+
+    :meth:`solve` runs the whole Newton loop on the workers instead where it can (:mod:`._loop`)."""
+
+    path = "client"
 
     def __init__(self, leaves: list[Any], task: Any, args: tuple, n_features: int, names: list[str], backend: Any):
         self._leaves = leaves  # per partition: (graph, key) or a tuple of (graph, key) for X, y, weights
@@ -55,6 +60,11 @@ class DaskSource(Source):
         self.names = names
         self.backend = backend
         self._placement: tuple[Any, dict] | None | bool = False  # False: not looked up yet
+
+    def solve(self, spec: SolverSpec) -> IRLSResult:
+        from ._loop import solve
+
+        return solve(self, spec)
 
     def _graph(self, w: np.ndarray, cw: tuple[float, float], check: bool) -> Partitions:
         from dask.base import tokenize

@@ -29,7 +29,9 @@ __all__ = [
     "filter_rows",
     "concat_tables",
     "table_pass",
+    "table_batch",
     "array_pass",
+    "array_batch",
     "sum_passes",
     "PartitionMoved",
     "local_passes",
@@ -176,16 +178,21 @@ def table_pass(
     """One partition's IRLS sums at ``w`` (the fused kernel on a GPU): the pass vector, then rows
     used, rows skipped for NULLs and whether the features were float32. ``check``: raise naming the
     column when the features hold NaN/Inf (asked for only once a pass has counted such rows)."""
-    from ..ml._data import prepare_table
-
-    batch, _ = prepare_table(table, columns, target, weight, None, binary01=True)
+    batch = table_batch(table, columns, target, weight)
     if check:
         _check_finite(batch)
     return _run_pass(batch, cw, w)
 
 
-def array_pass(X: Any, y: Any, sw: Any, cw: tuple[float, float], w: np.ndarray, check: bool = False) -> np.ndarray:
-    """As :func:`table_pass` for one block of dask arrays (NumPy or CuPy chunks)."""
+def table_batch(table: Table, columns: Sequence[str], target: str, weight: str | None) -> Any:
+    """One partition's features, 0/1 target and weights as the pass reads them (rows with NULLs left out)."""
+    from ..ml._data import prepare_table
+
+    return prepare_table(table, columns, target, weight, None, binary01=True)[0]
+
+
+def array_batch(X: Any, y: Any, sw: Any) -> Any | None:
+    """As :func:`table_batch` for one block of dask arrays (None: a block without rows)."""
     from ..ml._data import prepare_array
 
     if X.ndim != 2:
@@ -193,8 +200,15 @@ def array_pass(X: Any, y: Any, sw: Any, cw: tuple[float, float], w: np.ndarray, 
 
         raise SchemaMismatchError(f"a block of X is {X.ndim}-D; X must be a 2-D dask array (rows x features)")
     if X.shape[0] == 0:
+        return None
+    return prepare_array(X, y, sw, None, binary01=True)[0]
+
+
+def array_pass(X: Any, y: Any, sw: Any, cw: tuple[float, float], w: np.ndarray, check: bool = False) -> np.ndarray:
+    """As :func:`table_pass` for one block of dask arrays (NumPy or CuPy chunks)."""
+    batch = array_batch(X, y, sw)
+    if batch is None:
         return _empty_pass(X.shape[1])
-    batch, _ = prepare_array(X, y, sw, None, binary01=True)
     if check:
         _check_finite(batch)
     return _run_pass(batch, cw, w)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from .._settings import defaults
 from ..errors import DataError
 from ..memory.backend import Backend
 from ._data import Batch, locate_nonfinite, prefetch
+from ._irls import IRLSResult, IRLSSolver
 from ._narrow import KernelPass, uses_kernel
 from ._pass import (
     F32_LL_ATOL,
@@ -30,19 +32,57 @@ from ._pass import (
 from ._staging import HostStaging
 from ._wide import WidePass, uses_wide
 
-__all__ = ["Source", "ArraySource", "ScanSource"]
+__all__ = ["Source", "ArraySource", "ScanSource", "SolverSpec"]
+
+
+@dataclass(frozen=True)
+class SolverSpec:
+    """What the estimator asks of the solver, apart from the data: picklable, so that a source whose data
+    lives elsewhere (pystrom.dask's workers) can build the same solver next to it (:meth:`Source.solve`)."""
+
+    n_features: int
+    fit_intercept: bool
+    l2: float
+    max_iter: int
+    tol: float
+    rule: str = "pystrom"
+
+    def build(self, source: Source) -> IRLSSolver:
+        """The solver whose passes are ``source``'s."""
+        return IRLSSolver(
+            source.evaluate,
+            self.n_features,
+            self.fit_intercept,
+            self.l2,
+            self.max_iter,
+            self.tol,
+            source.ll_rounding,
+            rule=self.rule,
+            approximate=source.approximate_hessian(),
+            plan_steps=source.plan_steps,
+        )
 
 
 class Source:
     backend: Backend
     n_features: int
     names: list[str]
+    path = "memory"  # how the passes are made, for the model's fit_info_
     class_weight: tuple[float, float] = (1.0, 1.0)
     rows: int = 0  # rows used, known after the first pass
     skipped: int = 0  # rows left out for NULLs, known after the first pass
     passes: int = 0
     single_precision: bool = False  # some batch was float32: the pass used float32 sigmoids and logs
     _hessian = "float64"  # of the pass being made: "float32" for the features' block of a wide fit
+
+    def solve(self, spec: SolverSpec) -> IRLSResult:
+        """Run the solver over this source's passes; ``fit_info`` then says how (the model's ``fit_info_``).
+        A source may run the same solver elsewhere (pystrom.dask: on the workers holding the data)."""
+        res = spec.build(self).solve()
+        self.fit_info = {"path": self.path, "device": self.backend.device, "passes": int(res.passes)}
+        return res
+
+    fit_info: dict = {}
 
     def ll_rounding(self) -> tuple[float, float]:
         """How exact a pass's log-likelihood is: (relative, per unit of row weight)."""
@@ -219,6 +259,7 @@ class ScanSource(Source):
     and transfer of batch k+1 on a worker thread overlap compute on batch k)."""
 
     _batched = True
+    path = "scan"
 
     def __init__(
         self,

@@ -33,8 +33,8 @@ from ._inputs import (
     valid_rows,
     xp_of,
 )
-from ._irls import IRLSSolver, NumericalWarning
-from ._sources import Source
+from ._irls import NumericalWarning
+from ._sources import SolverSpec, Source
 from ._stats import Summary, compute_statistics
 
 __all__ = ["LogisticRegression"]
@@ -91,6 +91,11 @@ class LogisticRegression:
         statistics, named in a NumericalWarning; the model is the one without them.
     separation_ : {None, "complete", "quasi-complete"}
         Not None when a PerfectSeparationWarning was issued.
+    fit_info_ : dict
+        How the fit ran: ``"path"`` (``"memory"``, ``"scan"``; for pystrom.dask input ``"workers"``, the
+        Newton loop on the workers, or ``"client"``), ``"passes"``, and for pystrom.dask input the
+        workers, the communicator (``"comm"``: ``"nccl"``, ``"tcp"`` or ``"none"``), restarts, per-worker
+        timings and the ``"reason"`` the path was chosen (docs/dask.md).
     """
 
     def __init__(
@@ -206,19 +211,7 @@ class LogisticRegression:
         source.class_weight = cw
         k = source.n_features
         l2 = 1.0 / float(self.C) if self.penalty == "l2" else 0.0
-        solver = IRLSSolver(
-            source.evaluate,
-            k,
-            bool(self.fit_intercept),
-            l2,
-            int(self.max_iter),
-            float(self.tol),
-            source.ll_rounding,
-            rule=rule,
-            approximate=source.approximate_hessian(),
-            plan_steps=source.plan_steps,
-        )
-        res = solver.solve()
+        res = source.solve(SolverSpec(k, bool(self.fit_intercept), l2, int(self.max_iter), float(self.tol), rule))
         order = list(range(k))
         if self.fit_intercept:
             order.insert(min(max(int(intercept_at), 0), k), k)
@@ -262,6 +255,7 @@ class LogisticRegression:
         self.n_passes_ = int(res.passes)
         self.n_approx_passes_ = int(res.approx_passes)  # passes whose Hessian was formed in float32
         self.device_ = source.backend.device
+        self.fit_info_ = dict(source.fit_info)
         H = res.totals.hessian[np.ix_(order, order)].copy()
         if l2:
             feats = np.array([i for i, j in enumerate(order) if j != k], dtype=np.intp)

@@ -1,0 +1,419 @@
+"""The Newton loop where the data is: what runs on each worker of a fit over persisted partitions.
+
+One long-lived task per worker (:func:`run_rank`, submitted by :mod:`._loop`) builds the same
+:class:`~pystrom.ml._irls.IRLSSolver` as a fit in one process, over a :class:`RankSource` whose pass is
+this worker's partitions' sums (the fused kernel on a GPU, as :func:`._tasks.table_pass` makes them)
+all-gathered with every other worker's (:mod:`._comm`: NCCL between GPUs) and summed in rank order.
+Every rank holds the same totals bit for bit, so every rank's solver takes the same steps and line
+search, judges separation alike and stops at the same pass; each pass's coefficients travel with the
+sums and are compared, so ranks that ever diverged would stop with an error instead of mixing passes.
+Rank 0 returns the result (and the warnings its solver gave) to the client; nothing else leaves the
+workers but one vector per worker and pass.
+
+A rank that fails (a partition it cannot prepare, NaN in its features) still takes part in the next
+all-gather, flagged: every rank then stops at that exchange, the failing one raising its error, the
+others returning without one (:class:`_Deferred`), so no rank waits for one that will never come.
+Communicators are kept between fits (forming an NCCL one costs far more than a fit's exchanges) and
+dropped after any failure inside an exchange.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ClusterError
+from ..memory.backend import resolve_device
+from ..ml._pass import batch_pass, layout_size
+from ..ml._sources import SolverSpec, Source
+from ._comm import Comm, SoloComm, form, make_unique_id, nccl_module
+from ._tasks import _EXTRA, _check_finite, _empty_pass, array_batch, sum_passes, table_batch
+
+__all__ = ["RankJob", "LocalPasses", "RankSource", "run_rank", "probe", "unique_id", "cancel", "status"]
+
+_KEEP = 2  # idle communicators a worker keeps per rank slot (the newest)
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """One attempt of one fit, as every rank receives it."""
+
+    fit_id: str
+    attempt: int
+    cid: str  # the communicator's id
+    comm: str  # "nccl", "tcp" or "none"
+    peers: tuple[str, ...]  # worker addresses by rank
+    ordinals: tuple[int, ...]  # each rank's GPU (-1: CPU)
+    timeout: float
+    kind: str  # "table" (args: feature names, target, weight column) or "array"
+    args: tuple
+    n_features: int
+    names: tuple[str, ...]
+    class_weight: tuple[float, float]
+    spec: SolverSpec
+
+    @property
+    def world(self) -> int:
+        return len(self.peers)
+
+
+# -- this worker's passes -------------------------------------------------------------------------------
+
+
+class LocalPasses:
+    """This worker's share of each pass at ``w``: its partitions' sums (the dask pass layout: the pass
+    vector, then rows used, rows skipped for NULLs, float32 seen), one host vector.
+
+    Narrow GPU batches keep their fused-kernel launch (:class:`~pystrom.ml._narrow.KernelPass`) for the
+    whole fit, on one stream; each pass launches every batch's kernel, stacks the results on the GPU
+    and brings them to the host in one copy. Other batches take :func:`~pystrom.ml._pass.batch_pass`,
+    as the client's loop does (a wide batch's scratch, up to 1 GiB, is not held between passes).
+    """
+
+    def __init__(self, batches: list[Any], k: int):
+        from ..ml._narrow import KernelPass, uses_kernel
+
+        self.k = k
+        self.batches = batches
+        self.backend = batches[0].backend if batches else resolve_device("cpu")
+        self.rows = sum(b.X.shape[0] for b in batches)
+        self._tails = np.array([(b.X.shape[0], b.skipped, float(b.X.dtype == np.float32)) for b in batches])
+        self._kernels: list[Any] = []
+        self._streams: dict[int, Any] = {}
+        for b in batches:
+            kp = None
+            if b.X.shape[0] and uses_kernel(b.backend, b.X):
+                with b.backend.activate():
+                    kp = KernelPass(b.X, b.y, b.sw, b.backend.ordinal)
+                    if b.backend.ordinal not in self._streams:
+                        self._streams[b.backend.ordinal] = b.backend.xp.cuda.Stream(non_blocking=True)
+            self._kernels.append(kp)
+        for b in batches:  # the partitions were made on other streams: done before ours read them
+            if b.backend.kind == "cuda" and b.backend.ordinal in self._streams:
+                b.backend.xp.cuda.Device(b.backend.ordinal).synchronize()
+
+    @classmethod
+    def prepare(cls, job: RankJob, inputs: list[tuple]) -> LocalPasses:
+        batches = []
+        for values in inputs:
+            batch = table_batch(values[0], *job.args) if job.kind == "table" else array_batch(*values)
+            if batch is not None:
+                batches.append(batch)
+        return cls(batches, job.n_features)
+
+    def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
+        m = layout_size(self.k)
+        rows = np.empty((len(self.batches), m + _EXTRA))
+        rows[:, m:] = self._tails
+        gpu: dict[int, list[int]] = {}
+        for i, b in enumerate(self.batches):
+            if not b.X.shape[0]:
+                rows[i, :m] = _empty_pass(self.k)[:m]
+            elif b.backend.kind == "cuda":
+                gpu.setdefault(b.backend.ordinal, []).append(i)
+            else:
+                rows[i, :m] = batch_pass(b.backend, b.X, b.y, b.sw, cw, w)
+        for ordinal, idx in gpu.items():
+            backend = self.batches[idx[0]].backend
+            with backend.activate(), self._streams.get(ordinal, backend.xp.cuda.get_current_stream()):
+                vecs = []
+                for i in idx:
+                    b, kp = self.batches[i], self._kernels[i]
+                    if kp is not None:
+                        kp.launch(cw, w)
+                        vecs.append(kp.out[:m])
+                    else:
+                        vecs.append(batch_pass(b.backend, b.X, b.y, b.sw, cw, w))
+                rows[idx, :m] = backend.xp.stack(vecs).get()
+        if not len(rows):
+            out = _empty_pass(self.k)
+            out[-_EXTRA:] = 0.0
+            return out
+        return sum_passes(*rows)
+
+    def check_finite(self) -> None:
+        """Raise naming the column when a batch here holds NaN/Inf in its features."""
+        for b in self.batches:
+            _check_finite(b)
+
+
+# -- the source the solver runs on ------------------------------------------------------------------------
+
+
+class _Deferred(Exception):
+    """This rank stops because of a failure that may lie on another rank: ``fallback`` is the error to
+    raise if no rank names a better one."""
+
+    def __init__(self, fallback: BaseException):
+        super().__init__(str(fallback))
+        self.fallback = fallback
+
+
+class RankSource(Source):
+    """The passes of one rank: local sums, all-gathered, summed in rank order (the module docstring)."""
+
+    path = "workers"
+
+    def __init__(self, job: RankJob, comm: Comm, local: LocalPasses | None, failure: BaseException | None,
+                 state: dict):  # fmt: skip
+        self.n_features = job.n_features
+        self.names = list(job.names)
+        self.backend = local.backend if local is not None else resolve_device("cpu")
+        self.class_weight = job.class_weight
+        self._comm = comm
+        self._local = local
+        self._failure = failure
+        self._state = state
+        self._width = layout_size(job.n_features) + _EXTRA
+        self.local_s = 0.0  # seconds in this worker's passes (launch to sums on the host)
+        self.comm_s = 0.0  # seconds in the all-gathers (waiting for the slowest rank included)
+        self.in_exchange = False  # an exception now leaves the communicator out of step
+
+    def batches(self) -> list:
+        return []  # the check for NaN/Inf runs in _run, on every rank at the same exchange
+
+    def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
+        local = None
+        if self._failure is None:
+            start = time.perf_counter()
+            try:
+                local = self._local(self.class_weight, w)
+            except Exception as exc:  # noqa: BLE001 - raised after the all-gather has told the others
+                self._failure = exc
+            self.local_s += time.perf_counter() - start
+        total = self._gather(local, w)
+        self._state["passes"] = self.passes
+        vec, (rows, skipped, single) = total[:-_EXTRA], total[-_EXTRA:]
+        if first:
+            self.rows, self.skipped = int(rows), int(skipped)
+        self.single_precision = self.single_precision or bool(single)
+        if vec[layout_size(self.n_features) - 3]:  # rows with a non-finite eta, on some rank
+            from ..errors import DataError
+
+            self._local.check_finite()  # names the column where the rows are here
+            raise _Deferred(DataError("the pass met non-finite values (NaN/Inf) in the features"))
+        return vec
+
+    def _gather(self, local: np.ndarray | None, w: np.ndarray) -> np.ndarray:
+        """All ranks' [sums, coefficients, failed flag]; the summed totals, or the stop every rank makes."""
+        width, p = self._width, self.n_features + 1
+        mine = np.zeros(width + p + 1)
+        if local is None:
+            mine[-1] = 1.0
+        else:
+            mine[:width] = local
+        mine[width : width + p] = w
+        start = time.perf_counter()
+        self.in_exchange = True
+        rows = self._comm.allgather(mine)
+        self.in_exchange = False
+        self.comm_s += time.perf_counter() - start
+        failed = np.flatnonzero(rows[:, -1])
+        if len(failed):
+            if self._failure is not None:
+                raise self._failure
+            ranks = ", ".join(self._comm.who(int(r)) for r in failed)
+            raise _Deferred(ClusterError(f"the fit stopped: {ranks} failed (its error is reported)"))
+        coefs = rows[:, width : width + p].view(np.uint64)
+        if not (coefs == coefs[0]).all():
+            odd = [int(r) for r in np.flatnonzero((coefs != coefs[0]).any(axis=1))]
+            raise ClusterError(f"at pass {self.passes} the coefficients of {', '.join(map(self._comm.who, odd))} "
+                               f"differ from {self._comm.who(0)}'s: the workers' solvers diverged (their hosts "
+                               "round differently?); use pystrom.defaults.dask_fit_loop='client'")  # fmt: skip
+        return sum_passes(*rows[:, :width])
+
+
+# -- the task -------------------------------------------------------------------------------------------
+
+
+class _Kept:
+    def __init__(self, comm: Comm):
+        self.comm = comm
+        self.busy = True
+        self.used = time.monotonic()
+
+
+_COMMS: dict[tuple[str, int], _Kept] = {}  # (communicator id, rank) -> its end on this worker
+_CANCELS: dict[str, tuple[threading.Event, float]] = {}  # fit id -> (cancelled, when made)
+_RUNNING: dict[tuple[str, int], dict] = {}  # (fit id, rank) -> what status() reports
+_LOCK = threading.Lock()
+
+
+def _cancel_event(fit_id: str) -> threading.Event:
+    now = time.monotonic()
+    with _LOCK:
+        for old in [f for f, (_, t) in _CANCELS.items() if now - t > 3600.0]:
+            del _CANCELS[old]
+        event, _ = _CANCELS.setdefault(fit_id, (threading.Event(), now))
+    return event
+
+
+def _take_comm(job: RankJob, rank: int, uid: Any, cancel: threading.Event) -> tuple[Comm, bool]:
+    """This rank's communicator: the one kept from an earlier fit (``uid`` None), or a new one; and
+    whether it was formed now."""
+    if job.comm == "none":
+        return SoloComm(rank, 1, job.peers, job.timeout, cancel), True
+    key = (job.cid, rank)
+    if uid is None:
+        with _LOCK:
+            kept = _COMMS.get(key)
+            if kept is not None and not kept.busy:
+                kept.busy = True
+                kept.comm.cancel, kept.comm.timeout = cancel, job.timeout
+                return kept.comm, False
+        raise ClusterError(f"rank {rank} ({job.peers[rank]}): communicator {job.cid} is no longer kept on this "
+                           "worker (another fit's took its place)")  # fmt: skip
+    comm = form(job.comm, job.cid, uid, rank, job.world, job.peers, job.ordinals[rank], job.timeout, cancel)
+    with _LOCK:
+        _COMMS[key] = _Kept(comm)
+        idle = sorted((k for k, v in _COMMS.items() if not v.busy and k[1] == rank), key=lambda k: _COMMS[k].used)
+        evicted = [_COMMS.pop(k) for k in idle[: max(0, len(idle) - (_KEEP - 1))]]
+    for old in evicted:
+        old.comm.abort()
+    return comm, True
+
+
+def _give_back(job: RankJob, rank: int, comm: Comm, healthy: bool) -> None:
+    key = (job.cid, rank)
+    with _LOCK:
+        kept = _COMMS.get(key)
+        if kept is not None and kept.comm is comm:
+            if healthy:
+                kept.busy, kept.used = False, time.monotonic()
+                return
+            del _COMMS[key]
+    comm.abort()
+
+
+def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
+    """Rank ``rank`` of ``job``: the whole IRLS loop over this worker's partitions (``inputs``: per
+    partition, its Table, or its X, y and weight blocks). Rank 0 returns the solver's result."""
+    import distributed
+
+    try:
+        distributed.secede()  # the fit holds no worker thread: the worker's other tasks go on meanwhile
+    except Exception:  # noqa: BLE001 - not in a worker thread (tests call it directly)
+        pass
+    cancel = _cancel_event(job.fit_id)
+    state = {"fit": job.fit_id, "attempt": job.attempt, "rank": rank, "passes": 0, "address": job.peers[rank]}
+    with _LOCK:
+        _RUNNING[(job.fit_id, rank)] = state
+    comm: Comm | None = None
+    source: RankSource | None = None
+    try:
+        local, failure = None, None
+        try:
+            local = LocalPasses.prepare(job, inputs)
+        except Exception as exc:  # noqa: BLE001 - raised at the first exchange, where the others learn of it
+            failure = exc
+        formed = time.perf_counter()
+        comm, fresh = _take_comm(job, rank, uid, cancel)
+        formed = time.perf_counter() - formed
+        source = RankSource(job, comm, local, failure, state)
+        with warnings.catch_warnings(record=True) as caught:  # the client issues rank 0's again
+            warnings.simplefilter("always")
+            res = job.spec.build(source).solve()
+        out = {
+            "rank": rank,
+            "address": job.peers[rank],
+            "result": res if rank == 0 else None,
+            "warnings": [(w.category, str(w.message)) for w in caught] if rank == 0 else [],
+            "rows": source.rows,
+            "skipped": source.skipped,
+            "partitions": len(inputs),
+            "local_rows": local.rows if local is not None else 0,
+            "local_s": source.local_s,
+            "comm_s": source.comm_s,
+            "exchanges": source.passes,
+            "formed_s": formed if fresh else 0.0,
+        }
+        _give_back(job, rank, comm, healthy=True)
+        return out
+    except _Deferred as stop:
+        if comm is not None:
+            _give_back(job, rank, comm, healthy=not source.in_exchange)
+        return {"rank": rank, "address": job.peers[rank], "deferred": stop.fallback}
+    except BaseException:
+        if comm is not None:
+            _give_back(job, rank, comm, healthy=source is not None and not source.in_exchange)
+        raise
+    finally:
+        with _LOCK:
+            _RUNNING.pop((job.fit_id, rank), None)
+
+
+# -- what the client asks each worker through Client.run ---------------------------------------------------
+
+
+def _device_of(value: Any) -> str:
+    device = getattr(value, "device", None)
+    if isinstance(device, str):
+        return device  # a Table's
+    if isinstance(value, np.ndarray):
+        return "cpu"
+    ident = getattr(device, "id", None)
+    return f"cuda:{ident}" if isinstance(ident, int) else "cpu"
+
+
+def _gpu_identity(ordinal: int) -> str:
+    """What tells two workers' GPUs apart: the device's UUID, else host and PCI bus."""
+    import cupy
+
+    try:
+        uuid = cupy.cuda.runtime.getDeviceProperties(ordinal).get("uuid")
+        if uuid:
+            return bytes(uuid).hex()
+    except Exception:  # noqa: BLE001 - an older CuPy: the bus id
+        pass
+    return f"{socket.gethostname()}/{cupy.cuda.Device(ordinal).pci_bus_id}"
+
+
+def probe(plan: dict, nccl: bool, dask_worker: Any = None) -> dict:
+    """Where this worker's partitions of ``plan`` live, whether NCCL works here, and the communicators it keeps."""
+    devices = set()
+    for keys in plan.get(dask_worker.address, []):
+        for key in keys:
+            if key is not None:
+                devices.add(_device_of(dask_worker.data[key]))
+    info: dict = {"devices": sorted(devices), "host": socket.gethostname()}
+    with _LOCK:
+        info["kept"] = sorted(list(k) for k, v in _COMMS.items() if not v.busy)
+    gpus = [d for d in devices if d.startswith("cuda")]
+    if len(gpus) == 1:
+        ordinal = int(gpus[0].partition(":")[2] or 0)
+        info["ordinal"] = ordinal
+        info["gpu"] = _gpu_identity(ordinal)
+        if nccl:
+            try:
+                info["nccl"] = int(nccl_module().get_version())
+            except Exception as exc:  # noqa: BLE001 - said in the model's fit_info_
+                info["nccl_error"] = f"{type(exc).__name__}: {exc}"
+    return info
+
+
+def unique_id(kind: str, cid: str, dask_worker: Any = None) -> Any:
+    """Communicator ``cid``'s unique id, made on this worker (its rank 0)."""
+    try:
+        from distributed.comm import get_address_host
+
+        host = get_address_host(dask_worker.address)
+    except Exception:  # noqa: BLE001 - an address without a host part
+        host = "127.0.0.1"
+    return make_unique_id(kind, cid, host)
+
+
+def cancel(fit_id: str, dask_worker: Any = None) -> None:
+    """End every rank of fit ``fit_id`` on this worker at its next look (within ~0.1 s)."""
+    _cancel_event(fit_id).set()
+
+
+def status(dask_worker: Any = None) -> list[dict]:
+    """The ranks running on this worker: fit, attempt, rank, passes made, address."""
+    with _LOCK:
+        return [dict(s) for s in _RUNNING.values()]

@@ -1,0 +1,176 @@
+"""Shared by the tests of the Newton loop on the workers (test_dask_loop.py on CPU workers over TCP,
+test_dask_nccl.py on GPU workers over NCCL): data, the model comparison, slowing the workers' passes,
+killing a rank's worker mid-fit, and a cluster of separately started processes.
+
+Functions sent to the workers are pickled by value (the workers cannot import the tests' modules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+COEF = np.array([1.2, -0.7, 0.4])
+STATS = ["coefficients_", "std_err_", "z_stats_", "p_values_", "odds_ratios_", "variance_covariance_"]
+
+
+def logreg_data(n: int = 6000, seed: int = 7, k: int = 3, nulls: bool = False) -> pa.Table:
+    """id, x1..xk (normal), w (a positive weight), y (logistic in the first three features)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, k))
+    coef = np.resize(COEF, k) / np.sqrt(max(1, k // 3))
+    y = rng.random(n) < 1 / (1 + np.exp(-(X @ coef + 0.3)))
+    cols = {"id": np.arange(n, dtype=np.int64)}
+    for j in range(k):
+        cols[f"x{j + 1}"] = pa.array(X[:, j], mask=(np.arange(n) % 97 == j) if nulls else None)
+    cols["w"] = rng.uniform(0.5, 2.0, size=n)
+    cols["y"] = y
+    return pa.table(cols)
+
+
+def assert_same_model(got, want, rtol: float = 1e-9) -> None:
+    """Every coefficient and statistic of ``got`` equals ``want``'s to ``rtol``; counts exactly."""
+    for name in STATS:
+        a, b = getattr(got, name), getattr(want, name)
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-300 if name == "p_values_" else 1e-12, err_msg=name)
+    assert got.log_likelihood_ == __import__("pytest").approx(want.log_likelihood_, rel=rtol)
+    assert got.condition_no_ == __import__("pytest").approx(want.condition_no_, rel=1e-6)
+    assert (got.n_iter_, got.n_passes_, got.converged_, got.separation_) == (
+        want.n_iter_,
+        want.n_passes_,
+        want.converged_,
+        want.separation_,
+    )
+    assert (got.num_rows_processed_, got.num_missing_rows_skipped_) == (
+        want.num_rows_processed_,
+        want.num_missing_rows_skipped_,
+    )
+    assert list(got.aliased_) == list(want.aliased_)
+
+
+def slow_passes(pause: float) -> None:
+    """On a worker: each of its ranks' local passes sleeps ``pause`` s first (0: as it was)."""
+    from pystrom.dask import _rank
+
+    original = _rank.LocalPasses.__dict__.get("_unslowed", _rank.LocalPasses.__call__)
+    _rank.LocalPasses._unslowed = original
+    if not pause:
+        _rank.LocalPasses.__call__ = original
+        return
+
+    def call(self, cw, w):
+        time.sleep(pause)
+        return original(self, cw, w)
+
+    _rank.LocalPasses.__call__ = call
+
+
+def stall_rank(rank: int, after: int) -> None:
+    """On a worker: rank ``rank``'s local pass number ``after`` + 1 does not end until the client cancels
+    the fit (as a hung worker would not end at all), so the other ranks wait for it at the exchange."""
+    from pystrom.dask import _rank
+
+    original = _rank.LocalPasses.__dict__.get("_unslowed", _rank.LocalPasses.__call__)
+    _rank.LocalPasses._unslowed = original
+    seen = {"n": 0}
+
+    def call(self, cw, w):
+        mine = [s for s in _rank.status() if s["rank"] == rank]
+        if mine:
+            seen["n"] += 1
+            if seen["n"] > after:
+                _rank._cancel_event(mine[0]["fit"]).wait(600)
+        return original(self, cw, w)
+
+    _rank.LocalPasses.__call__ = call
+
+
+def kill_when(client, rank: int, passes: int, found: dict, timeout: float = 60.0) -> threading.Thread:
+    """A thread that SIGKILLs the worker process of ``rank`` once a running fit has made ``passes``
+    passes; what it killed goes into ``found`` (keys "address", "pid", "status")."""
+    from pystrom.dask import _rank
+
+    def watch() -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                seen = [s for v in client.run(_rank.status).values() for s in v]
+            except Exception:  # noqa: BLE001 - a worker restarting
+                seen = []
+            mine = [s for s in seen if s["rank"] == rank]
+            if mine and max(s["passes"] for s in seen) >= passes:
+                address = mine[0]["address"]
+                pid = client.run(os.getpid, workers=[address])[address]
+                found.update(address=address, pid=pid, status=mine[0])
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, name="kill-a-rank", daemon=True)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def process_cluster(n: int, gpu: bool, env: dict | None = None, nthreads: int = 1):
+    """A scheduler and ``n`` workers, each a process started from the command line (``dask-cuda-worker``
+    with one GPU each when ``gpu``, else ``dask worker``), over TCP on this host; yields a Client."""
+    import distributed
+
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="pystrom-cluster-") as tmp:
+        sched_file = str(Path(tmp) / "scheduler.json")
+        base = {**os.environ, **(env or {})}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--protocol", "tcp", "--no-dashboard", "--scheduler-file", sched_file],
+            env=base, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+        try:
+            end = time.monotonic() + 60
+            while not Path(sched_file).exists():
+                if time.monotonic() > end or procs[0].poll() is not None:
+                    why = procs[0].stderr.read() if procs[0].poll() is not None else "no scheduler file in 60 s"
+                    raise RuntimeError(f"the scheduler did not start: {why}")
+                time.sleep(0.1)
+            for i in range(n):
+                if gpu:
+                    cmd = [sys.executable, "-c", "import sys; from dask_cuda.cli import worker; "
+                           "sys.exit(worker.main(prog_name='dask-cuda-worker'))"]  # fmt: skip
+                    wenv = {**base, "CUDA_VISIBLE_DEVICES": str(i)}
+                else:
+                    cmd = [sys.executable, "-m", "distributed.cli.dask_worker"]
+                    wenv = base
+                cmd += ["--scheduler-file", sched_file, "--nthreads", str(nthreads), "--no-dashboard",
+                        "--memory-limit", "2GiB", "--local-directory", str(Path(tmp) / f"w{i}")]  # fmt: skip
+                if not gpu:
+                    cmd += ["--host", "127.0.0.1"]
+                procs.append(subprocess.Popen(cmd, env=wenv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            client = distributed.Client(scheduler_file=sched_file, set_as_default=False)
+            try:
+                client.wait_for_workers(n, timeout=120)
+                yield client
+            finally:
+                client.close()
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+            for p in reversed(procs):
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()

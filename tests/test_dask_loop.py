@@ -1,0 +1,302 @@
+"""The Newton loop on the workers (issue 35) on CPU workers: the loop GPU workers run over NCCL, here
+over the TCP communicator, on a LocalCluster of worker processes; a worker killed mid-fit; a worker
+that stalls; the choice of the path; workers started as separate processes. Every fit is compared with
+the in-memory fit of the same rows, statistic by statistic (test_dask_nccl.py runs the same on GPUs).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import pystrom
+from pystrom.errors import ClusterError, CollectiveTimeoutError, DataError, PostgresError
+
+from dask_loop_helpers import assert_same_model, kill_when, logreg_data, process_cluster, slow_passes, stall_rank
+
+distributed = pytest.importorskip("distributed")
+
+import pystrom.dask as pdask  # noqa: E402
+from pystrom.ml import ConvergenceWarning, LogisticRegression, PerfectSeparationWarning, logregr_train  # noqa: E402
+
+FEATURES = ["x1", "x2", "x3"]
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", memory_limit="2GiB"
+    )
+    c = distributed.Client(cluster, set_as_default=False)
+    try:
+        yield c
+    finally:
+        c.close()
+        cluster.close()
+
+
+@pytest.fixture
+def on_workers():
+    with pystrom.defaults.set(dask_fit_loop="workers", dask_fit_timeout=20.0, dask_fit_restarts=2):
+        yield
+
+
+def _persisted(client, path, batch_rows=1000, **kw):
+    with client.as_current():
+        parts = pdask.scan_arrow(str(path), batch_rows=batch_rows, device="cpu", **kw).persist()
+        distributed.wait(parts)
+    return parts
+
+
+def _write(tmp_path, data, name="data.arrow", batch_rows=500):
+    path = tmp_path / name
+    pystrom.write_arrow(data, path, batch_rows=batch_rows)
+    return path
+
+
+def _fit(client, X, **kw):
+    fit_kw = {k: kw.pop(k) for k in ("columns", "target", "sample_weight") if k in kw}
+    with client.as_current():
+        return LogisticRegression(**kw).fit(X, **fit_kw)
+
+
+CONFIGS = {
+    "plain": dict(),
+    "weights": dict(sample_weight="w"),
+    "balanced": dict(class_weight="balanced"),
+    "class-dict": dict(class_weight={True: 2.0}),
+    "l2": dict(penalty="l2", C=0.05),
+    "no-intercept": dict(fit_intercept=False),
+    "max-iter": dict(max_iter=2),
+    "tol-0": dict(max_iter=12, tol=0.0),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_the_loop_on_the_workers_equals_the_in_memory_fit(client, on_workers, tmp_path, config):
+    path = _write(tmp_path, logreg_data(nulls=True))
+    parts = _persisted(client, path)
+    table = pystrom.read_arrow(path, device="cpu")
+    kw = dict(CONFIGS[config])
+    weight = kw.pop("sample_weight", None)
+    with warnings.catch_warnings(record=True) as want_warned:
+        warnings.simplefilter("always")
+        want = LogisticRegression(**kw).fit(table, columns=FEATURES, target="y", sample_weight=weight)
+    with warnings.catch_warnings(record=True) as got_warned:
+        warnings.simplefilter("always")
+        got = _fit(client, parts, columns=FEATURES, target="y", sample_weight=weight, **kw)
+    info = got.fit_info_
+    assert (info["path"], info["comm"], info["workers"], info["restarts"]) == ("workers", "tcp", 2, 0), info
+    assert info["partitions"] == parts.npartitions and sum(r["rows"] for r in info["ranks"]) == want.num_rows_processed_
+    assert want.num_missing_rows_skipped_ > 0  # NULL features: rows skipped on the workers, counted once
+    assert_same_model(got, want)
+    # the solver's warnings (the fits that stop at max_iter) reach the client as in one process
+    assert sorted(str(w.category.__name__) for w in got_warned) == sorted(w.category.__name__ for w in want_warned)
+    if config == "max-iter":
+        assert any(issubclass(w.category, ConvergenceWarning) for w in got_warned)
+
+
+def test_wide_fit_madlib_rule_and_dask_arrays_on_the_workers(client, on_workers, tmp_path):
+    data = logreg_data(4000, k=12)
+    path = _write(tmp_path, data)
+    parts = _persisted(client, path)
+    table = pystrom.read_arrow(path, device="cpu")
+    cols = [f"x{j}" for j in range(1, 13)]
+    with pystrom.defaults.set(logit_hessian="float64"):  # the workers' passes are float64 (so the fit's)
+        want = LogisticRegression(tol=1e-10).fit(table, columns=cols, target="y")
+    got = _fit(client, parts, columns=cols, target="y", tol=1e-10)
+    assert got.fit_info_["path"] == "workers"
+    assert_same_model(got, want)
+
+    want = logregr_train(table, "y", "ARRAY[x1, 1, x2]")
+    with client.as_current():
+        got = logregr_train(parts, "y", "ARRAY[x1, 1, x2]")
+    assert got.fit_info_["path"] == "workers" and got.n_iter_ == want.n_iter_
+    assert_same_model(got, want)
+
+    # dask arrays whose blocks of X, y and weights sit together (made from the same partitions)
+    with client.as_current():
+        Xd = parts.to_dask_array(FEATURES)
+        yd = parts.to_dask_array(["y"], dtype=np.float64)[:, 0]
+        wd = parts.to_dask_array(["w"])[:, 0]
+        Xd, yd, wd = client.persist([Xd, yd, wd])
+        distributed.wait([Xd, yd, wd])
+        got = LogisticRegression().fit(Xd, yd, wd)
+        X, y, sw = (np.asarray(a.compute()) for a in (Xd, yd, wd))
+    want = LogisticRegression().fit(X, y, sw)
+    assert got.fit_info_["path"] == "workers", got.fit_info_
+    assert_same_model(got, want)
+
+
+def test_separation_is_judged_on_the_workers_as_in_memory(client, on_workers, tmp_path):
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(3000, 2))
+    y = X[:, 0] + 0.5 * X[:, 1] > 0.2  # a hyperplane: complete separation
+    path = _write(tmp_path, pa.table({"x1": X[:, 0], "x2": X[:, 1], "y": y}))
+    parts = _persisted(client, path)
+    table = pystrom.read_arrow(path, device="cpu")
+    with pytest.warns(PerfectSeparationWarning):
+        want = LogisticRegression().fit(table, columns=["x1", "x2"], target="y")
+    with pytest.warns(PerfectSeparationWarning):
+        got = _fit(client, parts, columns=["x1", "x2"], target="y")
+    assert got.separation_ == want.separation_ == "complete" and got.fit_info_["path"] == "workers"
+    assert (got.n_iter_, got.n_passes_) == (want.n_iter_, want.n_passes_)
+    np.testing.assert_allclose(got.coefficients_, want.coefficients_, rtol=1e-9)
+
+
+def test_a_nan_is_named_from_its_worker_and_the_communicator_survives(client, on_workers, tmp_path):
+    data = logreg_data(4000)
+    x2 = data.column("x2").to_numpy().copy()
+    x2[3500] = np.nan  # in the last partition: one worker's
+    path = _write(tmp_path, data.set_column(2, "x2", pa.array(x2)))
+    parts = _persisted(client, path)
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match="'x2'"):
+        _fit(client, parts, columns=FEATURES, target="y")
+    assert time.monotonic() - t0 < 10  # every rank stopped at the same exchange: nobody waited for a timeout
+    good = _persisted(client, _write(tmp_path, logreg_data(4000), "good.arrow"))
+    first = _fit(client, good, columns=FEATURES, target="y")
+    again = _fit(client, good, columns=FEATURES, target="y")
+    assert again.fit_info_["comm_reused"] and again.fit_info_["ranks"][1]["formed_s"] == 0.0
+    np.testing.assert_array_equal(again.coefficients_, first.coefficients_)
+
+
+def test_one_class_and_no_rows_are_the_in_memory_errors(client, on_workers, tmp_path):
+    data = logreg_data(2000)
+    one = data.set_column(data.schema.get_field_index("y"), "y", pa.array(np.zeros(2000, dtype=bool)))
+    parts = _persisted(client, _write(tmp_path, one))
+    with pytest.raises(DataError, match="one class"):
+        _fit(client, parts, columns=FEATURES, target="y")
+
+
+def test_the_path_is_chosen_and_said(client, tmp_path):
+    path = _write(tmp_path, logreg_data(3000))
+    parts = _persisted(client, path)
+    got = _fit(client, parts, columns=FEATURES, target="y")  # auto: CPU workers keep the client's loop
+    assert got.fit_info_["path"] == "client" and "CPU workers" in got.fit_info_["reason"]
+    with pystrom.defaults.set(dask_fit_loop="workers"):
+        lazy = pdask.scan_arrow(str(path), batch_rows=1000, device="cpu")
+        got = _fit(client, lazy, columns=FEATURES, target="y")
+        assert got.fit_info_["path"] == "client" and "persist" in got.fit_info_["reason"]
+    with pystrom.defaults.set(dask_fit_loop="client"):
+        got = _fit(client, parts, columns=FEATURES, target="y")
+        assert got.fit_info_["path"] == "client" and "'client'" in got.fit_info_["reason"]
+    want = LogisticRegression().fit(pystrom.read_arrow(path, device="cpu"), columns=FEATURES, target="y")
+    assert want.fit_info_["path"] == "memory"
+    assert_same_model(got, want)
+    with pytest.raises(ValueError, match="dask_fit_loop"):
+        pystrom.defaults.set(dask_fit_loop="gpu")
+
+
+def test_passes_do_not_go_through_the_scheduler(client, on_workers, tmp_path):
+    parts = _persisted(client, _write(tmp_path, logreg_data(3000)))
+
+    def transitions(dask_scheduler):
+        return dask_scheduler.transition_counter
+
+    counts, passes = [], []
+    for max_iter in (2, 30):
+        before = client.run_on_scheduler(transitions)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model = _fit(client, parts, columns=FEATURES, target="y", max_iter=max_iter, tol=0.0)
+        counts.append(client.run_on_scheduler(transitions) - before)
+        passes.append(model.n_passes_)
+    assert passes[1] >= passes[0] + 20 and counts[1] <= counts[0] + 4, (passes, counts)  # more passes, no more tasks
+
+
+def test_a_worker_killed_mid_fit_restarts_the_fit(client, on_workers, tmp_path):
+    path = _write(tmp_path, logreg_data(4000))
+    parts = _persisted(client, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        want = LogisticRegression(max_iter=30, tol=0.0).fit(pystrom.read_arrow(path, device="cpu"),
+                                                             columns=FEATURES, target="y")  # fmt: skip
+    client.run(slow_passes, 0.05)
+    killed: dict = {}
+    try:
+        watcher = kill_when(client, rank=1, passes=4, found=killed)
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            got = _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
+        took = time.monotonic() - t0
+        watcher.join(5)
+    finally:
+        client.run(slow_passes, 0.0)
+    assert killed, "the fit ended before a worker could be killed"
+    assert got.fit_info_["restarts"] == 1, got.fit_info_
+    assert_same_model(got, want)
+    assert took < 20 + 30 * 0.05 * 2, took
+    client.wait_for_workers(2, timeout=60)  # the nanny's new worker, for the tests after
+
+
+def test_a_worker_killed_mid_fit_without_restarts_is_a_clear_error(client, on_workers, tmp_path):
+    parts = _persisted(client, _write(tmp_path, logreg_data(4000)))
+    client.run(slow_passes, 0.05)
+    killed: dict = {}
+    try:
+        watcher = kill_when(client, rank=1, passes=3, found=killed)
+        t0 = time.monotonic()
+        with pystrom.defaults.set(dask_fit_restarts=0), pytest.raises(ClusterError) as info:
+            _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
+        took = time.monotonic() - t0
+        watcher.join(5)
+    finally:
+        client.run(slow_passes, 0.0)
+    assert killed
+    assert killed["address"] in str(info.value) and "dask_fit_restarts=0" in str(info.value)
+    assert took < 20, took  # the timeout (20 s) is the bound; a lost TCP peer is seen at once
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_a_lost_postgres_partition_cannot_be_read_again_and_says_so(client, on_workers, pg):
+    name = pg.name("loop")
+    pg.execute(f'CREATE TABLE "{name}" AS SELECT g AS id, random() AS x1, random() AS x2, random() AS x3, '
+               "random() < 0.5 AS y FROM generate_series(1, 4000) g")  # fmt: skip
+    with client.as_current():
+        parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=4, device="cpu").persist()
+        distributed.wait(parts)
+    client.run(slow_passes, 0.05)
+    killed: dict = {}
+    try:
+        watcher = kill_when(client, rank=1, passes=3, found=killed)
+        with pytest.raises(ClusterError, match="snapshot") as info:
+            _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
+        watcher.join(5)
+    finally:
+        client.run(slow_passes, 0.0)
+    assert isinstance(info.value.__cause__, PostgresError) and killed["address"] in str(info.value)
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_a_stalled_worker_times_out_and_the_next_fit_works(client, tmp_path):
+    parts = _persisted(client, _write(tmp_path, logreg_data(3000)))
+    client.run(stall_rank, 1, 2)
+    try:
+        t0 = time.monotonic()
+        with pystrom.defaults.set(dask_fit_loop="workers", dask_fit_timeout=3.0, dask_fit_restarts=0):
+            with pytest.raises(CollectiveTimeoutError, match="dask_fit_timeout"):
+                _fit(client, parts, columns=FEATURES, target="y")
+        took = time.monotonic() - t0
+    finally:
+        client.run(slow_passes, 0.0)
+    assert took < 3.0 + 10, took
+    with pystrom.defaults.set(dask_fit_loop="workers", dask_fit_timeout=20.0):
+        got = _fit(client, parts, columns=FEATURES, target="y")
+    assert got.fit_info_["path"] == "workers" and not got.fit_info_["comm_reused"]  # the failed one was dropped
+
+
+def test_workers_started_as_separate_processes_over_tcp(tmp_path):
+    path = _write(tmp_path, logreg_data(4000, nulls=True))
+    want = LogisticRegression().fit(pystrom.read_arrow(path, device="cpu"), columns=FEATURES, target="y")
+    with process_cluster(2, gpu=False) as c, pystrom.defaults.set(dask_fit_loop="workers"):
+        parts = _persisted(c, path)
+        got = _fit(c, parts, columns=FEATURES, target="y")
+        assert got.fit_info_["path"] == "workers" and got.fit_info_["workers"] == 2
+        assert {a.split(":")[0] for a in c.scheduler_info()["workers"]} == {"tcp"}
+    assert_same_model(got, want)
