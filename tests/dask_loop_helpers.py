@@ -156,8 +156,7 @@ def process_cluster(n: int, gpu: bool, env: dict | None = None, nthreads: int = 
                     wenv = base
                 cmd += ["--scheduler-file", sched_file, "--nthreads", str(nthreads), "--no-dashboard",
                         "--memory-limit", "2GiB", "--local-directory", str(Path(tmp) / f"w{i}")]  # fmt: skip
-                if not gpu:
-                    cmd += ["--host", "127.0.0.1"]
+                cmd += ["--host", "127.0.0.1"]
                 procs.append(subprocess.Popen(cmd, env=wenv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             client = distributed.Client(scheduler_file=sched_file, set_as_default=False)
             try:
@@ -174,3 +173,19 @@ def process_cluster(n: int, gpu: bool, env: dict | None = None, nthreads: int = 
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+
+
+def nccl_pair(rank: int, uid: tuple, out) -> None:
+    """In a process of its own: rank ``rank`` of two forms an NCCL communicator on GPU ``rank`` and
+    all-gathers three vectors; puts what it received (or the error) on queue ``out``."""
+    import threading
+
+    from pystrom.dask._comm import NcclComm
+
+    try:
+        comm = NcclComm(uid, rank, 2, ["p0", "p1"], rank, 60.0, threading.Event())
+        got = [comm.allgather(np.arange(n, dtype=np.float64) + 10 * rank).tolist() for n in (1, 5, 1000)]
+        comm.close()
+        out.put((rank, got))
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        out.put((rank, f"{type(exc).__name__}: {exc}"))

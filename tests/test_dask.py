@@ -483,7 +483,9 @@ def test_fit_over_persisted_partitions_skips_the_scheduler_and_survives_a_stale_
         return dask_scheduler.transition_counter
 
     before = client.run_on_scheduler(transitions)
-    got = LogisticRegression().fit(parts, columns=["x1", "x2", "x3"], target="y")
+    with pystrom.defaults.set(dask_fit_loop="client"):  # the client's loop (test_dask_loop.py: the workers')
+        got = LogisticRegression().fit(parts, columns=["x1", "x2", "x3"], target="y")
+    assert got.fit_info_["path"] == "client"
     assert client.run_on_scheduler(transitions) - before < parts.npartitions, "the passes went through the scheduler"
     want = LogisticRegression().fit(pystrom.read_postgres(pg.conninfo, table=name, device="cpu"),
                                     columns=["x1", "x2", "x3"], target="y")  # fmt: skip

@@ -163,16 +163,20 @@ class NcclComm(Comm):
         n = host.size
         self.exchanges += 1
         end = time.monotonic() + self.timeout
-        with cupy.cuda.Device(self.ordinal):
-            if n not in self._buffers:  # one vector length a fit: keep the last length's buffers only
-                self._buffers = {n: (cupy.empty(n, dtype=np.float64), cupy.empty(self.world * n, dtype=np.float64))}
-            send, recv = self._buffers[n]
-            send.set(host, stream=self._stream)
-            self._comm.allGather(send.data.ptr, recv.data.ptr, n, self._nccl.NCCL_FLOAT64, self._stream.ptr)
-            self._wait(end)
-            rows = recv.get(stream=self._stream)
-            self._stream.synchronize()  # (CuPy before 13 copies asynchronously when given a stream)
-            return rows.reshape(self.world, n)
+        try:
+            with cupy.cuda.Device(self.ordinal):
+                if n not in self._buffers:  # one vector length a fit: keep the last length's buffers only
+                    self._buffers = {n: (cupy.empty(n, dtype=np.float64), cupy.empty(self.world * n, dtype=np.float64))}
+                send, recv = self._buffers[n]
+                send.set(host, stream=self._stream)
+                self._comm.allGather(send.data.ptr, recv.data.ptr, n, self._nccl.NCCL_FLOAT64, self._stream.ptr)
+                self._wait(end)
+                rows = recv.get(stream=self._stream)
+                self._stream.synchronize()  # (CuPy before 13 copies asynchronously when given a stream)
+                return rows.reshape(self.world, n)
+        except BaseException:
+            self.abort()  # whatever is in flight returns; the communicator is not used again
+            raise
 
     def _wait(self, end: float) -> None:
         start = time.monotonic()
@@ -340,7 +344,13 @@ class TcpComm(Comm):
         self._send(sock, _HELLO.pack(_MAGIC, self.rank, self._token), end, 0)
 
     def allgather(self, vec: np.ndarray) -> np.ndarray:
-        host = np.ascontiguousarray(vec, dtype=np.float64).ravel()
+        try:
+            return self._allgather(np.ascontiguousarray(vec, dtype=np.float64).ravel())
+        except BaseException:
+            self.abort()  # closed sockets end the others' waits at once
+            raise
+
+    def _allgather(self, host: np.ndarray) -> np.ndarray:
         self.exchanges += 1
         end = time.monotonic() + self.timeout
         if self.rank != 0:

@@ -345,6 +345,7 @@ class _WorkerFit:
                     "rows": r["local_rows"],
                     "pass_s": r["local_s"] / passes,
                     "allgather_s": r["comm_s"] / passes,
+                    "loop_s": r["loop_s"],
                     "formed_s": r["formed_s"],
                 }
                 for r in outcome.ranks

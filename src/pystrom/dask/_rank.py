@@ -316,9 +316,11 @@ def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
         comm, fresh = _take_comm(job, rank, uid, cancel)
         formed = time.perf_counter() - formed
         source = RankSource(job, comm, local, failure, state)
+        loop = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:  # the client issues rank 0's again
             warnings.simplefilter("always")
             res = job.spec.build(source).solve()
+        loop = time.perf_counter() - loop
         out = {
             "rank": rank,
             "address": job.peers[rank],
@@ -330,6 +332,7 @@ def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
             "local_rows": local.rows if local is not None else 0,
             "local_s": source.local_s,
             "comm_s": source.comm_s,
+            "loop_s": loop,
             "exchanges": source.passes,
             "formed_s": formed if fresh else 0.0,
         }
