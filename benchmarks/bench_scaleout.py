@@ -22,7 +22,7 @@ logreg record batches written once and hard-linked under K names (the same bytes
 cache holds one copy, so the read is not a disk test), read by ``pystrom.dask.scan_arrow`` onto every
 GPU, persisted, and fitted without a gather. Because the rows are the block's rows repeated, the fit
 must give the block's own coefficients (checked), and the per-GPU memory in use shows where the table
-lives. Every phase prints its wall time; the whole ran ~5 min by the estimate in docs/dask.md.
+lives. Every phase prints its wall time, and the whole its own.
 """
 
 from __future__ import annotations
