@@ -78,9 +78,10 @@ def slow_passes(pause: float) -> None:
     _rank.LocalPasses.__call__ = call
 
 
-def stall_rank(rank: int, after: int) -> None:
-    """On a worker: rank ``rank``'s local pass number ``after`` + 1 does not end until the client cancels
-    the fit (as a hung worker would not end at all), so the other ranks wait for it at the exchange."""
+def stall_rank(rank: int, after: int, attempt: int | None = None) -> None:
+    """On a worker: rank ``rank``'s local pass number ``after`` + 1 (in attempt ``attempt`` of the fit only,
+    or in every one) does not end until the client cancels the attempt (as a hung worker would not end at
+    all), so the other ranks wait for it at the exchange."""
     from pystrom.dask import _rank
 
     original = _rank.LocalPasses.__dict__.get("_unslowed", _rank.LocalPasses.__call__)
@@ -88,11 +89,11 @@ def stall_rank(rank: int, after: int) -> None:
     seen = {"n": 0}
 
     def call(self, cw, w):
-        mine = [s for s in _rank.status() if s["rank"] == rank]
+        mine = [s for s in _rank.status() if s["rank"] == rank and attempt in (None, s["attempt"])]
         if mine:
             seen["n"] += 1
             if seen["n"] > after:
-                _rank._cancel_event(mine[0]["fit"]).wait(600)
+                _rank.cancel_event(mine[0]["fit"], mine[0]["attempt"]).wait(600)
         return original(self, cw, w)
 
     _rank.LocalPasses.__call__ = call
@@ -157,10 +158,16 @@ def process_cluster(n: int, gpu: bool, env: dict | None = None, nthreads: int = 
                 cmd += ["--scheduler-file", sched_file, "--nthreads", str(nthreads), "--no-dashboard",
                         "--memory-limit", "2GiB", "--local-directory", str(Path(tmp) / f"w{i}")]  # fmt: skip
                 cmd += ["--host", "127.0.0.1"]
-                procs.append(subprocess.Popen(cmd, env=wenv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                log = open(Path(tmp) / f"worker{i}.log", "w")  # noqa: SIM115 - closed with the process
+                procs.append(subprocess.Popen(cmd, env=wenv, stdout=log, stderr=subprocess.STDOUT))
             client = distributed.Client(scheduler_file=sched_file, set_as_default=False)
             try:
-                client.wait_for_workers(n, timeout=120)
+                try:
+                    client.wait_for_workers(n, timeout=120)
+                except Exception as exc:
+                    logs = "\n".join(f"--- worker {i}:\n" + (Path(tmp) / f"worker{i}.log").read_text()[-3000:]
+                                      for i in range(n))  # fmt: skip
+                    raise RuntimeError(f"{n} workers did not join: {exc}\n{logs}") from exc
                 yield client
             finally:
                 client.close()

@@ -291,6 +291,21 @@ def test_a_stalled_worker_times_out_and_the_next_fit_works(client, tmp_path):
     assert got.fit_info_["path"] == "workers" and not got.fit_info_["comm_reused"]  # the failed one was dropped
 
 
+def test_a_timed_out_exchange_restarts_the_fit_on_the_same_workers(client, tmp_path):
+    path = _write(tmp_path, logreg_data(3000))
+    parts = _persisted(client, path)
+    want = LogisticRegression().fit(pystrom.read_arrow(path, device="cpu"), columns=FEATURES, target="y")
+    client.run(stall_rank, 1, 2, 0)  # rank 1 hangs in the first attempt only
+    try:
+        with pystrom.defaults.set(dask_fit_loop="workers", dask_fit_timeout=3.0, dask_fit_restarts=1):
+            got = _fit(client, parts, columns=FEATURES, target="y")
+    finally:
+        client.run(slow_passes, 0.0)
+    info = got.fit_info_
+    assert (info["restarts"], info["comm"], info["workers"]) == (1, "tcp", 2), info  # both ranks, a new communicator
+    assert_same_model(got, want)
+
+
 def test_workers_started_as_separate_processes_over_tcp(tmp_path):
     path = _write(tmp_path, logreg_data(4000, nulls=True))
     want = LogisticRegression().fit(pystrom.read_arrow(path, device="cpu"), columns=FEATURES, target="y")

@@ -181,11 +181,12 @@ def test_a_nan_is_named_and_the_communicator_is_kept(client, timeout, tmp_path):
     pystrom.write_arrow(data.set_column(2, "x2", pa.array(x2)), bad, batch_rows=12_500)
     good = tmp_path / "good.arrow"
     pystrom.write_arrow(data, good, batch_rows=12_500)
-    parts_good = _persisted(client, good, batch_rows=25_000)
+    parts_good = _persisted(client, good, batch_rows=12_500)
     first = _fit(client, parts_good, columns=FEATURES, target="y")
+    assert first.fit_info_["comm"] == "nccl", first.fit_info_
     t0 = time.monotonic()
     with pytest.raises(DataError, match="'x2'"):
-        _fit(client, _persisted(client, bad, batch_rows=25_000), columns=FEATURES, target="y")
+        _fit(client, _persisted(client, bad, batch_rows=12_500), columns=FEATURES, target="y")
     assert time.monotonic() - t0 < 10
     again = _fit(client, parts_good, columns=FEATURES, target="y")
     assert again.fit_info_["comm_reused"], again.fit_info_
@@ -253,6 +254,20 @@ def test_a_stalled_gpu_worker_times_out_and_the_next_fit_works(client, arrow_fil
     assert got.fit_info_["comm"] == "nccl" and not got.fit_info_["comm_reused"]
 
 
+def test_a_timed_out_exchange_restarts_the_nccl_fit_on_the_same_workers(client, arrow_file):
+    parts = _persisted(client, arrow_file)
+    want = LogisticRegression().fit(pystrom.read_arrow(arrow_file, device="cuda"), columns=FEATURES, target="y")
+    client.run(stall_rank, 1, 2, 0)  # rank 1 hangs in the first attempt only
+    try:
+        with pystrom.defaults.set(dask_fit_timeout=5.0, dask_fit_restarts=1):
+            got = _fit(client, parts, columns=FEATURES, target="y")
+    finally:
+        client.run(slow_passes, 0.0)
+    info = got.fit_info_
+    assert (info["restarts"], info["comm"], info["workers"]) == (1, "nccl", 2), info
+    assert_same_model(got, want)
+
+
 def test_workers_sharing_a_gpu_keep_the_clients_loop(arrow_file):
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
     with distributed.Client(cluster, set_as_default=False) as c:
@@ -267,7 +282,7 @@ def test_nccl_fit_with_dask_cuda_workers_started_as_processes_over_tcp(arrow_fil
     n = min(4, cuda_device_count())
     env = {}
     if transports == "network-only":  # no NVLink/PCIe peer access, no shared memory: NCCL as between hosts
-        env = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}
+        env = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}
     want = LogisticRegression().fit(pystrom.read_arrow(arrow_file, device="cuda"), columns=FEATURES, target="y")
     with process_cluster(n, gpu=True, env=env, nthreads=2) as c:
         parts = _persisted(c, arrow_file, batch_rows=ROWS // 16)

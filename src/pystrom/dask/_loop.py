@@ -172,7 +172,7 @@ class _WorkerFit:
                 futures[r] = self.client.submit(run_rank, job, r, uid, inputs, key=f"pystrom-fit-{self.fit_id}-"
                                                 f"{attempt}-{r}", workers=[address], allow_other_workers=False,
                                                 pure=False, priority=100)  # fmt: skip
-            outcome = self._watch(futures, ranks)
+            outcome = self._watch(futures, ranks, attempt)
             ok = outcome.result is not None
             return outcome
         finally:
@@ -213,7 +213,7 @@ class _WorkerFit:
                 _BUSY.discard(cid)
             raise
 
-    def _watch(self, futures: dict, ranks: list[str]) -> _Outcome:
+    def _watch(self, futures: dict, ranks: list[str], attempt: int) -> _Outcome:
         import distributed
 
         lost: set[str] = set()
@@ -230,12 +230,12 @@ class _WorkerFit:
             failed = any(f.status == "error" for f in futures.values())
             if (failed or lost) and stopping is None:
                 stopping = now
-                self._cancel([a for a in ranks if a not in lost])
+                self._cancel([a for a in ranks if a not in lost], attempt)
             if stopping is not None and now - stopping > min(_GRACE, self.timeout):
                 break
             try:
                 distributed.wait([f for f in live if not f.done()], timeout=0.1, return_when="FIRST_COMPLETED")
-            except TimeoutError:
+            except Exception:  # noqa: BLE001 - a timeout, or a future cancelled meanwhile: the states say
                 pass
         if any(f.status != "finished" for f in futures.values()):
             lost = self._lost(ranks)  # a rank's error may be a lost worker's doing, seen only now
@@ -249,13 +249,13 @@ class _WorkerFit:
             return set()
         return {a for a in ranks if a not in alive}
 
-    def _cancel(self, addresses: list[str]) -> None:
+    def _cancel(self, addresses: list[str], attempt: int) -> None:
         """Tell the ranks on ``addresses`` to stop, without waiting: a worker that died a moment ago and is
         not yet known to be gone holds a message to it for the scheduler's connect timeout (30 s)."""
 
         def tell(address: str) -> None:
             try:
-                self.client.run(cancel, self.fit_id, workers=[address], on_error="ignore")
+                self.client.run(cancel, self.fit_id, attempt, workers=[address], on_error="ignore")
             except Exception:  # noqa: BLE001 - its exchanges still end by the timeout
                 pass
 

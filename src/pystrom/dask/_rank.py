@@ -240,17 +240,19 @@ class _Kept:
 
 
 _COMMS: dict[tuple[str, int], _Kept] = {}  # (communicator id, rank) -> its end on this worker
-_CANCELS: dict[str, tuple[threading.Event, float]] = {}  # fit id -> (cancelled, when made)
+_CANCELS: dict[str, tuple[threading.Event, float]] = {}  # "fit id/attempt" -> (cancelled, when made)
 _RUNNING: dict[tuple[str, int], dict] = {}  # (fit id, rank) -> what status() reports
 _LOCK = threading.Lock()
 
 
-def _cancel_event(fit_id: str) -> threading.Event:
+def cancel_event(fit_id: str, attempt: int) -> threading.Event:
+    """What cancels attempt ``attempt`` of fit ``fit_id`` on this worker (each attempt has its own)."""
+    key = f"{fit_id}/{attempt}"
     now = time.monotonic()
     with _LOCK:
         for old in [f for f, (_, t) in _CANCELS.items() if now - t > 3600.0]:
             del _CANCELS[old]
-        event, _ = _CANCELS.setdefault(fit_id, (threading.Event(), now))
+        event, _ = _CANCELS.setdefault(key, (threading.Event(), now))
     return event
 
 
@@ -300,7 +302,7 @@ def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
         distributed.secede()  # the fit holds no worker thread: the worker's other tasks go on meanwhile
     except Exception:  # noqa: BLE001 - not in a worker thread (tests call it directly)
         pass
-    cancel = _cancel_event(job.fit_id)
+    cancel = cancel_event(job.fit_id, job.attempt)
     state = {"fit": job.fit_id, "attempt": job.attempt, "rank": rank, "passes": 0, "address": job.peers[rank]}
     with _LOCK:
         _RUNNING[(job.fit_id, rank)] = state
@@ -411,9 +413,9 @@ def unique_id(kind: str, cid: str, dask_worker: Any = None) -> Any:
     return make_unique_id(kind, cid, host)
 
 
-def cancel(fit_id: str, dask_worker: Any = None) -> None:
-    """End every rank of fit ``fit_id`` on this worker at its next look (within ~0.1 s)."""
-    _cancel_event(fit_id).set()
+def cancel(fit_id: str, attempt: int, dask_worker: Any = None) -> None:
+    """End every rank of attempt ``attempt`` of fit ``fit_id`` on this worker at its next look (~0.1 s)."""
+    cancel_event(fit_id, attempt).set()
 
 
 def status(dask_worker: Any = None) -> list[dict]:
