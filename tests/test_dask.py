@@ -273,6 +273,17 @@ def test_snapshot_is_released_on_close_exit_gc_and_persist(client, dev, pg, logr
     assert _wait_until(lambda: _sessions(pg, "pystrom.dask partition") == [])
 
 
+def test_default_partitions_keep_every_worker_thread_busy():
+    from pystrom.dask._postgres import default_partitions
+
+    mb = 1 << 20
+    assert default_partitions(16, 10 * mb) == 16  # a small table: one partition per thread
+    assert default_partitions(32, 40 * 256 * mb) == 64  # 40 partitions' worth on 32 threads: two full waves
+    assert default_partitions(16, 40 * 256 * mb) == 48
+    assert default_partitions(64, 40 * 256 * mb) == 64
+    assert default_partitions(0, 300 * mb) == 2  # no client: one thread
+
+
 def test_scan_equals_scan_arrow_and_skipped_groups_get_no_task(client, dev, tmp_path):
     data = _logreg_data(8000).sort_by("x1")  # sorted: batch statistics on x1 are tight
     paths = []

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ClusterError
+from ..errors import ClusterError, DataError
 from ..memory.backend import resolve_device
 from ..ml._pass import batch_pass, layout_size
 from ..ml._sources import SolverSpec, Source
@@ -83,7 +83,8 @@ class LocalPasses:
         self.batches = batches
         self.backend = batches[0].backend if batches else resolve_device("cpu")
         self.rows = sum(b.X.shape[0] for b in batches)
-        self._tails = np.array([(b.X.shape[0], b.skipped, float(b.X.dtype == np.float32)) for b in batches])
+        tails = [(b.X.shape[0], b.skipped, float(b.X.dtype == np.float32)) for b in batches]
+        self._tails = np.array(tails, dtype=np.float64).reshape(-1, _EXTRA)
         self._kernels: list[Any] = []
         self._streams: dict[int, Any] = {}
         for b in batches:
@@ -194,8 +195,6 @@ class RankSource(Source):
             self.rows, self.skipped = int(rows), int(skipped)
         self.single_precision = self.single_precision or bool(single)
         if vec[layout_size(self.n_features) - 3]:  # rows with a non-finite eta, on some rank
-            from ..errors import DataError
-
             self._local.check_finite()  # names the column where the rows are here
             raise _Deferred(DataError("the pass met non-finite values (NaN/Inf) in the features"))
         return vec
