@@ -133,6 +133,32 @@ def test_gather_varbinary(kernels):
     want = np.full(int(dst_offsets[-1]) + 8, 0xEE, dtype=np.uint8)
     got = want.copy()
     _core.gather_varbinary(src_offsets, src_data, rows, dst_offsets, want)
-    kernels["strings"].launch("gather_varbinary", len(rows), (src_offsets, src_data, rows, np.int64(len(rows)),
-                                                               dst_offsets, got), max_blocks=2)  # fmt: skip
+    kernels["strings"].launch("gather_varbinary", len(rows), (src_offsets, src_data, np.int64(src_data.size), rows,
+                                                               np.int64(len(rows)), dst_offsets, got,
+                                                               np.int64(got.size - 8)), max_blocks=2)  # fmt: skip
     assert np.array_equal(got, want) and (want[-8:] == 0xEE).all()
+
+
+def test_gather_varbinary_stays_inside_both_buffers_when_offsets_change(kernels):
+    """Offsets rewritten by another process after the lengths were counted (issue 36): the GPU gather
+    clamps every range to its buffers and its row's slot, so the bytes are wrong, never out of bounds."""
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 20, 500)
+    src_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    src_data = rng.integers(0, 256, int(src_offsets[-1]), dtype=np.uint8)
+    rows = np.arange(0, 500, 3, dtype=np.int64)
+    dst_offsets = np.concatenate([[0], np.cumsum(lengths[rows])]).astype(np.int32)
+    scribbled = src_offsets.copy()
+    scribbled[[3, 30, 31, 300]] = [1 << 30, -(1 << 20), 7, 2**31 - 1]  # after dst_offsets were computed
+    size = int(dst_offsets[-1])
+    got = np.full(size + 64, 0xEE, dtype=np.uint8)
+    kernels["strings"].launch("gather_varbinary", len(rows), (scribbled, src_data, np.int64(src_data.size), rows,
+                                                               np.int64(len(rows)), dst_offsets, got,
+                                                               np.int64(size)), max_blocks=2)  # fmt: skip
+    assert (got[size:] == 0xEE).all()  # nothing written past the destination
+    for i, r in enumerate(rows):  # every row: a prefix of its clamped source range, inside its own slot
+        start = min(max(int(scribbled[r]), 0), src_data.size)
+        end = min(max(int(scribbled[r + 1]), start), src_data.size)
+        a, b = int(dst_offsets[i]), int(dst_offsets[i + 1])
+        n = min(end - start, b - a)
+        assert np.array_equal(got[a : a + n], src_data[start : start + n]), r

@@ -67,7 +67,8 @@ def _host_kernel_encode(lib, table: pystrom.Table) -> tuple[int, bytes]:
     """Run pg_encode_sizes, the scan and pg_encode_rows of the kernel source on the host: (first
     failure key or 0, the bytes)."""
     cols = target_columns(table, None)
-    desc = descriptors(table, cols)
+    keep: list = []
+    desc = descriptors(table, cols, keep)
     n = table.num_rows
     sizes = np.zeros(n + 1, dtype=np.int64)
     first = np.full(1, np.iinfo(np.uint64).max, dtype=np.uint64)

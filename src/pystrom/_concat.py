@@ -55,12 +55,14 @@ def concat(tables: Sequence[Table]) -> Table:
     with backend.activate():
         specs = []
         edges: dict[str, list[tuple[int, int]]] = {}
+        offsets: dict[str, list[Any]] = {}  # each table's offsets, checked copies where others may write them
         for name in first.column_names:
             cols = [t.column(name) for t in tables]
             ctype = cols[0].column_type
             data_size = child_nulls = 0
             if ctype.layout in (Layout.VARBINARY, Layout.LIST):
-                edges[name] = [_edges(backend, c) for c in cols]
+                offsets[name] = [c._offsets_in_bounds() for c in cols]
+                edges[name] = [_edges(backend, o, len(c)) for o, c in zip(offsets[name], cols)]
                 data_size = sum(b - a for a, b in edges[name])
                 if data_size > _INT32_MAX:
                     raise CapacityError(f"column {name!r} would hold {data_size:,} bytes or elements; at most 2 GiB "
@@ -85,24 +87,24 @@ def concat(tables: Sequence[Table]) -> Table:
             if layout in Layout.NESTED:
                 _concat_elements(backend, block, col_plan, cols, edges[col_plan.name])
             if layout == Layout.VARBINARY:
-                offsets = block.array(col_plan.values.offset, np.int32, (num_rows + 1,))
+                out_offsets = block.array(col_plan.values.offset, np.int32, (num_rows + 1,))
                 data = block.array(col_plan.data.offset, np.uint8, (col_plan.data.size,))
-                offsets[0] = 0
+                out_offsets[0] = 0
                 base = 0
-                for c, (a, b) in zip(cols, edges[col_plan.name]):
+                for c, o, (a, b) in zip(cols, offsets[col_plan.name], edges[col_plan.name]):
                     n = len(c)
                     if n:
-                        xp.subtract(c.offsets, np.int32(a - base), out=offsets[pos : pos + n + 1])
+                        xp.subtract(o, np.int32(a - base), out=out_offsets[pos : pos + n + 1])
                         data[base : base + b - a] = c.data[a:b]
                     pos += n
                     base += b - a
             elif layout == Layout.LIST:
-                offsets = block.array(col_plan.values.offset, np.int32, (num_rows + 1,))
-                offsets[0] = 0
+                out_offsets = block.array(col_plan.values.offset, np.int32, (num_rows + 1,))
+                out_offsets[0] = 0
                 base = 0
-                for c, (a, b) in zip(cols, edges[col_plan.name]):
+                for c, o, (a, b) in zip(cols, offsets[col_plan.name], edges[col_plan.name]):
                     if len(c):
-                        xp.subtract(c.offsets, np.int32(a - base), out=offsets[pos : pos + len(c) + 1])
+                        xp.subtract(o, np.int32(a - base), out=out_offsets[pos : pos + len(c) + 1])
                     pos += len(c)
                     base += b - a
             elif layout != Layout.FIXED_LIST:  # its elements are its values, copied above
@@ -154,11 +156,9 @@ def _concat_elements(backend: Any, block: Any, plan: Any, cols: Sequence[Any], s
         dst[...] = bitmap.pack(backend, valid)[: plan.child_validity.size]
 
 
-def _edges(backend: Any, column: Any) -> tuple[int, int]:
-    n = len(column)
+def _edges(backend: Any, offs: Any, n: int) -> tuple[int, int]:
     if n == 0:
         return 0, 0
-    offs = column.offsets
     pair = backend.to_host(offs[backend.from_host(np.array([0, n]))])
     return int(pair[0]), int(pair[1])
 

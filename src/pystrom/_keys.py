@@ -178,7 +178,7 @@ def _varbinary_ranks(xp: Any, col: Column, invalid: Any) -> Any:
     longest value.
     """
     n = len(col)
-    offsets = col.offsets.astype(np.int64)
+    offsets = col._offsets_in_bounds().astype(np.int64)  # a checked copy where another process may write
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
     if invalid is not None:

@@ -15,7 +15,7 @@ import numpy as np
 from . import _core
 from ._types import Layout
 from .column import Column
-from .errors import NullValuesError, SchemaMismatchError, UnsupportedTypeError
+from .errors import DataError, NullValuesError, SchemaMismatchError, UnsupportedTypeError
 from .memory import bitmap
 from .memory.backend import Backend, Block, backend_of_array, resolve_device
 from .memory.layout import ColumnPlan, ColumnSpec, TablePlan, plan_table
@@ -29,10 +29,47 @@ __all__ = ["gather", "gather_into", "Take", "as_mask", "to_array"]
 # -- row gathering (filter, compaction) -----------------------------------------------------------
 
 
-def _gather_varbinary(backend: Backend, col: Column, rows: Any, dst_offsets: Any, dst_data: Any) -> None:
-    src_offsets, src_data = col.offsets, col.data
+def _row_ranges(xp: Any, col: Column, rows: Any) -> tuple[Any, Any]:
+    """(start, end) offsets of ``rows`` of a string or list column: copies, read once, so what is checked
+    here is what the gather follows. Memory another process may write (``Block.others_may_write``) is
+    checked: every range must lie inside the data (or the child values), else DataError naming the row.
+    Costs O(rows gathered), not O(column) like a check of all its offsets."""
+    offsets = col.offsets
+    starts, ends = offsets[rows], offsets[rows + 1]
+    if col._live_block().others_may_write and rows.shape[0]:
+        bad = (starts < 0) | (ends < starts) | (ends > col._offsets_limit())
+        if bool(bad.any()):
+            i = int(xp.argmax(bad))
+            row, a, b = int(rows[i]), int(starts[i]), int(ends[i])
+            is_list = col.column_type.layout == Layout.LIST
+            where, unit = ("child values", "element") if is_list else ("data buffer", "byte")
+            raise DataError(
+                f"column {col.name!r}: its {'list' if is_list else 'string'} offsets no longer lie inside its "
+                f"{where}: row {row} spans [{a}, {b}) of {col._offsets_limit()} {unit}s (row {row}); another "
+                "process wrote them after this table was imported (its exporter, or the writer of a store table)"
+            )
+    return starts, ends
+
+
+def _gather_varbinary(backend: Backend, col: Column, ranges: tuple[Any, Any], rows: Any, dst_offsets: Any,
+                      dst: Any) -> None:  # fmt: skip
+    """Copy the bytes of ``rows`` (their ``ranges`` from :func:`_row_ranges`). Where another process may
+    write the offsets the gather follows the checked copies, laid out as offsets of their own; both
+    gathers also check every range against both buffers (the CPU raises, the GPU clamps)."""
+    xp = backend.xp
+    src_data = col.data
+    if col._live_block().others_may_write:
+        starts, ends = ranges
+        src_offsets = xp.empty(2 * starts.shape[0], dtype=np.int32)
+        src_offsets[0::2], src_offsets[1::2] = starts, ends
+        rows = xp.arange(0, src_offsets.shape[0], 2, dtype=np.int64)
+    else:
+        src_offsets = col.offsets
     if backend.kind == "cpu":
-        _core.gather_varbinary(src_offsets, src_data, rows, dst_offsets, dst_data)
+        try:
+            _core.gather_varbinary(src_offsets, src_data, rows, dst_offsets, dst)
+        except IndexError as exc:
+            raise DataError(f"column {col.name!r}: {exc}") from None
     else:
         from .kernels import launch
 
@@ -41,8 +78,9 @@ def _gather_varbinary(backend: Backend, col: Column, rows: Any, dst_offsets: Any
             "gather_varbinary",
             backend.ordinal,
             int(rows.shape[0]),
-            (src_offsets, src_data, rows, np.int64(rows.shape[0]), dst_offsets, dst_data),
-        )
+            (src_offsets, src_data, np.int64(src_data.size), rows, np.int64(rows.shape[0]), dst_offsets, dst,
+             np.int64(dst.size)),
+        )  # fmt: skip
 
 
 def _list_elements(xp: Any, col: Column, rows: Any) -> tuple[Any, Any | None]:
@@ -53,10 +91,9 @@ def _list_elements(xp: Any, col: Column, rows: Any) -> tuple[Any, Any | None]:
         d = ctype.list_size
         idx = (col.offset + rows)[:, None] * d + xp.arange(d, dtype=np.int64)[None, :]
         return idx.reshape(-1), None
-    offsets = col.offsets.astype(np.int64)
-    starts = offsets[:-1][rows]
+    starts, ends = (r.astype(np.int64) for r in _row_ranges(xp, col, rows))
     new_offsets = xp.zeros(rows.shape[0] + 1, dtype=np.int64)
-    xp.cumsum((offsets[1:] - offsets[:-1])[rows], out=new_offsets[1:])
+    xp.cumsum(ends - starts, out=new_offsets[1:])
     element = xp.arange(int(new_offsets[-1]), dtype=np.int64)
     row = xp.searchsorted(new_offsets[1:], element, side="right")
     return starts[row] + (element - new_offsets[row]), new_offsets.astype(np.int32)
@@ -118,9 +155,9 @@ def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec
         lengths = data_size = None
         child_nulls = 0
         if ctype.layout == Layout.VARBINARY:
-            offsets = col.offsets
-            lengths = (offsets[1:] - offsets[:-1])[col_rows]
-            data_size = int(lengths.sum()) if m else 0
+            ranges = _row_ranges(xp, col, col_rows)
+            lengths = (ranges[1] - ranges[0], ranges)
+            data_size = int(lengths[0].sum()) if m else 0
         elif ctype.layout in Layout.NESTED:  # lengths: (element indices, new offsets, element validity)
             idx, new_offsets = _list_elements(xp, col, col_rows)
             child_valid = None
@@ -147,12 +184,13 @@ def _write_gathered(block: Block, plan: ColumnPlan, col: Column, rows: Any, vali
     m = plan.length
     ctype = plan.type
     if ctype.layout == Layout.VARBINARY:
+        row_lengths, ranges = lengths
         offsets = block.array(plan.values.offset, np.int32, (m + 1,))
         offsets[0] = 0
         if m:
-            xp.cumsum(lengths, out=offsets[1:])
+            xp.cumsum(row_lengths, out=offsets[1:])
             data = block.array(plan.data.offset, np.uint8, (plan.data.size,))
-            _gather_varbinary(backend, col, rows, offsets, data)
+            _gather_varbinary(backend, col, ranges, rows, offsets, data)
     elif ctype.layout in Layout.NESTED:
         idx, new_offsets, child_valid = lengths
         values = col.child_values

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._types import ColumnType, Layout
-from .errors import ClosedError, NullValuesError, UnsupportedTypeError
+from .errors import ClosedError, DataError, NullValuesError, UnsupportedTypeError
 from .memory import bitmap
+from .memory import offsets as _offsets
 from .memory.backend import Block
 from .memory.layout import ColumnPlan
 
@@ -186,6 +187,48 @@ class Column:
         self._require_varbinary("data")
         span = self._plan.data
         return self._live_block().array(span.offset, np.uint8, (span.size,))
+
+    def _offsets_limit(self) -> int:
+        """What the last offset may reach: data bytes (strings) or child elements (lists)."""
+        plan = self._plan
+        return plan.data.size if plan.type.layout == Layout.VARBINARY else plan.data.size // plan.type.storage.itemsize
+
+    def _offsets_in_bounds(self) -> Any:
+        """:attr:`offsets`, safe to follow: each row's range lies inside :attr:`data` (or the child values).
+
+        Code that reads through offsets takes them from here. Memory no other process writes
+        gives the view itself (its offsets were checked when they arrived). Memory another process
+        may write (``Block.others_may_write``: an imported table) gives a private copy, checked in
+        one pass: what is checked is what is followed, whatever that process writes meanwhile.
+        Raises :class:`~pystrom.errors.DataError` naming the column and row when it is bad.
+        """
+        view = self.offsets
+        block = self._live_block()
+        if not block.others_may_write:
+            return view
+        copy = _offsets.private_copy(block.backend, view)
+        self._check_offsets(copy)
+        return copy
+
+    def _check_offsets(self, offsets: Any) -> None:
+        """Raise :class:`~pystrom.errors.DataError` naming the row where ``offsets`` (this view's, or a
+        copy of them) would read outside the data buffer (or the child values)."""
+        backend = self._live_block().backend
+        limit = self._offsets_limit()
+        bad = _offsets.first_bad(backend, offsets, limit)
+        if bad is None:
+            return
+        base = max(bad - 1, 0)
+        window = backend.to_host(offsets[base : bad + 2])
+        is_list = self._plan.type.layout == Layout.LIST
+        reason = _offsets.describe(
+            window, bad, base, self._length, limit, "element child values" if is_list else "byte data"
+        )
+        raise DataError(
+            f"column {self.name!r}: its {'list' if is_list else 'string'} offsets no longer lie inside its "
+            f"{'child values' if is_list else 'data buffer'}: {reason} (row {bad}); another process wrote them "
+            "after this table was imported (its exporter, or the writer of a store table)"
+        )
 
     def _require_varbinary(self, what: str) -> None:
         if self._plan.type.layout != Layout.VARBINARY and not (

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _ops
 from ._frame import TableOps
+from ._types import Layout
 from .column import Column
 from .errors import ClosedError, ColumnNotFoundError, SchemaMismatchError
 from .memory.backend import Backend, Block, resolve_device
@@ -392,6 +393,10 @@ class Table(TableOps):
         else:
             new_block.write_host_many([(0, src_block.read_host(0, src_block.nbytes))])
         columns = [Column._view(new_block, c._plan, 0, len(c), c._null_count) for c in source._columns]
+        if source._live().others_may_write:  # copied as they were: checked once here, where they cannot change
+            for c in columns:
+                if c._plan.type.layout in (Layout.VARBINARY, Layout.LIST):
+                    c._check_offsets(c.offsets)
         return Table._from_columns(new_block, source._schema, columns, source._num_rows)
 
     def _is_whole(self) -> bool:

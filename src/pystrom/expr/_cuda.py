@@ -292,7 +292,7 @@ def _column_arguments(table: Any, columns: tuple[str, ...], kinds: dict[str, tup
     for name in columns:
         col = table.column(name)
         if kinds[name][0] == "str":
-            args += [col.offsets, col.data]
+            args += [col._offsets_in_bounds(), col.data]  # a checked copy where another process may write
         else:
             args.append(col.values)
         validity = col.validity

@@ -99,7 +99,7 @@ class _Evaluator:
         if e.kind == "str":
             import pyarrow as pa
 
-            offsets = np.ascontiguousarray(col.offsets)
+            offsets = np.ascontiguousarray(col._offsets_in_bounds())  # a checked copy where others may write
             data = col.data
             arr = pa.StringArray.from_buffers(self.n, pa.py_buffer(offsets), pa.py_buffer(data))
             out: tuple[Any, Any] = (arr, valid)
@@ -202,7 +202,7 @@ class _Evaluator:
 
         arr, ok = self.run(e.args[0])
         if e.icase:  # ASCII case fold of the data, the same as the GPU's (pyarrow's would fold Unicode)
-            offsets = np.ascontiguousarray(self.table.column(str(e.args[0].value)).offsets)
+            offsets = np.ascontiguousarray(self.table.column(str(e.args[0].value))._offsets_in_bounds())
             data = np.array(self.table.column(str(e.args[0].value)).data, copy=True)
             upper = (data >= 65) & (data <= 90)
             data[upper] += 32

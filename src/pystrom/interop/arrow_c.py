@@ -186,14 +186,30 @@ def _column_array(out: ArrowArray, col: Column) -> None:
         keep.append(bits)
         buffers = [validity, backend.array_ptr(bits) if bits.size else None]
     elif ctype.layout == Layout.VARBINARY:
-        buffers = [validity, block.ptr + plan.values.offset, block.ptr + plan.data.offset]
+        buffers = [validity, _offsets_address(col, keep), block.ptr + plan.data.offset]
     elif ctype.layout == Layout.FIXED_LIST:
         buffers, child = [validity], _elements_array(col)
     elif ctype.layout == Layout.LIST:
-        buffers, child = [validity, block.ptr + plan.values.offset], _elements_array(col)
+        buffers, child = [validity, _offsets_address(col, keep)], _elements_array(col)
     else:
         buffers = [validity, block.ptr + plan.values.offset]
     _fill(out, len(col), col.null_count, col.offset, buffers, keep, child)
+
+
+def _offsets_address(col: Column, keep: list[Any]) -> int:
+    """Where the consumer finds a string or list column's offsets: element ``col.offset`` of the base
+    buffer (the Arrow offset applies to every buffer alike). Memory another process may write hands
+    out a checked copy instead, placed at that same element of a buffer of its own."""
+    block = col._live_block()
+    if not block.others_may_write:
+        return block.ptr + col._plan.values.offset
+    checked = col._offsets_in_bounds()
+    xp = block.backend.xp
+    with block.backend.activate():
+        placed = xp.empty(col.offset + len(col) + 1, dtype=np.int32)  # elements before col.offset are never read
+        placed[col.offset :] = checked
+    keep.append(placed)
+    return block.backend.array_ptr(placed)
 
 
 def _table_array(out: ArrowArray, table: Table) -> None:
@@ -338,27 +354,17 @@ def _make_stream_callbacks(device: bool) -> tuple[Any, Any, Any, Any]:
             return 5  # EIO
 
     def get_next(address: int, out_address: int) -> int:
+        # Only moves the batch export_stream built: a Python error here would reach the consumer as an
+        # exception pending while it calls release, which then cannot run (pyarrow aborts the process).
         state = _stream_state(address, device)
-        try:
-            if state["done"]:
-                if device:
-                    ctypes.memset(out_address, 0, ctypes.sizeof(ArrowDeviceArray))
-                else:
-                    ctypes.memset(out_address, 0, ctypes.sizeof(ArrowArray))
-                return 0
-            table = state["table"]
-            if device:
-                out = ctypes.cast(out_address, ctypes.POINTER(ArrowDeviceArray)).contents
-                out.device_type, out.device_id = _device_of(table)
-                out.sync_event = None
-                _table_array(out.array, table)
-            else:
-                _table_array(ctypes.cast(out_address, ctypes.POINTER(ArrowArray)).contents, table)
-            state["done"] = True
+        prepared = state["array"]
+        size = ctypes.sizeof(ArrowDeviceArray if device else ArrowArray)
+        if state["done"]:
+            ctypes.memset(out_address, 0, size)
             return 0
-        except Exception as exc:
-            state["error"] = ctypes.create_string_buffer(str(exc).encode())
-            return 5
+        ctypes.memmove(out_address, ctypes.addressof(prepared), size)
+        state["done"] = True  # moved: the consumer releases it now
+        return 0
 
     def get_last_error(address: int) -> int | None:
         state = _stream_state(address, device)
@@ -368,7 +374,10 @@ def _make_stream_callbacks(device: bool) -> tuple[Any, Any, Any, Any]:
     def release(address: int) -> None:
         struct = ctypes.cast(address, ctypes.POINTER(kind)).contents
         with _lock:
-            _live.pop(struct.private_data or 0, None)
+            state = _live.pop(struct.private_data or 0, None)
+        if state is not None and not state["done"]:  # never consumed: the batch goes with the stream
+            prepared = state["array"]
+            _core.arrow_release(ctypes.addressof(prepared.array if device else prepared))
         struct.release = _ReleaseStream()
 
     return _GetSchema(get_schema), _GetNext(get_next), _GetLastError(get_last_error), _ReleaseStream(release)
@@ -378,8 +387,20 @@ _STREAM_CALLBACKS = {False: _make_stream_callbacks(False), True: _make_stream_ca
 
 
 def export_stream(table: Table, device: bool) -> Any:
-    """A stream capsule yielding the table as one batch (``__arrow_c_stream__`` / ``__arrow_c_device_stream__``)."""
+    """A stream capsule yielding the table as one batch (``__arrow_c_stream__`` / ``__arrow_c_device_stream__``).
+
+    The batch is built here, where an error (offsets another process broke, ``DataError``) is raised
+    to the caller; the stream's callbacks only hand it over.
+    """
     _core.arrow_sweep()
+    if device:
+        prepared: Any = ArrowDeviceArray()
+        prepared.device_type, prepared.device_id = _device_of(table)
+        prepared.sync_event = None
+        _table_array(prepared.array, table)
+    else:
+        prepared = ArrowArray()
+        _table_array(prepared, table)
     get_schema, get_next, get_last_error, release = _STREAM_CALLBACKS[device]
     struct = ArrowDeviceArrayStream() if device else ArrowArrayStream()
     if device:
@@ -387,6 +408,6 @@ def export_stream(table: Table, device: bool) -> Any:
     struct.get_schema = get_schema
     struct.get_next = get_next
     struct.get_last_error = get_last_error
-    struct.private_data = _register({"table": table, "done": False, "error": None})
+    struct.private_data = _register({"table": table, "array": prepared, "done": False, "error": None})
     struct.release = release
     return _capsule(struct, _DEVICE_STREAM_NAME if device else _STREAM_NAME)

@@ -100,7 +100,7 @@ def _list_array(
 
 def _cpu_list(col: Column, validity: np.ndarray | None) -> pa.Array:
     ctype = col.column_type
-    offsets = col.offsets if ctype.layout == Layout.LIST else None
+    offsets = col._offsets_in_bounds() if ctype.layout == Layout.LIST else None
     first, count = _list_span(col, offsets)
     child = col.child_values[first : first + count]
     if ctype.storage == np.bool_:
@@ -121,7 +121,7 @@ def _cpu_column(col: Column) -> pa.Array:
     if ctype.layout == Layout.BOOL:
         values = [np.packbits(col.values, bitorder="little")]
     elif ctype.layout == Layout.VARBINARY:
-        values = [col.offsets, col.data]  # offsets index the whole data buffer
+        values = [col._offsets_in_bounds(), col.data]  # offsets index the whole data buffer
     else:
         values = [col.values.reshape(-1)]
     return _finish(col, [validity, *values])
@@ -144,7 +144,8 @@ def _gpu_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
         validity = ask_array(col.validity) if col.validity is not None and col.null_count else None
         first = 0
         if layout in Layout.NESTED:  # [child values, child bitmap?, offsets?]
-            offsets = col.offsets if layout == Layout.LIST else None
+            offsets = col._offsets_in_bounds() if layout == Layout.LIST else None
+            keep.append(offsets)  # a checked copy where another process may write: it must outlive the transfer
             ends = None if offsets is None else backend.to_host(offsets[[0, len(col)]])
             first, count = _list_span(col, ends)
             child = col.child_values[first : first + count]
@@ -162,7 +163,8 @@ def _gpu_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
             keep.append(bits)
             values = [ask_array(bits)]
         elif layout == Layout.VARBINARY:
-            offsets = col.offsets
+            offsets = col._offsets_in_bounds()
+            keep.append(offsets)
             ends = backend.to_host(offsets[[0, len(col)]])
             first = int(ends[0])
             values = [ask_array(offsets), ask(backend.array_ptr(col.data) + first, int(ends[1]) - first)]

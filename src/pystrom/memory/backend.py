@@ -57,11 +57,18 @@ class Block:
 
     Views handed out (NumPy/CuPy arrays) reference the underlying memory object, so the memory
     lives as long as any view does, whatever happens to the Block or the Table.
+
+    ``others_may_write`` is True when another process may write this memory while it is used
+    here (a table imported from another process, a GPU table exported or fetched from the store):
+    code that follows its string or list offsets then takes a checked copy of them first
+    (``Column._offsets_in_bounds``), so that a write made after the import cannot steer a read
+    outside the table.
     """
 
     backend: Backend
     nbytes: int
     ptr: int
+    others_may_write: bool = False
 
     def array(self, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
         raise NotImplementedError

@@ -38,18 +38,21 @@ class Chunk:
     nbytes: int
 
 
-def descriptors(table: Any, cols: Sequence[WriteColumn]) -> np.ndarray:
-    """The encoders' column descriptors (addresses on the table's device)."""
+def descriptors(table: Any, cols: Sequence[WriteColumn], keep: list[Any]) -> np.ndarray:
+    """The encoders' column descriptors (addresses on the table's device); ``keep`` receives the arrays
+    they point at that the table does not hold (checked copies of offsets another process may write)."""
     backend = table._backend
     desc = np.zeros((len(cols), SLOTS), dtype=np.int64)
     for i, c in enumerate(cols):
         col = table.column(c.name)
         if c.kind == EncodeKind.VARLEN:  # offsets (absolute into data) and data
-            values, data = col.offsets, col.data
+            values, data = col._offsets_in_bounds(), col.data
+            keep.append(values)
             desc[i, 4] = backend.array_ptr(data) if data.size else 0
         elif c.kind in (EncodeKind.ARRAY, EncodeKind.VECTOR):  # elements by their index in the child buffer
             nested = col.column_type
-            values = col.offsets if nested.layout == Layout.LIST else col.child_values[:0]
+            values = col._offsets_in_bounds() if nested.layout == Layout.LIST else col.child_values[:0]
+            keep.append(values)
             child = col.child_values
             desc[i, 4] = backend.array_ptr(child) if child.size else 0
             bits = col.child_validity
@@ -105,7 +108,8 @@ class HostEncoder:
     def reset(self, cols: Sequence[WriteColumn]) -> None:
         """Encode the columns as ``cols`` says from now on (run :meth:`starts` again)."""
         self._cols = cols
-        self._desc = descriptors(self._table, cols)
+        self._keep: list[Any] = []  # what the descriptors point at that the table does not hold
+        self._desc = descriptors(self._table, cols, self._keep)
         self._starts: np.ndarray | None = None
 
     def starts(self) -> np.ndarray:
@@ -137,6 +141,7 @@ class HostEncoder:
 
     def close(self) -> None:
         self._table = self._starts = None
+        self._keep = []
 
     def buffer(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)

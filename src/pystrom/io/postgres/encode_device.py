@@ -50,8 +50,9 @@ class DeviceEncoder:
     def reset(self, cols: Sequence[WriteColumn]) -> None:
         """Encode the columns as ``cols`` says from now on (run :meth:`starts` again)."""
         self._cols = cols
+        self._keep: list[Any] = []  # what the descriptors point at that the table does not hold
         with self._backend.activate():
-            self._desc = self.xp.asarray(descriptors(self._table, cols))
+            self._desc = self.xp.asarray(descriptors(self._table, cols, self._keep))
         self._starts: Any = None
 
     def starts(self) -> Any:
@@ -79,6 +80,7 @@ class DeviceEncoder:
         with self._backend.activate():
             self.xp.cuda.get_current_stream().synchronize()
         self._starts = self._desc = self._table = None
+        self._keep = []
 
     def chunks(self, chunk_bytes: int) -> list[Chunk]:
         """The rows cut into chunks (after :meth:`starts`); only the bounds come to the host."""
