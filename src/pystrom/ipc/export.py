@@ -4,6 +4,12 @@ Mappings are cached per process: importing the same allocation twice maps it onc
 is closed when the last table view, column array or 2-D array made from it is gone (each holds
 the mapping object through its memory pointer).
 
+Who writes: the exporter's own mapping stays writable (importers see its later writes); a host
+table's memfd is sealed at export against every other write (``F_SEAL_FUTURE_WRITE``), so an
+importer of the same user that reopens ``/proc/<pid>/fd/<n>`` cannot write or map it writable;
+where the kernel lacks that seal, the export hands out a copy sealed against all writes. Importers
+check offsets at import and again wherever they follow them (``Block.others_may_write``).
+
 Lifetime rule: the exporter must keep the table (or a view of it) alive while importers use it.
 An importer that imports after the exporter exited gets :class:`~pystrom.errors.ExporterGoneError`;
 memory already mapped stays valid after the exporter exits (the driver and the kernel keep it
@@ -92,8 +98,13 @@ def export_table(table: Table) -> bytes:
                 + "; shared memory needs Linux memfd"
             )
         base = np.frombuffer(m, dtype=np.uint8).ctypes.data
-        memory = struct.pack("<i", m.fd) + m.name.encode()
-        h = fmt.Handle(fmt.HOST_MEMFD, boot_id(), len(m), block.ptr - base, me, process_start(me) or 0, memory, layout)
+        fd, name, size, offset = m.fd, m.name, len(m), block.ptr - base
+        # Importers map read-only, but a process of this user could reopen /proc/<pid>/fd/<n> for writing:
+        # the seal stops that and leaves this process's own mapping writable (the zero-copy contract).
+        if not shm.seal_future_writes(fd):
+            fd, name, size, offset = _sealed_copy(m, block.read_host(0, layout.nbytes))
+        memory = struct.pack("<i", fd) + name.encode()
+        h = fmt.Handle(fmt.HOST_MEMFD, boot_id(), size, offset, me, process_start(me) or 0, memory, layout)
         return fmt.encode(h)
     from . import _cuda
 
@@ -105,9 +116,29 @@ def export_table(table: Table) -> bytes:
     offset = block.ptr - base
     with _lock:
         _local[(memory, offset)] = block
+    block.others_may_write = True  # a CUDA IPC mapping cannot be read-only: importers could write here
     uid = _cuda.device_uuid(backend.ordinal)
     h = fmt.Handle(fmt.CUDA_IPC, uid, size, offset, me, process_start(me) or 0, memory, layout)
     return fmt.encode(h)
+
+
+def _sealed_copy(m: shm.SharedMapping, data: np.ndarray) -> tuple[int, str, int, int]:
+    """Where the kernel cannot seal against future writes (before Linux 5.1): a copy of the table in a
+    memfd of its own, sealed against every write, kept open as long as the table's memory. Importers
+    see the table as it was at this export, not the exporter's later writes. (fd, name, size, offset)."""
+    size = max(int(data.size), 1)
+    fd, name = shm.create_fd(size)
+    try:
+        done = 0
+        with memoryview(data) as view:
+            while done < data.size:  # one pwrite moves at most ~2 GiB
+                done += os.pwrite(fd, view[done:], done)
+        shm.freeze(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    weakref.finalize(m, shm.close_quietly, fd)
+    return fd, name, size, 0
 
 
 # -- import -----------------------------------------------------------------------------------------
@@ -268,6 +299,7 @@ def ipc_import(handle: bytes, columns: Sequence[str] | None = None, device: str 
             raise DeviceError(f"{h.describe()} is GPU memory, but this process sees no CUDA GPU")
         backend, memory = _map_cuda(h)
     block: Block = backend.wrap(memory, h.layout.nbytes)
+    block.others_may_write = True  # the exporter writes this memory: offsets are checked again where followed
     table = h.layout.table(block, "pystrom handle")
     validate.check_table(table, h.describe())  # offsets steer reads: checked before any read
     if device is not None:

@@ -11,7 +11,11 @@ rather than a named POSIX segment (``shm_open``):
 - it is not bounded by the size of the ``/dev/shm`` mount (64 MiB in default Docker containers);
 - it is reachable by name only through ``/proc/<pid>/fd/<n>``, which the kernel lets only the
   owner's uid (or a process allowed to trace it) open, and the descriptor itself can be passed
-  over a Unix socket (the store daemon does).
+  over a Unix socket (the store daemon does);
+- it can be sealed: against resizing (every memfd made here), against new writes while the
+  mappings made before keep theirs (an exported table: ``F_SEAL_FUTURE_WRITE``, Linux 5.1), or
+  against every write (a committed store table: ``F_SEAL_WRITE``). Whoever reopens
+  ``/proc/<pid>/fd/<n>`` read-write then still cannot write or map it writable.
 
 Where ``memfd`` is missing (not Linux), tables cannot be exported.
 """
@@ -19,6 +23,7 @@ Where ``memfd`` is missing (not Linux), tables cannot be exported.
 from __future__ import annotations
 
 import fcntl
+import functools
 import mmap
 import os
 import re
@@ -37,6 +42,8 @@ __all__ = [
     "is_name",
     "seals",
     "freeze",
+    "seal_future_writes",
+    "future_write_sealing",
     "reopen_read_only",
     "make_read_only",
     "HAVE_MEMFD",
@@ -121,6 +128,44 @@ def freeze(fd: int) -> None:
     wanted = FROZEN_SEALS | fcntl.F_SEAL_SEAL
     if seals(fd) & wanted != wanted:  # sealed already (a commit retried after a refusal): nothing to add
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, wanted)
+
+
+# Linux 5.1; Python's fcntl names it only from 3.12 on (the value is fixed by the kernel's ABI)
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
+
+
+@functools.cache
+def future_write_sealing() -> bool:
+    """Whether this kernel takes F_SEAL_FUTURE_WRITE (Linux 5.1 and later), found by trying it once."""
+    if not (HAVE_MEMFD and _ALLOW_SEALING):
+        return False
+    try:
+        fd = os.memfd_create("pystrom-probe", os.MFD_CLOEXEC | _ALLOW_SEALING)
+    except OSError:
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS) & F_SEAL_FUTURE_WRITE != 0
+    except OSError:  # EINVAL: an older kernel
+        return False
+    finally:
+        os.close(fd)
+
+
+def seal_future_writes(fd: int) -> bool:
+    """Forbid every new write to a memfd (``write``, a writable mapping, ``mprotect`` to writable),
+    through any descriptor, while mappings made before keep writing. True once the memfd is sealed so
+    (or against all writes); False where the kernel cannot (before Linux 5.1) or it takes no more seals.
+    """
+    if seals(fd) & (F_SEAL_FUTURE_WRITE | getattr(fcntl, "F_SEAL_WRITE", 0)):
+        return True
+    if not future_write_sealing():
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
+    except OSError:  # EPERM: sealed with F_SEAL_SEAL already
+        return False
+    return True
 
 
 def reopen_read_only(fd: int) -> int:
