@@ -193,10 +193,11 @@ def test_load_postgres_then_ls_and_drop(daemon, pg, pg_table):
         del whole
 
     listing = ok(cli("ls", "--socket", sock)).splitlines()
-    assert listing[0].split() == ["name", "rows", "bytes", "device", "schema"]
+    assert listing[0].split() == ["name", "rows", "bytes", "device", "owner", "shared", "schema"]
     rows = {line.split()[0]: line for line in listing[1:-1]}
     assert set(rows) == {"whole", "third", "some"}
     assert rows["whole"].split()[1] == "3,000" and " cpu " in rows["whole"]
+    assert rows["whole"].split()[5:7] == [str(os.getuid()), "-"]  # owned by this user, private
     assert rows["whole"].endswith("id: int64, x: double, label: string")
     assert rows["third"].split()[1:4] == ["1,000", "15.6", "KiB"]
     assert listing[-1] == f"3 table(s) in the store at {sock} (cpu)"

@@ -46,6 +46,18 @@ def column_list(text: str) -> list[str]:
     return names
 
 
+def _share_with(text: str) -> list[int] | str:
+    if text.strip() == "all":
+        return "all"
+    try:
+        uids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numeric uids or 'all', got {text!r}") from None
+    if not uids or any(u < 0 for u in uids):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numeric uids or 'all', got {text!r}")
+    return uids
+
+
 def _nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a non-empty value")
@@ -147,7 +159,7 @@ def _load(args: argparse.Namespace) -> int:
         read_secs = time.perf_counter() - start
         with table:
             rows, cols, nbytes = table.num_rows, table.num_columns, table.nbytes
-            store.put(args.name, table, replace=args.replace)
+            store.put(args.name, table, replace=args.replace, share_with=args.share_with)
         secs = time.perf_counter() - start
     rate = throughput(nbytes, read_secs)
     rate = f", {rate}" if rate else ""
@@ -181,10 +193,11 @@ def _ls(args: argparse.Namespace) -> int:
         print(f"no tables in the store at {where}")
         return 0
     rows = [
-        (t["name"], f"{t['num_rows']:,}", _size(t["nbytes"]), str(t["device"]), _short_schema(t["schema"]))
+        (t["name"], f"{t['num_rows']:,}", _size(t["nbytes"]), str(t["device"]), str(t.get("owner", "")),
+         _shared(t.get("shared_with")), _short_schema(t["schema"]))
         for t in tables
-    ]
-    head = ("name", "rows", "bytes", "device", "schema")
+    ]  # fmt: skip
+    head = ("name", "rows", "bytes", "device", "owner", "shared", "schema")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     right = {1, 2}  # numbers align right
     for row in [head, *rows]:
@@ -192,6 +205,13 @@ def _ls(args: argparse.Namespace) -> int:
         print("  ".join(cells).rstrip())
     print(f"{len(tables)} table(s) in the store at {where}")
     return 0
+
+
+def _shared(shared_with: Any) -> str:
+    """Who besides its owner may read a table: "all", uids, or "-" (private)."""
+    if shared_with == "all":
+        return "all"
+    return ",".join(map(str, shared_with)) if shared_with else "-"
 
 
 def _drop(args: argparse.Namespace) -> int:
@@ -355,6 +375,13 @@ def add_commands(sub: Any, positive_int: Any) -> None:
     load.add_argument("--numeric", choices=("float64", "decimal"), help="numeric columns as (default float64)")
     load.add_argument("--socket", default=None, help=socket_help)
     load.add_argument("--replace", action="store_true", help="replace a table of the same name")
+    load.add_argument(
+        "--share-with",
+        type=_share_with,
+        default=None,
+        metavar="UIDS|all",
+        help="other users who may read the table: comma-separated uids, or all (default: private)",
+    )
     add_progress_flag(load, "load")
     load.set_defaults(run=_load)
 

@@ -165,6 +165,14 @@ _OPTIONS: dict[str, _Option] = {
         lambda v: isinstance(v, int) and v >= 0,
         "Rows shown by repr() and the notebook view of a Table.",
     ),
+    "store_connect_retry": _Option(
+        "PYSTROM_STORE_CONNECT_RETRY",
+        float,
+        3.0,
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf"),
+        "Seconds pystrom.Store() keeps trying to connect while the daemon's backlog is full or nobody listens "
+        "(a crowd connecting at once, a daemon restarting) before StoreUnavailableError.",
+    ),
     "progress_delay": _Option(
         "PYSTROM_PROGRESS_DELAY",
         float,

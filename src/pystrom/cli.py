@@ -125,17 +125,42 @@ def _id_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numeric ids, got {text!r}") from None
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _byte_size(text: str) -> int:
+    """``123``, ``512M``, ``64G``, ``1.5TiB``: bytes (units are powers of 1024)."""
+    t = text.strip().lower().replace("_", "").removesuffix("ib").removesuffix("b")
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS else ""
+    try:
+        value = int(float(t[: len(t) - len(unit)]) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 512M or 64G, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .ipc.server import _announce, serve
 
+    if args.allow_uids:
+        print(
+            "pystrom serve: --allow-uids is deprecated and now means --writers (put tables of their own, read "
+            "tables shared with them); use --readers/--writers",
+            file=sys.stderr,
+        )
     serve(
         args.socket,
         args.device,
-        args.allow_uids,
-        args.allow_gids,
-        args.memory,
+        allow_gids=args.allow_gids,
+        memory=args.memory,
         ready=_announce,
         max_connections=args.max_connections,
+        readers=args.readers,
+        writers=[*args.writers, *args.allow_uids],
+        max_bytes=args.max_bytes,
+        max_bytes_per_uid=args.max_bytes_per_uid,
     )
     return 0
 
@@ -190,8 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the store daemon that keeps named tables in GPU memory")
     serve.add_argument("--socket", default=None, help="socket path (default: a per-user runtime directory)")
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present)")
-    serve.add_argument("--allow-uids", type=_id_list, default=[], help="other uids to serve, comma-separated")
-    serve.add_argument("--allow-gids", type=_id_list, default=[], help="groups whose members to serve")
+    serve.add_argument(
+        "--readers", type=_id_list, default=[], help="other uids that may list and get tables shared with them"
+    )
+    serve.add_argument("--writers", type=_id_list, default=[], help="other uids that may also put tables of their own")
+    serve.add_argument("--allow-uids", type=_id_list, default=[], help="deprecated: the same as --writers")
+    serve.add_argument("--allow-gids", type=_id_list, default=[], help="groups whose members are served as writers")
     serve.add_argument(
         "--memory", choices=["auto", "vmm", "legacy"], default="auto", help="GPU sharing mechanism (default auto)"
     )
@@ -199,7 +228,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=_positive_int,
         default=None,
-        help="connections one user may hold open (default: as many as the descriptor limit allows)",
+        help="connections one user may hold open (default: this user as many as the descriptor limit allows, "
+        "each other user a quarter of what is left once an eighth is kept for this user)",
+    )
+    serve.add_argument(
+        "--max-bytes",
+        type=_byte_size,
+        default=None,
+        help="bytes of tables the daemon holds at most, e.g. 64G (default: 3/4 of the host's memory, 9/10 of a GPU's)",
+    )
+    serve.add_argument(
+        "--max-bytes-per-uid",
+        type=_byte_size,
+        default=None,
+        help="bytes of tables each other user may hold (default: a quarter of --max-bytes)",
     )
     serve.set_defaults(run=_serve)
     from ._cli_commands import add_commands

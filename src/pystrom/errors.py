@@ -25,6 +25,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "StorePermissionError",
+    "StoreQuotaError",
     "TableNotFoundError",
     "TableExistsError",
     "FileFormatError",
@@ -118,7 +119,13 @@ class StoreUnavailableError(StoreError, ConnectionError):
 
 
 class StorePermissionError(StoreError, PermissionError):
-    """The store daemon (or the socket's directory) does not serve this user."""
+    """The store daemon (or the socket's directory) does not serve this user, or this user lacks the right
+    a request needs on a table (the message names the table and the right)."""
+
+
+class StoreQuotaError(StoreError, MemoryError):
+    """The store daemon refused to reserve memory: the request would pass this user's byte quota or the
+    daemon's limit (the message names the sizes)."""
 
 
 class TableNotFoundError(StoreError, KeyError):

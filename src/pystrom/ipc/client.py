@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import errors
-from ..errors import IPCError, StoreError, StoreUnavailableError
+from ..errors import InvalidArgumentError, IPCError, StoreError, StoreUnavailableError
 from ..memory import shm
 from ..memory.backend import Backend, Block, resolve_device
 from . import protocol
@@ -143,14 +143,19 @@ class Store:
     Tables from :meth:`get` are zero-copy views of the daemon's memory. The daemon keeps a table's
     memory while any connection that fetched it holds a view (dropping it only hides the name), so
     keep the Store open while using its tables: closing it, or exiting, gives back all its holds.
-    Safe to share between threads (requests are serialised).
+    Safe to share between threads (requests are serialised). ``info`` holds the daemon's answer to
+    the greeting, among it this user's ``uid`` and ``rights`` (``"admin"``: the daemon's own user,
+    ``"write"`` or ``"read"``).
 
     Parameters
     ----------
     address
         The daemon's socket path; None: ``$PYSTROM_STORE_SOCKET``, else the per-user default.
     timeout
-        Seconds to wait for the connection.
+        Seconds to wait for the connection. While the daemon's backlog is full or nobody listens
+        (a crowd connecting at once, a daemon restarting) the client tries again with backoff
+        for ``pystrom.defaults.store_connect_retry`` seconds (at most ``timeout``), then raises
+        :class:`~pystrom.errors.StoreUnavailableError`.
     trust_uids
         Users besides this one whose daemon may be trusted. Before sending anything, the client
         checks that the socket's directory belongs to this user (or a trusted one) and that no
@@ -268,29 +273,43 @@ class Store:
             return "cpu"
         return f"cuda:{_cuda_ordinal(str(info.get('uuid')))}"
 
-    def reserve(self, name: str, nbytes: int, replace: bool = False) -> Reservation:
-        """Reserve ``nbytes`` of daemon memory for a table to be called ``name``, mapped here writable."""
-        reply, fds = self._request({"op": "reserve", "name": name, "nbytes": int(nbytes), "replace": replace})
+    def reserve(self, name: str, nbytes: int, replace: bool = False, share_with: Any = None) -> Reservation:
+        """Reserve ``nbytes`` of daemon memory for a table to be called ``name``, mapped here writable.
+
+        ``share_with`` as in :meth:`put`. Raises :class:`~pystrom.errors.StoreQuotaError` when the
+        bytes would pass this user's quota or the daemon's limit.
+        """
+        request = {"op": "reserve", "name": name, "nbytes": int(nbytes), "replace": replace}
+        sharing = _sharing(share_with)
+        if sharing is not None:
+            request["share_with"] = sharing
+        reply, fds = self._request(request)
         backend, memory, _ = self._map(reply["id"], reply.get("memory"), fds, writable=True)
         return Reservation(self, name, reply["id"], backend.wrap(memory, int(nbytes)), replace)
 
-    def put(self, name: str, table: Table, replace: bool = False) -> None:
+    def put(self, name: str, table: Table, replace: bool = False, share_with: Any = None) -> None:
         """Copy ``table`` into daemon memory under ``name`` (one copy of its allocation).
 
         The name becomes visible only once every byte is there; a client that dies midway leaves
         nothing. Raises :class:`~pystrom.errors.TableExistsError` when the name is taken, unless
         ``replace=True`` (readers of the old table keep it until they let go).
+
+        The table belongs to this user: only this user and the daemon's may replace or drop it.
+        ``share_with`` names the other users who may list and get it: uids, or ``"all"`` (every
+        user the daemon serves); None (default) keeps it private. A user the daemon serves as a
+        reader cannot put (:class:`~pystrom.errors.StorePermissionError`).
         """
         from .. import _ops
 
         source = table if table._is_whole() else _ops.gather(table, None)  # a view: compact it first
         src = source._live()
-        with self.reserve(name, src.nbytes, replace) as res:
+        with self.reserve(name, src.nbytes, replace, share_with) as res:
             _copy_block(src, res.block)
             res.commit(layout=TableLayout.of(source))
 
-    def put_arrow(self, name: str, data: Any, replace: bool = False) -> None:
-        """Load Arrow data (as ``Table.from_arrow`` takes) straight into daemon memory under ``name``."""
+    def put_arrow(self, name: str, data: Any, replace: bool = False, share_with: Any = None) -> None:
+        """Load Arrow data (as ``Table.from_arrow`` takes) straight into daemon memory under ``name``
+        (``replace`` and ``share_with`` as in :meth:`put`)."""
         from ..interop.arrow_import import as_arrow_table, columns_of
         from ..interop.build import build_table
 
@@ -298,7 +317,7 @@ class Store:
         reservation: list[Reservation] = []
 
         def allocate(nbytes: int) -> Block:
-            reservation.append(self.reserve(name, nbytes, replace))
+            reservation.append(self.reserve(name, nbytes, replace, share_with))
             return reservation[0].block
 
         try:
@@ -323,13 +342,16 @@ class Store:
             raise
         backend, memory, sealed = self._map(entry_id, reply.get("memory"), fds, writable=False)
         where = f"store table {name!r}"
-        table = layout.table(backend.wrap(memory, layout.nbytes), where)
+        block = backend.wrap(memory, layout.nbytes)
+        table = layout.table(block, where)
         if not sealed:  # GPU memory (its writer may still write) or a daemon that did not seal: check here
             check_table(table, where)
+            block.others_may_write = True  # and again wherever offsets are followed later
         return table
 
     def list(self) -> list[dict[str, Any]]:
-        """Tables in the store: name, nbytes, num_rows, device (the daemon's), schema (pyarrow), created."""
+        """The tables this user may read: name, nbytes, num_rows, device (the daemon's), schema (pyarrow),
+        created, owner (uid) and shared_with (uids, or ``"all"``)."""
         import pyarrow as pa
 
         reply, _ = self._request({"op": "list"})
@@ -341,7 +363,8 @@ class Store:
         return out
 
     def drop(self, name: str) -> None:
-        """Remove ``name``; its memory is freed once no client holds a view of it."""
+        """Remove ``name``; its memory is freed once no client holds a view of it. Only the table's owner
+        and the daemon's user may drop it (else :class:`~pystrom.errors.StorePermissionError`)."""
         self._request({"op": "drop", "name": name})
 
     def stats(self) -> dict[str, Any]:
@@ -366,6 +389,24 @@ class Store:
     def __repr__(self) -> str:
         state = "closed" if self._sock is None else f"daemon pid {self.info.get('pid')}, {self.info.get('device')}"
         return f"<pystrom.Store {self.address}: {state}>"
+
+
+def _sharing(share_with: Any) -> list[int] | str | None:
+    """``share_with`` as the daemon takes it: None (private), "all", or a list of uids."""
+    if share_with is None:
+        return None
+    if isinstance(share_with, str):
+        if share_with != "all":
+            raise InvalidArgumentError(f"share_with is 'all' or a list of uids; got {share_with!r}")
+        return "all"
+    try:
+        uids = list(share_with)
+    except TypeError:
+        raise InvalidArgumentError(f"share_with is 'all' or a list of uids; got {share_with!r}") from None
+    for uid in uids:
+        if not isinstance(uid, (int, np.integer)) or isinstance(uid, bool) or uid < 0:
+            raise InvalidArgumentError(f"share_with: a uid is a non-negative integer; got {uid!r}")
+    return [int(u) for u in uids] or None
 
 
 def _copy_block(src: Block, dst: Block) -> None:

@@ -7,7 +7,10 @@ be able to make the daemon run code, whatever it sends.
 
 The socket lives in a directory only its user can enter (mode 0700): ``$XDG_RUNTIME_DIR/pystrom/``
 when that is set, else ``/tmp/pystrom-<uid>/``; ``PYSTROM_STORE_SOCKET`` or an explicit path
-overrides it.
+overrides it. The daemon listens with the system's largest backlog (``net.core.somaxconn``), and a
+client whose connection finds the backlog full (EAGAIN) or nobody listening yet (ECONNREFUSED: a
+daemon starting or restarting) tries again with backoff for ``pystrom.defaults.store_connect_retry``
+seconds before it gives up with :class:`~pystrom.errors.StoreUnavailableError`.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import array
 import base64
 import json
 import os
+import random
 import socket
 import stat
 import struct
+import time
 from typing import Any
 
-from ..errors import StorePermissionError, StoreUnavailableError
+from .._settings import defaults
+from ..errors import StoreError, StorePermissionError, StoreUnavailableError
 from .handle import parse_json
 
 __all__ = [
@@ -34,6 +40,9 @@ __all__ = [
     "b64",
     "unb64",
     "peer_credentials",
+    "listen",
+    "listen_backlog",
+    "connect",
     "PROTOCOL",
 ]
 
@@ -190,23 +199,103 @@ def recv(sock: socket.socket) -> tuple[dict, list[int]]:
     return message, fds
 
 
-def connect(path: str, timeout: float | None = None) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+def listen_backlog() -> int:
+    """The system's largest listen backlog (``net.core.somaxconn``): a crowd of clients connecting at
+    once queues there instead of being refused."""
     try:
-        sock.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
-        sock.close()
-        raise StoreUnavailableError(
-            f"no pystrom store daemon answers at {path} ({exc.strerror}); start one with `pystrom serve`"
-        ) from None
-    except PermissionError:
-        sock.close()
-        raise StorePermissionError(
-            f"not allowed to reach the store socket {path}: it belongs to another user"
-        ) from None
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return max(int(f.read().strip()), socket.SOMAXCONN)
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
+def listen(path: str, others: bool) -> socket.socket:
+    """The daemon's listening socket at ``path`` (mode 0600, or 0666 when ``others`` are served).
+
+    The default place gets a private directory (:func:`secure_dir`); an explicit one keeps the
+    caller's modes. A socket left there by a daemon that died is replaced; one a live daemon
+    answers on is refused.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    if path == default_socket() and SOCKET_ENV not in os.environ:
+        secure_dir(directory, others=others)  # the default place: only this user may write it
+    else:
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)  # an explicit place: its modes are the caller's
+        except OSError as exc:
+            raise StoreError(f"cannot create the socket directory {directory}: {exc.strerror or exc}") from None
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # a socket left by a daemon that died
+        else:
+            raise StoreError(f"another store daemon already serves {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket: mode 0600
+    try:
+        sock.bind(path)
+        if others:
+            # other users served: anyone may connect, SO_PEERCRED decides whom the daemon serves;
+            # the directory gets search permission for others (not read, not write)
+            os.chmod(path, 0o666)
+            st = os.stat(directory)
+            if st.st_uid == os.getuid() and not st.st_mode & 0o001:
+                os.chmod(directory, stat.S_IMODE(st.st_mode) | 0o011)
+        sock.listen(listen_backlog())
     except OSError as exc:
         sock.close()
-        raise StoreUnavailableError(f"cannot connect to the store daemon at {path}: {exc}") from None
+        raise StoreError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old)
+    return sock
+
+
+def connect(path: str, timeout: float | None = None, retry: float | None = None) -> socket.socket:
+    """A connection to the daemon at ``path``.
+
+    A full backlog (EAGAIN: a crowd connecting at once) or nobody listening (ECONNREFUSED: the
+    daemon is starting, restarting, or died and left its socket) is tried again with growing,
+    jittered pauses for ``retry`` seconds (default ``defaults.store_connect_retry``, at most
+    ``timeout``) before :class:`StoreUnavailableError` says which it was.
+    """
+    window = defaults.store_connect_retry if retry is None else retry
+    if timeout is not None:
+        window = min(window, timeout)
+    start = time.monotonic()
+    pause = 0.002
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            break
+        except (BlockingIOError, ConnectionRefusedError) as exc:
+            sock.close()
+            waited = time.monotonic() - start
+            if waited + pause > window:
+                why = "its listen backlog stayed full" if isinstance(exc, BlockingIOError) else "connection refused"
+                raise StoreUnavailableError(
+                    f"no pystrom store daemon answers at {path} ({why} for {waited:.1f} s); "
+                    "start one with `pystrom serve`"
+                ) from None
+            time.sleep(pause * (0.5 + random.random()))  # jitter: a crowd refused together does not return together
+            pause = min(pause * 2, 0.1)
+        except FileNotFoundError as exc:
+            sock.close()
+            raise StoreUnavailableError(
+                f"no pystrom store daemon answers at {path} ({exc.strerror}); start one with `pystrom serve`"
+            ) from None
+        except PermissionError:
+            sock.close()
+            raise StorePermissionError(
+                f"not allowed to reach the store socket {path}: it belongs to another user"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise StoreUnavailableError(f"cannot connect to the store daemon at {path}: {exc}") from None
     sock.settimeout(None)
     return sock
