@@ -22,6 +22,25 @@ bool gather_varbinary(const int32_t* src_offsets, std::size_t n, const uint8_t* 
   return true;
 }
 
+int64_t copy_offsets_checked(const int32_t* src, std::size_t count, int32_t* dst, int64_t limit) {
+  constexpr std::size_t kChunk = 4096;  // 16 KiB: copied, then checked while still in L1
+  if (count == 0) return 0;
+  for (std::size_t start = 0; start < count; start += kChunk) {
+    const std::size_t m = count - start < kChunk ? count - start : kChunk;
+    std::memcpy(dst + start, src + start, m * sizeof(int32_t));
+    const int32_t* d = dst + start;
+    unsigned bad = start == 0 ? d[0] < 0 : d[0] < dst[start - 1];
+    for (std::size_t i = 1; i < m; ++i) bad |= static_cast<unsigned>(d[i] < d[i - 1]);  // no early exit: vectorises
+    if (bad) {
+      if (start == 0 && d[0] < 0) return 0;
+      for (std::size_t i = start == 0 ? 1 : start; i < start + m; ++i) {
+        if (dst[i] < dst[i - 1]) return static_cast<int64_t>(i - 1);
+      }
+    }
+  }
+  return dst[count - 1] > limit ? static_cast<int64_t>(count - 1) : -1;
+}
+
 void shift_spans(const int32_t* src, const int64_t* at, const int64_t* count, const int64_t* shift,
                  const int64_t* start, std::size_t n, int32_t* dst) {
   for (std::size_t s = 0; s < n; ++s) {

@@ -12,6 +12,14 @@ bool gather_varbinary(const int32_t* src_offsets, std::size_t n, const uint8_t* 
                       const int64_t* rows, std::size_t count, const int32_t* dst_offsets, uint8_t* dst_data,
                       std::size_t dst_size);
 
+// Offsets another process may rewrite at any time (an imported table): copy src[0..count) to dst and check
+// the copy, in cache-sized chunks, so the check reads what was copied from the cache and the caller follows
+// exactly what was checked. Returns the first position p that breaks the rules of offsets o[0..n] (n + 1 =
+// count): p == 0 when o[0] < 0, p < n when o[p + 1] < o[p], p == n when o[n] > limit; -1 when none does.
+// The smallest failing position wins (the copy stops there). CPU twin of memory/offsets.py's
+// first_bad_offset on a copy (and of kernels/validate.cu).
+int64_t copy_offsets_checked(const int32_t* src, std::size_t count, int32_t* dst, int64_t limit);
+
 // String or list offsets of many record batches placed at once (io/arrow/read/direct.py): for spans s < n,
 // dst[start[s] + j] = src[at[s] + j] - shift[s] for j < count[s] (a batch's n + 1 offsets, rebased from
 // its own data buffer to its place in the column's). Callers guarantee every span fits src and dst and

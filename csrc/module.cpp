@@ -376,6 +376,15 @@ PYBIND11_MODULE(_core, m) {
     if (!ok) throw std::out_of_range("gather_varbinary: a row index or string offset lies out of range");
   });
 
+  m.def("copy_offsets_checked", [](py::buffer src, py::buffer dst, int64_t limit) {
+    Bytes s = request_i32(src, false, "src");
+    Bytes d = request_i32(dst, true, "dst");
+    if (d.size < s.size) throw std::invalid_argument("copy_offsets_checked: dst is shorter than src");
+    py::gil_scoped_release nogil;
+    return pystrom::copy_offsets_checked(reinterpret_cast<const int32_t*>(s.ptr), s.size / sizeof(int32_t),
+                                         reinterpret_cast<int32_t*>(d.ptr), limit);
+  });
+
   // -- Arrow arrays handed to consumers: owners let go of without the GIL (arrow_keep.hpp) -------------
   m.def("arrow_keep", [](py::object owner) {
     return reinterpret_cast<uintptr_t>(pystrom::arrow::keep(owner.ptr()));

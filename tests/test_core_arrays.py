@@ -36,6 +36,7 @@ def _calls(fd: int, wrong):
         lambda: _core.gather_varbinary(offsets32, buf, wrong(1, I64), offsets32, buf),
         "rows",
     )
+    yield "copy_offsets_checked", lambda: _core.copy_offsets_checked(wrong(3, I32), np.zeros(8, I32), 9), "src"
     yield "pg_decode", lambda: _core.pg_decode(buf, one, 0, 0, wrong(8, I64)), "desc"
     yield "pg_encode_sizes", lambda: _core.pg_encode_sizes(wrong(8, I64), 0, 0, one), "desc"
     yield "pg_encode_rows", lambda: _core.pg_encode_rows(wrong(8, I64), 0, 0, buf), "desc"

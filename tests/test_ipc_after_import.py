@@ -24,6 +24,8 @@ import pystrom
 from pystrom.ipc import handle as fmt
 from pystrom.memory import shm
 
+from conftest import needs_gpu
+
 pytestmark = pytest.mark.skipif(not shm.HAVE_MEMFD, reason="host tables are shared through Linux memfds")
 
 
@@ -188,6 +190,63 @@ def test_list_offsets_written_after_the_import_give_data_error_never_a_signal():
     assert len(results) == 8, lines
     for line in results:
         assert " -> DataError column 'l': its list offsets" in line, line
+
+
+GPU_IMPORTER = """
+import sys
+import cupy
+v = pystrom.ipc_import(bytes.fromhex(sys.stdin.readline().strip()))
+assert v.device.startswith("cuda"), v.device
+print("imported", flush=True)
+sys.stdin.readline()  # the exporter writes meanwhile
+steps = {
+    "to_arrow + to_pylist": lambda: v.to_arrow().column("s").to_pylist(),
+    "filter by mask": lambda: v.filter(cupy.arange(v.num_rows) % 2 == 0).to_arrow(),
+    "where on strings": lambda: v.filter("s = 'bb'").to_arrow(),
+    "slice then copy": lambda: pystrom.concat([v.slice(0, 5), v.slice(5)]).to_arrow(),
+    "to the host": lambda: v.to("cpu").to_arrow(),
+    "Arrow C device export": lambda: v.__arrow_c_device_array__(),
+}
+for name, step in steps.items():
+    try:
+        step()
+        cupy.cuda.runtime.deviceSynchronize()  # a kernel that read out of bounds shows here
+        print(name, "->", "ran", flush=True)
+    except pystrom.Error as e:
+        print(name, "->", type(e).__name__, str(e).splitlines()[0], flush=True)
+    except Exception as e:
+        print(name, "->", "RAW", type(e).__name__, e, flush=True)
+"""
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("row,value", [(1, 1 << 30), (3, -5)])
+def test_gpu_offsets_written_after_the_import_give_data_error(row, value):
+    """The GPU twin of the test above: the importer's checks run on device copies (one kernel launch each)."""
+    import cupy
+
+    t = pystrom.Table.from_arrow(pa.table({"s": ["a", "bb", "ccc", None] * 250}), device="cuda")
+    h = t.export()
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + GPU_IMPORTER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        proc.stdin.write(h.hex() + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "imported", proc.stderr.read()
+        t.column("s").offsets[row] = value  # the exporter's own memory, after the import
+        cupy.cuda.runtime.deviceSynchronize()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    results = [line for line in survived(subprocess.CompletedProcess(proc.args, proc.returncode, out, err)).splitlines()
+               if " -> " in line]  # fmt: skip
+    assert len(results) == 6, out + err
+    for line in results:
+        assert " -> DataError column 's': its string offsets" in line, line
+        assert "(row " in line, line
 
 
 def test_an_exporter_rewriting_offsets_all_the_time_never_crashes_an_importer():

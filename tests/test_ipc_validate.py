@@ -55,6 +55,28 @@ def test_the_numpy_twin_follows_the_rule(offsets, data_size):
     assert first_bad_offset(np.array(offsets, dtype=np.int32), data_size) == reference(offsets, data_size)
 
 
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=40), st.integers(0, 2**31))
+def test_the_fused_copy_and_check_follows_the_rule(offsets, data_size):
+    """The C++ copy-and-check that imported tables use wherever their offsets are followed (issue 36)."""
+    from pystrom import _core
+
+    src = np.array(offsets, dtype=np.int32)
+    dst = np.full_like(src, 7)
+    bad = _core.copy_offsets_checked(src, dst, data_size)
+    assert (None if bad < 0 else bad) == reference(offsets, data_size)
+    if bad < 0:
+        assert np.array_equal(dst, src)
+
+
+def test_the_fused_copy_and_check_on_injected_faults_across_its_chunks():
+    from pystrom import _core
+
+    for o, size in offsets_cases(3, 200):  # up to 100,003 offsets: many 4096-entry chunks
+        dst = np.empty_like(o)
+        bad = _core.copy_offsets_checked(o, dst, size)
+        assert (None if bad < 0 else bad) == first_bad_offset(o, size)
+
+
 def test_the_numpy_twin_on_injected_faults():
     for o, size in offsets_cases(1, 200):
         if o.size < 2000:

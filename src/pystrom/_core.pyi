@@ -34,6 +34,10 @@ def gather_varbinary(
 ) -> None:
     """Copy the bytes of string rows ``rows`` (int64) into ``dst_data`` at ``dst_offsets`` (int32 prefix sums)."""
 
+def copy_offsets_checked(src: Buffer, dst: Buffer, limit: int) -> int:
+    """Copy int32 offsets ``src`` (n + 1 of them) into ``dst`` and check the copy, without the GIL: the first
+    position that breaks the offsets' rules (``o[0] >= 0``, never decreasing, ``o[n] <= limit``), or -1."""
+
 def plan_runs(offsets: Buffer, sizes: Buffer, max_gap: int, max_bytes: int, run_first: Buffer) -> int:
     """Pieces sorted by file offset (int64) cut into runs of consecutive pieces (gaps of at most ``max_gap``
     bytes, spans of at most ``max_bytes``): their first pieces into ``run_first`` (n + 1 entries, the last

@@ -206,16 +206,18 @@ class Column:
         block = self._live_block()
         if not block.others_may_write:
             return view
-        copy = _offsets.private_copy(block.backend, view)
-        self._check_offsets(copy)
+        copy, bad = _offsets.checked_copy(block.backend, view, self._offsets_limit())
+        self._check_offsets(copy, bad)
         return copy
 
-    def _check_offsets(self, offsets: Any) -> None:
+    def _check_offsets(self, offsets: Any, bad: int | None = -1) -> None:
         """Raise :class:`~pystrom.errors.DataError` naming the row where ``offsets`` (this view's, or a
-        copy of them) would read outside the data buffer (or the child values)."""
+        copy of them) would read outside the data buffer (or the child values); ``bad``: that row when
+        known already (None: none), else -1 (they are checked here)."""
         backend = self._live_block().backend
         limit = self._offsets_limit()
-        bad = _offsets.first_bad(backend, offsets, limit)
+        if bad == -1:
+            bad = _offsets.first_bad(backend, offsets, limit)
         if bad is None:
             return
         base = max(bad - 1, 0)

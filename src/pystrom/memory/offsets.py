@@ -4,9 +4,8 @@ A string column's offsets say which bytes of its data buffer each row takes, a l
 of its child elements: they steer reads. Offsets ``o[0..n]`` of a view's rows must hold
 ``o[0] >= 0``, ``o[i] <= o[i + 1]`` and ``o[n] <= limit`` (data bytes for strings, child elements
 for lists). :mod:`pystrom.ipc.validate` checks them when a table arrives from another process;
-:func:`private_copy` then :func:`first_bad` is what code that follows them does when the memory may
-still change under it (``Block.others_may_write``): the copy is private, so what was checked is what
-is followed.
+:func:`checked_copy` is what code that follows them uses when the memory may still change under it
+(``Block.others_may_write``): the copy is private, so what was checked is what is followed.
 
 On a GPU one kernel launch per column folds the first failing position into one result array,
 read back with a single copy; the CPU twin is vectorised NumPy (:func:`first_bad_offset`), and the
@@ -19,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["first_bad_offset", "first_bad_offsets_gpu", "first_bad", "private_copy", "describe"]
+from .. import _core
+
+__all__ = ["first_bad_offset", "first_bad_offsets_gpu", "first_bad", "checked_copy", "describe"]
 
 _NONE = np.uint64(np.iinfo(np.uint64).max)
 
@@ -69,12 +70,17 @@ def first_bad_offsets_gpu(backend: Any, columns: list[tuple[Any, int]]) -> list[
     return [None if v == _NONE else int(v) for v in host]
 
 
-def private_copy(backend: Any, offsets: Any) -> Any:
-    """A copy of ``offsets`` on their device that no other process can write."""
+def checked_copy(backend: Any, offsets: Any, limit: int) -> tuple[Any, int | None]:
+    """A copy of ``offsets`` on their device that no other process can write, and the first position of
+    the copy that breaks the rules (None: safe to follow). On the CPU one pass (the C++ core copies and
+    checks in cache-sized chunks); on a GPU a device copy, one kernel launch and one 8-byte copy back."""
     if backend.kind == "cpu":
-        return np.array(offsets, dtype=np.int32, copy=True)
+        copy = np.empty(offsets.shape, dtype=np.int32)
+        bad = _core.copy_offsets_checked(np.ascontiguousarray(offsets), copy, limit)
+        return copy, None if bad < 0 else int(bad)
     with backend.activate():
-        return offsets.copy()
+        copy = offsets.copy()
+    return copy, first_bad_offsets_gpu(backend, [(copy, limit)])[0]
 
 
 def first_bad(backend: Any, offsets: Any, limit: int) -> int | None:
