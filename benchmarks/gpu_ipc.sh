@@ -13,8 +13,8 @@ print("gpus", cupy.cuda.runtime.getDeviceCount(), "uuid", device_uuid(0).hex(),
 print("VMM POSIX-fd allocations:", vmm_probe(0) or "work")
 PY
 echo "== gpu tests (ipc, store)"
-timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -s tests/test_ipc.py tests/test_store.py \
-  tests/test_ipc_validate.py tests/test_ipc_hostile.py \
+timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE -s tests/test_ipc.py tests/test_store.py \
+  tests/test_ipc_validate.py tests/test_ipc_hostile.py tests/test_ipc_after_import.py tests/test_store_crash.py \
   > "$out/ipc-tests.log" 2>&1
 grep -E "gives|^FAILED|^ERROR|passed|failed" "$out/ipc-tests.log" | tail -25
 grep -E "^E  " "$out/ipc-tests.log" | head -30
