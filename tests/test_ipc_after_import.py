@@ -141,6 +141,10 @@ for name, step in steps.items():
 STRING_STEPS = """
     "where on strings": lambda: v.filter("s = 'bb'").to_arrow(),
     "like": lambda: v.filter("s like 'c%'").to_arrow(),
+    "sort": lambda: v.sort("s").to_arrow(),
+    "unique": lambda: v.unique("s").to_arrow(),
+    "fill_null": lambda: v.fill_null("x").to_arrow(),
+    "drop_nulls": lambda: v.drop_nulls().to_arrow(),
 """
 
 
@@ -170,11 +174,15 @@ def test_offsets_written_after_the_import_give_data_error_never_a_signal(row, va
     t = pystrom.Table.from_arrow(pa.table({"s": ["a", "bb", "ccc", None] * 250, "k": range(1000)}), device="cpu")
     lines = _scribbled(t, "s", row, value, STRING_STEPS)
     results = [line for line in lines if " -> " in line]
-    assert len(results) == 10, lines  # every step reported (none died)
+    assert len(results) == 14, lines  # every step reported (none died)
+    # Steps that never follow the broken offsets may run: repr shows the first rows; when only the last
+    # offset is broken, its row (999) is NULL and odd, so the even rows and the non-NULL ones are intact.
+    may_run = {"repr"} if row >= pystrom.defaults.repr_rows else set()
+    if row == 1000:
+        may_run |= {"filter by mask", "drop_nulls", "fill_null"}
     for line in results:
         step, outcome = line.split(" -> ", 1)
-        if (step == "repr" and row >= pystrom.defaults.repr_rows) or (step == "filter by mask" and row == 1000):
-            assert outcome == "ran", line  # the rows shown (the first) or gathered (the even) are intact
+        if step in may_run and outcome == "ran":
             continue
         assert outcome.startswith("DataError column 's': its string offsets"), line
         first = 5 if step == "slice then copy" and row >= 5 else 0  # rows are counted in the view: slice(5)'s
