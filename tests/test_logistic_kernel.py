@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pystrom.ml._narrow import vector_loads
-from pystrom.ml._pass import MAX_KERNEL_FEATURES, layout_size, xp_pass
+from pystrom.ml._pass import MAX_KERNEL_FEATURES, PassTotals, layout_size, xp_pass
 
 SHIM = r"""
 #include <cmath>
@@ -233,3 +233,18 @@ def test_newton_step_is_the_solvers(emulated, penalised):
             skipped, after, done = drive(emulated, X, y, None, (1.0, 1.0), w, 2, wsrc=bad_next, mask=mask, nfree=nf)
             assert np.isnan(skipped[:m]).all() and done == 0, "a speculative pass after a failed step does nothing"
             assert skipped[m + 18] == 0.0 and after[9] == 0.0, "...and neither does the step after it"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_keeps_the_residuals_of_saturated_rows(emulated, dtype):
+    """Rows fitted with probability within e^-20 of their class: y - mu from the smaller probability,
+    to float32's relative rounding (before: 1 - 1/(1 + e), 0 for float32 from a margin of ~17)."""
+    from test_logistic_separation import _saturated, assert_saturated_gradient
+
+    for k in (1, 4, 8):
+        X, y, w = _saturated(dtype, k, k)
+        sw = np.random.default_rng(k).random(len(y)) * 2
+        out, _, _ = drive(emulated, X, y, sw, (1.0, 1.0), w, 3)
+        t = PassTotals.unpack(out[: layout_size(k)], k)
+        assert t.saturated_rows == len(y)
+        assert_saturated_gradient(t.gradient, X, y, sw, w, f"k={k} {dtype.__name__}")

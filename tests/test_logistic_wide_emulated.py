@@ -172,3 +172,21 @@ def test_gram_sum_finish_system_and_next(emulated):
             step[a] = sol
         assert np.array_equal(tail[:p], step) and np.array_equal(tail[p : 2 * p], w + step)
         assert np.array_equal(wnext, w + step) and tail[2 * p] == (1.0 if ok else 0.0)
+
+
+@pytest.mark.parametrize("t", sorted(_TYPES))
+def test_fused_kernel_keeps_the_residuals_of_saturated_rows(emulated, t):
+    """Rows fitted with probability within e^-20 of their class: the residuals to float32's relative
+    rounding (before: 1 - 1/(1 + e), 0 for float32 from a margin of ~17)."""
+    from test_logistic_separation import _saturated, assert_saturated_gradient
+
+    name = f"logit_wide_fused_{t}_z64_f1_r{_wide._ROWS_PER_WARP}_t256"
+    k, grid = 20, 3
+    X, y, w = _saturated(_TYPES[t], k, 5)
+    sw = np.random.default_rng(5).random(len(y)) * 2
+    acc = np.zeros((grid, 2 * k + TOTALS))
+    _run(emulated, name, grid, X, y, sw, (1.0, 1.0), w, np.zeros(X.shape, np.float64), acc, 0)
+    sums = acc.sum(axis=0)
+    assert sums[2 * k + 4] == len(y)  # every row saturated
+    got = np.append(sums[:k], sums[2 * k + 6])  # x resid, then sum resid (the intercept's)
+    assert_saturated_gradient(got, X, y, sw, w, name)

@@ -317,9 +317,12 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
       if (s == 0.0) continue;
       double e, inv, l1p;  // one exp gives mu, mu (1 - mu) and log(1 + e^eta), stably
       RowMath<T>::eval(eta, e, inv, l1p);
-      const double mu = eta >= 0.0 ? inv : e * inv;
       const double rw = s * e * inv * inv;
-      const double resid = s * ((double)yi - mu);
+      // y - mu is +-(the probability of the class not observed), taken from e * inv where that is the
+      // smaller one: 1 - inv would round it away (in float32 from a margin of ~17 on, which left the
+      // separation diagnosis of float32 fits blind: issue 39)
+      const double miss = (yi != 0) != (eta >= 0.0) ? inv : e * inv;
+      const double resid = yi ? s * miss : -s * miss;
       int t = 0;
 #pragma unroll
       for (int a = 0; a < P; ++a) {

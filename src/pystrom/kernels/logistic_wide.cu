@@ -105,9 +105,10 @@ __device__ __forceinline__ void wide_fused(const T* __restrict__ X, long long n,
       }
       double e, inv, l1p;
       WideMath<T>::eval(eta, e, inv, l1p);
-      const double mu = eta >= 0 ? inv : e * inv;
       const double rw = s * e * inv * inv;
-      const double res = s * (yv - mu);
+      // y - mu from the probability of the class not observed (logistic.cu says why)
+      const double miss = (yv != 0.0) != (eta >= 0) ? inv : e * inv;
+      const double res = yv != 0.0 ? s * miss : -s * miss;
       ll += s * (yv * eta - (fmax(eta, 0.0) + l1p));
       ssum += s;
       sy += s * yv;
@@ -280,9 +281,10 @@ __device__ __forceinline__ void wide_fused_vec(const T* __restrict__ X, long lon
       }
       double e, inv, l1p;
       WideMath<T>::eval(eta, e, inv, l1p);
-      const double mu = eta >= 0 ? inv : e * inv;
       const double rw = s * e * inv * inv;
-      const double res = s * (yv - mu);
+      // y - mu from the probability of the class not observed (logistic.cu says why)
+      const double miss = (yv != 0.0) != (eta >= 0) ? inv : e * inv;
+      const double res = yv != 0.0 ? s * miss : -s * miss;
       ll += s * (yv * eta - (fmax(eta, 0.0) + l1p));
       ssum += s;
       sy += s * yv;

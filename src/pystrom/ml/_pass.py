@@ -138,9 +138,13 @@ def xp_pass(
             Xr = np.where(finite[:, None], Xr, 0).astype(Xr.dtype, copy=False)
         live = s != 0
         e, inv, l1p = _row_math(xp, eta, X.dtype == np.float32)
-        mu = xp.where(eta >= 0, inv, e * inv)
         r = s * e * inv * inv
-        resid = s * (yc - mu)
+        # y - mu as +-(the probability of the class not observed), the smaller one from e * inv: 1 - inv
+        # would round it away (float32 from a margin of ~17, float64 of ~37), and with it the gradient
+        # of the rows the separation diagnosis follows (as the kernels do)
+        observed = yc > 0
+        miss = xp.where(observed != (eta >= 0), inv, e * inv)
+        resid = xp.where(observed, s * miss, -(s * miss))
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked on the totals (_sources.py)
             H[:k, :k] += _gram32(xp, Xr, Xc, r, hessian == "tf32") if single else _weighted_gram(xp, Xc, r)
         # Both matrix-vector products in one read of the chunk (CuPy's axis-0 sum of X r was 20x slower)
