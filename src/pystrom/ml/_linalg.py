@@ -5,43 +5,63 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ALIAS_TOL", "find_aliased", "newton_solve", "cholesky_solve"]
+__all__ = ["ALIAS_RANK", "ALIAS_RESIDUAL", "find_aliased", "newton_solve", "cholesky_solve"]
 
-# A column is aliased when the part of it not explained by the columns before it has a squared norm
-# below this fraction of its own (R's glm: QR with tolerance 1e-7 on the column norms; squared here,
-# since X^T A X is a Gram matrix).
-ALIAS_TOL = 1e-14
+# Aliasing is decided from X^T A X, a Gram matrix, not from X (a pass returns sums only), and its rounding
+# is what the tolerances must clear. Scaled to a unit diagonal S, its eigenvalues are exact to about
+# p * eps * lambda_max whatever its condition (measured: at most 2.5e-15 of the largest, 300 rank-deficient
+# matrices of 4 to 512 columns, some scaled by 1e+-3), while a Cholesky pivot that should be 0 comes out as
+# up to p * eps * cond (measured: 1.7e-12 at 4 columns, 1e-9 at 256): the old rule, a pivot below 1e-14 of
+# its diagonal (R's QR tolerance squared), sat inside that rounding, so rows repeated or given as weights,
+# or summed in another order, could alias different columns (issue 39). So: S's numerical rank from its
+# eigenvalues (those below ALIAS_RANK of the largest are rounding), then R's rule in R's order on a square
+# root of S at that rank (the eigenvectors scaled: B^T B = S, rank r): a column is aliased when the part of
+# it that the kept columns before it leave unexplained has a norm below ALIAS_RESIDUAL of its own (R's glm:
+# QR with tolerance 1e-7). A kept direction has an eigenvalue of at least ALIAS_RANK, so a kept column's
+# unexplained part is at least sqrt(1e-13) = 3.2e-7 of its norm, while a dependent one's is rounding
+# (~1e-11): the two rules agree, with margins on both sides.
+ALIAS_RANK = 1e-13
+ALIAS_RESIDUAL = 1e-7
+# Where every Cholesky pivot of S is above this, no column is aliased (Cholesky's rounding stayed below
+# 1e-9 in the measurements above) and LAPACK's factorisation decides at once (a 1025-parameter fit: ~15 ms
+# instead of an eigendecomposition's ~120 ms); columns nearer collinear than that go the exact way.
+ALIAS_CLEAR = 1e-6
 
 
-def find_aliased(H: np.ndarray, order: list[int], tol: float = ALIAS_TOL) -> list[int]:
-    """Parameters whose column of the (Gram) matrix ``H`` depends linearly on those before it in ``order``.
-
-    A Cholesky factorisation in that order that skips such a column (its pivot, the squared norm of
-    what the kept columns before it leave unexplained, is at most ``tol`` times its diagonal entry).
-    """
+def find_aliased(H: np.ndarray, order: list[int]) -> list[int]:
+    """Parameters whose column of the (Gram) matrix ``H`` depends linearly on those before it in ``order``,
+    by the rules above; a column with a zero diagonal (all zero where rows weigh) is aliased outright."""
     A = H[np.ix_(order, order)]
-    p = len(order)
-    # Where no column is aliased the loop below is a plain Cholesky factorisation, whose pivots L_jj^2
-    # are its v[0]s: LAPACK's says so at once (a 1025-parameter fit: ~15 ms instead of ~200 ms of the
-    # loop's copies); the loop decides the rest (up to rounding the same pivots, as LAPACK sums in
-    # another order)
     d = np.diag(A)
-    if p and np.isfinite(A).all() and (d > 0).all():
+    alive = np.isfinite(d) & (d > 0)  # (the sources refuse non-finite sums before any solver sees them)
+    live = np.flatnonzero(alive)
+    aliased = [order[j] for j in np.flatnonzero(~alive)]
+    if len(live) == 0:
+        return aliased
+    root = 1.0 / np.sqrt(d[live])
+    S = A[np.ix_(live, live)] * root[:, None] * root[None, :]
+    if not aliased:
         try:
-            pivots = np.diag(np.linalg.cholesky(A)) ** 2
+            if (np.diag(np.linalg.cholesky(S)) ** 2 > ALIAS_CLEAR).all():
+                return []
         except np.linalg.LinAlgError:
-            pivots = None
-        if pivots is not None and (pivots > 4 * tol * d).all():
-            return []
-    L = np.zeros((p, p))
-    keep = np.zeros(p, dtype=bool)
-    for j in range(p):
-        kept = np.flatnonzero(keep[:j])
-        v = A[j:, j] - L[j:, kept] @ L[j, kept]
-        if A[j, j] > 0 and v[0] > tol * A[j, j]:
-            L[j:, j] = v / np.sqrt(v[0])
-            keep[j] = True
-    return [order[j] for j in range(p) if not keep[j]]
+            pass
+    lam, V = np.linalg.eigh(S)
+    rank = lam > lam.max() * ALIAS_RANK
+    B = np.sqrt(lam[rank])[:, None] * V[:, rank].T  # r x m, B^T B = S but for the directions dropped
+    basis = np.zeros((B.shape[0], B.shape[0]))
+    kept = 0
+    for j in range(B.shape[1]):
+        v = B[:, j].copy()
+        for _ in range(2):  # twice: Gram-Schmidt orthogonal to rounding (once loses cond * eps)
+            v -= basis[:, :kept] @ (basis[:, :kept].T @ v)
+        rest = float(np.linalg.norm(v))
+        if rest > ALIAS_RESIDUAL and kept < B.shape[0]:  # S's diagonal is 1: the norm is relative
+            basis[:, kept] = v / rest
+            kept += 1
+        else:
+            aliased.append(order[int(live[j])])
+    return aliased
 
 
 def newton_solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:
