@@ -242,14 +242,16 @@ def test_row_loops_launch_through_cupy_as_numba_would(nullable):
     nulls = (nullable, False)
     f8 = np.dtype("f8")
     kernel = _row.compiled_loop(near, (f8, f8), nulls, np.dtype(bool), "cuda:0")
-    arrays = 2 + int(nullable) + 1 + int(nullable)  # values, flags, out, ok
+    arrays = 2 + int(nullable) + 1 + int(nullable) + 1  # values, flags, out, ok, done
     assert _cuda.cupy_function(kernel, 0, 7 * arrays + 1) is not None  # the fast path is taken
     fast = _row.run_cuda(near, [x, y], valid, np.dtype(bool), 0, cupy)
     out = cupy.empty(n, dtype=bool)
     ok = cupy.empty(n, dtype=bool)
-    args = [x, y] + [v for v in valid if v is not None] + [out] + ([ok] if nullable else [])
+    done = cupy.zeros(n, dtype=np.uint8)
+    args = [x, y] + [v for v in valid if v is not None] + [out] + ([ok] if nullable else []) + [done]
     kernel[(n + 255) // 256, 256](*[_cuda.device_array(a) for a in args], np.int64(n))  # numba's launch
     cupy.cuda.Device().synchronize()
+    assert bool(done.all())  # every row marked finished
     assert bool((fast[0] == out).all()) if not nullable else bool((fast[0][ok] == out[ok]).all())
     if nullable:
         assert bool((fast[1] == ok).all())
@@ -422,8 +424,9 @@ def k(x, d):
 
 x = np.arange(300, dtype=np.int32)
 d = np.zeros(300)
-launch(k.compiled(((x.dtype, 1), (d.dtype, 1)), "cuda:0"), 300, [x, d], np)
-assert np.array_equal(d, x + 0.5)
+done = np.zeros(512, dtype=np.uint8)  # a byte per thread launched, set by each that finished
+launch(k.compiled(((x.dtype, 1), (d.dtype, 1)), "cuda:0"), 300, [x, d, done], np)
+assert np.array_equal(d, x + 0.5) and done.all()
 print("OK")
 """
 

@@ -28,6 +28,7 @@ from .errors import (
     PerformanceWarning,
     PostgresError,
     SchemaMismatchError,
+    StaleGlobalWarning,
     StoreError,
     StorePermissionError,
     StoreQuotaError,
@@ -35,6 +36,8 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
     UnsupportedTypeError,
+    UserFunctionError,
+    UserFunctionIndexError,
 )
 from .table import Table
 
@@ -75,6 +78,9 @@ __all__ = [
     "PostgresError",
     "SchemaMismatchError",
     "UnsupportedTypeError",
+    "UserFunctionError",
+    "UserFunctionIndexError",
+    "StaleGlobalWarning",
     "Store",
     "ipc_import",
     "serve",

@@ -36,6 +36,9 @@ __all__ = [
     "ExpressionError",
     "ClusterError",
     "CollectiveTimeoutError",
+    "UserFunctionError",
+    "UserFunctionIndexError",
+    "StaleGlobalWarning",
 ]
 
 
@@ -181,3 +184,36 @@ class ExpressionError(Error, ValueError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+# -- user functions (pystrom.udf, pystrom.kernel, pystrom.reduce) ---------------------------------
+
+
+class UserFunctionError(Error, RuntimeError):
+    """A user function (``@pystrom.udf``, ``@pystrom.kernel``, ``pystrom.reduce``'s row function) failed
+    while it ran: it raised, or (on a GPU) stopped without finishing a row.
+
+    ``function`` names it, ``row`` is the first row that failed (of the table, or of the batch the
+    message names; None where the device cannot say), ``device`` where it ran; ``__cause__`` is the
+    function's own exception where one could be had (on a GPU: raised again by the CPU twin from the
+    row's values).
+    """
+
+    def __init__(self, message: str, function: str | None = None, row: int | None = None, device: str | None = None):
+        super().__init__(message, function, row, device)
+        self.function = function
+        self.row = row
+        self.device = device
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UserFunctionIndexError(UserFunctionError, IndexError):
+    """A user function indexed an array out of its bounds (the CPU twin of a kernel, and row and
+    reduce functions on the CPU, check every index)."""
+
+
+class StaleGlobalWarning(UserWarning):
+    """A global that a compiled user function reads has changed since it was compiled: numba froze the
+    value at compilation, so the function still uses the old one."""

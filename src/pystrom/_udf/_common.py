@@ -4,14 +4,41 @@ from __future__ import annotations
 
 import collections
 import re
+import types
+import warnings
 from typing import Any
 
 import numpy as np
 
-from ..errors import ColumnNotFoundError, UnsupportedTypeError
+from ..errors import (
+    ColumnNotFoundError,
+    StaleGlobalWarning,
+    UnsupportedTypeError,
+    UserFunctionError,
+    UserFunctionIndexError,
+)
 from ..table import Table
 
-__all__ = ["COMPILATIONS", "numba_modules", "column_arrays", "SUPPORTED_DTYPES", "MissingNumbaError", "first_line"]
+__all__ = [
+    "COMPILATIONS",
+    "CPU_OPTIONS",
+    "numba_modules",
+    "column_arrays",
+    "SUPPORTED_DTYPES",
+    "MissingNumbaError",
+    "first_line",
+    "failure",
+    "global_snapshot",
+    "warn_stale_globals",
+]
+
+# numba options for user code compiled for the CPU. error_model="numpy": division by zero gives inf or
+# NaN for floats and 0 for integers, as NumPy's arrays do and as numba-cuda's kernels always do (its
+# "python" model, which raises ZeroDivisionError, exists only with debug=True), so the CPU and the GPU
+# give the same values. boundscheck: an index out of an array's bounds raises IndexError instead of
+# reading or writing past it (a kernel's CPU twin writing d[i + 100] over 100 rows ended the process
+# with SIGSEGV or SIGABRT, or corrupted memory, before; issue 39).
+CPU_OPTIONS = {"error_model": "numpy", "boundscheck": True}
 
 # One count per compiled loop or kernel, keyed by "cpu" / "cuda": a second call on the same types
 # must not add to it (tests check this; timing would be noisy).
@@ -89,3 +116,92 @@ def first_line(exc: BaseException) -> str:
     """The first line of a numba error, without its terminal colour codes."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def failure(
+    what: str, function: str, row: int | None, device: str, exc: BaseException | None, detail: str = "", of: str = ""
+) -> UserFunctionError:
+    """The error for user function ``function`` (``what``: as the message names it, with its columns)
+    that failed at ``row`` (None: unknown) on ``device``, raised by ``exc`` (its own exception, or None
+    where the device gave none); ``detail``: the row's values, how the exception was had; ``of``: the
+    batch or partition the row is counted in."""
+    at = f" at row {row:,}{f' of {of}' if of else ''}" if row is not None else (f" in {of}" if of else "")
+    raised = " failed"
+    if exc is not None:
+        raised = f" raised {type(exc).__name__}" + (f": {first_line(exc)}" if str(exc).strip() else "")
+    message = f"{what}{raised}{at}{f' ({detail})' if detail else ''} on {device}"
+    kind = UserFunctionIndexError if isinstance(exc, IndexError) else UserFunctionError
+    err = kind(message, function, row, device)
+    err.__cause__ = exc
+    return err
+
+
+_FROZEN_SCALARS = (bool, int, float, complex, str, bytes, type(None), np.generic)
+_MAX_SNAPSHOT = 1 << 16  # elements of a global array compared at each call (larger ones: by identity)
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # nested functions and comprehensions
+            names |= _global_names(const)
+    return names
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, _FROZEN_SCALARS) or (
+        isinstance(value, tuple) and all(isinstance(v, _FROZEN_SCALARS) for v in value)
+    ):
+        return ("value", value)
+    if isinstance(value, np.ndarray):
+        return ("array", value.copy()) if value.size <= _MAX_SNAPSHOT else ("id", id(value), value.shape, value.dtype)
+    return None  # modules, functions, numba dispatchers: not values numba freezes
+
+
+def global_snapshot(func: Any) -> dict[str, Any]:
+    """The globals ``func`` reads that numba freezes at compilation (numbers, strings, tuples of them,
+    NumPy arrays), as they are now."""
+    func = getattr(func, "py_func", func)
+    code, scope = getattr(func, "__code__", None), getattr(func, "__globals__", {})
+    if code is None:
+        return {}
+    out = {}
+    for name in sorted(_global_names(code)):
+        if name in scope:
+            frozen = _freeze(scope[name])
+            if frozen is not None:
+                out[name] = frozen
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None or a[0] != b[0]:
+        return a is b
+    if a[0] == "array":
+        return (
+            a[1].shape == b[1].shape and a[1].dtype == b[1].dtype and bool(np.array_equal(a[1], b[1], equal_nan=True))
+        )
+    if a[0] == "value":
+        try:
+            return type(a[1]) is type(b[1]) and bool(a[1] == b[1] or (a[1] != a[1] and b[1] != b[1]))
+        except Exception:
+            return False
+    return a == b
+
+
+def warn_stale_globals(what: str, func: Any, snapshot: dict[str, Any]) -> None:
+    """Warn (:class:`~pystrom.errors.StaleGlobalWarning`) for each global of ``snapshot`` that changed
+    since: numba compiled the old value into the function, which keeps using it."""
+    if not snapshot:
+        return
+    now = global_snapshot(func)
+    for name, then in snapshot.items():
+        if not _same(then, now.get(name)):
+            old = then[1] if then[0] == "value" else "the array it held then"
+            warnings.warn(
+                f"{what}: global {name!r} changed since the function was compiled; numba froze its value at "
+                f"compilation ({old!r}), which the function still uses. Pass the value as a column or an array "
+                "argument, or define the function again to compile the new value in",
+                StaleGlobalWarning,
+                stacklevel=4,
+            )

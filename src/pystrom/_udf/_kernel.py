@@ -11,6 +11,15 @@ the function has ``cuda.grid(1)`` replaced by the row index and ``cuda.gridsize(
 count, and a generated loop calls it once per row. numba's CUDA simulator runs the same body too,
 but about a thousand times slower (a Python thread per CUDA thread), so it serves tests only. Other
 ``cuda.*`` features (shared memory, atomics, synchronisation) have no CPU twin and are refused there.
+
+Errors: the CPU twin checks every index (numba's ``boundscheck``) and divides as NumPy does (inf/NaN,
+0 for integers; :data:`~pystrom._udf._common.CPU_OPTIONS`); where it raises, a second loop finds the
+first row that raises and the kernel's error names it (:class:`~pystrom.errors.UserFunctionIndexError`
+for an index out of bounds). On a GPU the kernel runs as a device function inside a generated kernel
+that marks each thread that returned from it in a byte array: numba-cuda kernels carry no exceptions
+(a thread that raises just stops), so one reduction of those bytes tells whether every thread
+finished, and the CPU twin, where the kernel has one, finds the row and its exception from host
+copies of the inputs. Writes out of bounds are not checked on a GPU.
 """
 
 from __future__ import annotations
@@ -25,11 +34,21 @@ import numpy as np
 
 from ..errors import Error, ExpressionError, UnsupportedTypeError
 from ..table import Table
-from ._common import COMPILATIONS, SUPPORTED_DTYPES, column_arrays, first_line, numba_modules
+from ._common import (
+    COMPILATIONS,
+    CPU_OPTIONS,
+    SUPPORTED_DTYPES,
+    column_arrays,
+    failure,
+    first_line,
+    global_snapshot,
+    numba_modules,
+    warn_stale_globals,
+)
 
 __all__ = ["kernel", "Kernel", "cpu_body_source"]
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # compiled() builds the CPU twin's body through _body()
 _ROW_NAMES = {"grid": "__pystrom_row", "gridsize": "__pystrom_rows"}
 
 
@@ -67,7 +86,10 @@ class Kernel:
             if name not in self.params:
                 raise ExpressionError(f"kernel {self.name}: output {name!r} is not one of its parameters {self.params}")
             self.outputs[name] = dtype
-        self._compiled: dict[tuple, Any] = {}
+        self._compiled: dict[tuple, Any] = {}  # (types, device) -> the loop or GPU kernel
+        self._bodies: dict[tuple, Any] = {}  # types -> the CPU twin's body (njit), for the errors
+        self._probes: dict[tuple, Any] = {}
+        self._frozen: dict[tuple, dict] = {}  # (types, device) -> the globals the compilation froze
 
     def __repr__(self) -> str:
         return f"<pystrom.kernel {self.name} outputs={ {k: str(v) for k, v in self.outputs.items()} }>"
@@ -109,16 +131,89 @@ class Kernel:
                 bound[p] = backend.from_host(np.ascontiguousarray(host)) if backend.kind != "cpu" else host
             args = [xp.ascontiguousarray(bound[p]) for p in self.params]
             device = "cpu" if backend.kind == "cpu" else f"cuda:{backend.ordinal}"
-            fn = self.compiled(tuple((np.dtype(a.dtype), a.ndim) for a in args), device)
+            types = tuple((np.dtype(a.dtype), a.ndim) for a in args)
+            fn = self.compiled(types, device)
             if device == "cpu":
-                fn(*args, np.int64(n))
+                try:
+                    fn(*args, np.int64(n))
+                except Error:
+                    raise
+                except Exception as exc:
+                    err = self._failure(types, [np.array(a) for a in args], n, device, exc)
+                    raise err from err.__cause__
             else:
-                from ._cuda import launch
-
-                launch(fn, n, args, xp, backend.ordinal)
+                self._run_cuda(fn, types, args, n, xp, backend.ordinal)
         from .._compute import with_arrays  # up: the table is built where with_columns builds tables
 
         return with_arrays(table, {name: (arr, None) for name, arr in outs.items()})
+
+    def _run_cuda(self, fn: Any, types: tuple, args: list, n: int, xp: Any, ordinal: int) -> None:
+        from ._cuda import THREADS, launch
+
+        device = f"cuda:{ordinal}"
+        done = xp.zeros(-(-n // THREADS) * THREADS, dtype=np.uint8)  # a byte per thread launched
+        try:
+            launch(fn, n, [*args, done], xp, ordinal)
+        except Error:
+            raise
+        except Exception as exc:  # numba's CUDA simulator runs the kernel in Python: its exception comes here
+            host = [np.array(a.get() if xp is not np else a) for a in args]
+            err = self._failure(types, host, n, device, exc)
+            raise err from err.__cause__
+        if n and not bool(done.all()):  # one reduction and a wait: a thread that stopped left its byte 0
+            host = [np.array(a.get() if xp is not np else a) for a in args]
+            err = self._failure(types, host, n, device, None, int(xp.argmin(done)))
+            raise err from err.__cause__
+
+    def _failure(
+        self, types: tuple, args: list, n: int, device: str, exc: BaseException | None, thread: int | None = None
+    ) -> Error:
+        """The error for a run that raised ``exc`` (or whose GPU thread ``thread`` did not finish): the
+        first row whose body raises in the CPU twin (on host copies ``args``), and the body's own
+        exception raised again there; without a CPU twin, the first thread that stopped."""
+        what = f"kernel {self.name}"
+        try:
+            body = self._body(types)
+        except Error:  # no CPU twin (shared memory, atomics...): the GPU's word only
+            where = f"thread {thread:,} is the first that did not finish" if thread is not None else ""
+            return failure(what, self.name, None, device, exc, where)
+        numba = numba_modules()
+        with _LOCK:
+            probe = self._probes.get(types)
+            if probe is None:
+                params = ", ".join(self.params)
+                source = (  # names a parameter cannot have (the loop's, too)
+                    f"def probe({params}, __n):\n    for __r in range(__n):\n        try:\n"
+                    f"            __body(__r, __n, {params})\n        except Exception:\n            return __r\n"
+                    "    return -1\n"
+                )
+                scope = {"__body": body}
+                exec(compile(source, f"<pystrom kernel probe {self.name}>", "exec"), scope)  # generated here
+                probe = self._probes[types] = numba.njit(scope["probe"])
+        row = int(probe(*args, np.int64(n)))
+        if row < 0:
+            detail = "the CPU twin runs every row without an error" if device != "cpu" else ""
+            if thread is not None:
+                detail += f"; thread {thread:,} is the first that did not finish"
+            return failure(what, self.name, None, device, exc, detail)
+        cause = exc
+        try:
+            body(np.int64(row), np.int64(n), *args)
+        except Exception as again:  # the body's own exception, from this row
+            cause = again
+        detail = "the GPU gives no exception: the CPU twin raised it" if device != "cpu" else ""
+        return failure(what, self.name, row, device, cause, detail)
+
+    def _body(self, types: tuple) -> Any:
+        """The CPU twin's body for these parameter types: the kernel as a function of the row, njit."""
+        with _LOCK:
+            body = self._bodies.get(types)
+            if body is None:
+                numba = numba_modules()
+                scope = dict(self.func.__globals__)
+                exec(compile(cpu_body_source(self.func), f"<pystrom kernel {self.name}>", "exec"), scope)
+                body = self._bodies[types] = numba.njit(**CPU_OPTIONS)(scope[self.name])
+            return body
 
     def compiled(self, dtypes: tuple[tuple[np.dtype, int], ...], device: str) -> Any:
         """The kernel (a GPU) or its CPU twin's loop for these parameter (dtype, ndim)s, compiled once."""
@@ -126,18 +221,15 @@ class Kernel:
         with _LOCK:
             hit = self._compiled.get(key)
             if hit is not None:
+                warn_stale_globals(f"kernel {self.name}", self.func, self._frozen[key])
                 return hit
             numba = numba_modules()
             arrays = [numba.types.Array(numba.from_dtype(d), ndim, "C") for d, ndim in dtypes]
             try:
                 if device == "cpu":
-                    fn = self._cpu_loop(numba, arrays)
+                    fn = self._cpu_loop(numba, arrays, dtypes)
                 else:
-                    from ._cuda import on_device
-
-                    _, cuda = numba_modules(cuda=True)
-                    with on_device(cuda, int(device.split(":")[1])):
-                        fn = cuda.jit(numba.types.void(*arrays))(self.func)
+                    fn = self._gpu_kernel(numba, arrays, int(device.split(":")[1]))
             except Error:  # pystrom's own (no CPU twin, no source): already names the kernel
                 raise
             except Exception as exc:
@@ -150,15 +242,27 @@ class Kernel:
                 ) from None
             COMPILATIONS["cuda" if device != "cpu" else "cpu"] += 1
             self._compiled[key] = fn
+            self._frozen[key] = global_snapshot(self.func)
             return fn
 
-    def _cpu_loop(self, numba: Any, arrays: list) -> Any:
-        scope = dict(self.func.__globals__)
-        exec(compile(cpu_body_source(self.func), f"<pystrom kernel {self.name}>", "exec"), scope)
-        body = numba.njit(scope[self.name])
+    def _gpu_kernel(self, numba: Any, arrays: list, ordinal: int) -> Any:
+        """The kernel as a device function called by a generated kernel that marks each thread that
+        returned from it (``done``, a byte per thread launched)."""
+        from ._cuda import on_device
+
+        _, cuda = numba_modules(cuda=True)
         params = ", ".join(self.params)
-        source = f"def loop({params}, n):\n    for r in prange(n):\n        body(r, n, {params})\n"
-        loop_scope = {"body": body, "prange": numba.prange}
+        source = f"def wrapper({params}, __done):\n    __kernel({params})\n    __done[__cuda.grid(1)] = 1\n"
+        scope = {"__kernel": cuda.jit(device=True)(self.func), "__cuda": cuda}
+        exec(compile(source, f"<pystrom kernel wrapper {self.name}>", "exec"), scope)  # generated here
+        with on_device(cuda, ordinal):
+            return cuda.jit(numba.types.void(*arrays, numba.types.Array(numba.types.uint8, 1, "C")))(scope["wrapper"])
+
+    def _cpu_loop(self, numba: Any, arrays: list, dtypes: tuple) -> Any:
+        body = self._body(dtypes)
+        params = ", ".join(self.params)
+        source = f"def loop({params}, __n):\n    for __r in __prange(__n):\n        __body(__r, __n, {params})\n"
+        loop_scope = {"__body": body, "__prange": numba.prange}  # names a parameter cannot have
         exec(compile(source, f"<pystrom kernel loop {self.name}>", "exec"), loop_scope)  # generated here
         return numba.njit(numba.types.void(*arrays, numba.types.int64))(loop_scope["loop"])
 

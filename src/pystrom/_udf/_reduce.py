@@ -8,6 +8,9 @@ NULL, and ``combine(a, b)`` folds the batches' states in order.
 
 The loop runs on the CPU: a batch on a GPU has its columns copied to the host first (the row
 function updates one shared state, which a GPU would need atomics or a tree of partial states for).
+The row function is compiled with :data:`~pystrom._udf._common.CPU_OPTIONS` (every index checked,
+NumPy's division); where it raises, a second loop from a fresh state finds the first row that raises
+and :class:`~pystrom.errors.UserFunctionError` names it, with the batch or partition.
 """
 
 from __future__ import annotations
@@ -17,13 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExpressionError, UnsupportedTypeError
+from ..errors import Error, ExpressionError, UnsupportedTypeError
 from ..table import Table
-from ._common import COMPILATIONS, column_arrays, first_line, numba_modules
+from ._common import (
+    COMPILATIONS,
+    CPU_OPTIONS,
+    column_arrays,
+    failure,
+    first_line,
+    global_snapshot,
+    numba_modules,
+    warn_stale_globals,
+)
 
 __all__ = ["reduce"]
 
-_LOOPS: dict[tuple, Any] = {}
+_LOOPS: dict[tuple, tuple[Any, Any, Any, dict]] = {}  # (row, nulls) -> loop, probe, compiled row, frozen globals
 _LOCK = threading.Lock()
 
 
@@ -62,7 +74,9 @@ def reduce(source: Any, columns: Any, *, init: Any, row: Any, combine: Any) -> A
     if hasattr(source, "to_delayed") and hasattr(source, "npartitions"):  # pystrom.dask.PartitionedTable
         import dask
 
-        parts = [dask.delayed(_batch)(p, columns, init, row) for p in source.to_delayed()]
+        parts = [
+            dask.delayed(_batch)(p, columns, init, row, f"partition {i}") for i, p in enumerate(source.to_delayed())
+        ]
         states = dask.compute(*parts)
         return _fold(states, init, combine)
     try:
@@ -76,7 +90,7 @@ def reduce(source: Any, columns: Any, *, init: Any, row: Any, combine: Any) -> A
     for i, batch in enumerate(batches):
         if not isinstance(batch, Table):
             raise UnsupportedTypeError(f"reduce: batch {i} of the source is a {type(batch).__name__}, not a Table")
-        s = _batch(batch, columns, init, row)
+        s = _batch(batch, columns, init, row, f"batch {i}")
         state = s if state is None else combine(state, s)
     return init() if state is None else state
 
@@ -88,7 +102,7 @@ def _fold(states: Any, init: Any, combine: Any) -> Any:
     return init() if state is None else state
 
 
-def _batch(table: Table, columns: tuple[str, ...], init: Any, row: Any) -> Any:
+def _batch(table: Table, columns: tuple[str, ...], init: Any, row: Any, where: str = "") -> Any:
     values, valid = column_arrays(table, columns, "reduce")
     backend = table._live().backend
     if backend.kind != "cpu":
@@ -99,29 +113,64 @@ def _batch(table: Table, columns: tuple[str, ...], init: Any, row: Any) -> Any:
     n = table.num_rows
     if n == 0:
         return state
-    loop = _loop(row, tuple(v is not None for v in valid))
+    loop, probe, compiled, frozen = _loop(row, tuple(v is not None for v in valid))
+    name = getattr(row, "__name__", repr(row))
+    warn_stale_globals(f"reduce: row function {name!r}", row, frozen)
     before = len(loop.overloads)
+    arrays = [np.ascontiguousarray(v) for v in values] + [v for v in valid if v is not None]
     try:
-        loop(state, *[np.ascontiguousarray(v) for v in values], *[v for v in valid if v is not None], np.int64(n))
+        loop(state, *arrays, np.int64(n))
+    except Error:
+        raise
     except Exception as exc:
-        if len(loop.overloads) != before or not _is_numba_error(exc):
-            raise
-        described = ", ".join(f"{c} {v.dtype}" for c, v in zip(columns, values))
-        first = first_line(exc)
-        raise UnsupportedTypeError(
-            f"reduce: row function {getattr(row, '__name__', row)!r} does not compile for columns ({described}) "
-            f"and state {type(state).__name__}: {first}"
-        ) from None
+        if len(loop.overloads) == before and _is_numba_error(exc):  # it did not compile
+            described = ", ".join(f"{c} {v.dtype}" for c, v in zip(columns, values))
+            first = first_line(exc)
+            raise UnsupportedTypeError(
+                f"reduce: row function {name!r} does not compile for columns ({described}) "
+                f"and state {type(state).__name__}: {first}"
+            ) from None
+        err = _row_failure(probe, compiled, init, arrays, values, columns, n, name, where, exc)
+        raise err from err.__cause__
     if len(loop.overloads) != before:
         COMPILATIONS["cpu"] += 1
     return state
+
+
+def _row_failure(
+    probe: Any,
+    compiled: Any,
+    init: Any,
+    arrays: list,
+    values: list,
+    columns: tuple,
+    n: int,
+    name: str,
+    where: str,
+    exc: Exception,
+) -> Error:
+    """The first row whose call raises, from a fresh state (the rows before it applied as the loop did),
+    and the row function's own exception raised again there."""
+    state = init()
+    at = int(probe(state, *arrays, np.int64(n)))
+    if at < 0:
+        return failure(f"reduce: row function {name!r}", name, None, "cpu", exc, of=where)
+    cause: BaseException = exc
+    try:
+        compiled(state, *[v[at] for v in values])
+    except Exception as again:  # the function's own exception, from this row and the state before it
+        cause = again
+    shown = ", ".join(f"{c}={np.asarray(v)[at].item()!r}" for c, v in zip(columns, values))
+    return failure(f"reduce: row function {name!r}", name, at, "cpu", cause, shown, of=where)
 
 
 def _is_numba_error(exc: Exception) -> bool:
     return type(exc).__module__.startswith("numba")
 
 
-def _loop(row: Any, nullable: tuple[bool, ...]) -> Any:
+def _loop(row: Any, nullable: tuple[bool, ...]) -> tuple[Any, Any, Any, dict]:
+    """The loop over a batch's rows, the probe that finds the first row that raises, the row function
+    compiled (:data:`CPU_OPTIONS` added to an ``njit`` function's own), and the globals it froze."""
     key = (row, nullable)
     with _LOCK:
         hit = _LOOPS.get(key)
@@ -133,11 +182,17 @@ def _loop(row: Any, nullable: tuple[bool, ...]) -> Any:
         call = f"row(state, {', '.join(f'a{i}[i]' for i in range(k))})"
         cond = " and ".join(f"v{i}[i]" for i in range(k) if nullable[i])
         body = [f"if {cond}:", f"    {call}"] if cond else [call]
-        source = f"def loop(state, {', '.join(params)}, n):\n    for i in range(n):\n" + "".join(
-            f"        {b}\n" for b in body
-        )
-        scope = {"row": row if hasattr(row, "py_func") else numba.njit(row)}
+        head = f"(state, {', '.join(params)}, n):\n    for i in range(n):\n"
+        source = f"def loop{head}" + "".join(f"        {b}\n" for b in body)
+        source += f"def probe{head}        try:\n" + "".join(f"            {b}\n" for b in body)
+        source += "        except Exception:\n            return i\n    return -1\n"
+        if hasattr(row, "py_func"):  # an njit function: its options, with the checks added
+            options = {k: v for k, v in row.targetoptions.items() if k != "nopython"}
+            compiled = numba.njit(**{**options, **CPU_OPTIONS})(row.py_func)
+        else:
+            compiled = numba.njit(**CPU_OPTIONS)(row)
+        scope = {"row": compiled}
         exec(compile(source, "<pystrom reduce loop>", "exec"), scope)  # generated here, no user text
-        loop = numba.njit(scope["loop"])
-        _LOOPS[key] = loop
-        return loop
+        hit = (numba.njit(scope["loop"]), numba.njit(scope["probe"]), compiled, global_snapshot(row))
+        _LOOPS[key] = hit
+        return hit
