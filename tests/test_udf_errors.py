@@ -38,6 +38,13 @@ def picky(x, y):
     return x + y
 
 
+@pystrom.udf(nulls="pass")
+def null_refusing(x, x_ok, y, y_ok):
+    if not y_ok:
+        raise ValueError("y is NULL")
+    return x + y
+
+
 def test_error_classes():
     assert issubclass(UserFunctionError, pystrom.Error) and issubclass(UserFunctionError, RuntimeError)
     assert issubclass(UserFunctionIndexError, UserFunctionError) and issubclass(UserFunctionIndexError, IndexError)
@@ -57,6 +64,10 @@ def test_row_function_exception_names_function_row_and_values(device):
     assert isinstance(err.__cause__, ValueError) and str(err.__cause__) == "y must not be 0"
     with pytest.raises(UserFunctionError, match=r"udf picky\(x, y\) raised ValueError.* at row 2"):
         t.filter("picky(x, y) > 0")  # in a where string too
+    with pytest.raises(UserFunctionError, match=r"raised ValueError: y is NULL at row 1 \(x=2.0, y=NULL\)"):
+        pystrom.Table.from_arrow(pa.table({"x": [1.0, 2.0], "y": [1.0, None]}), device=device).with_columns(
+            r=null_refusing("x", "y")
+        )
     # a NULL row is never called (propagate): no error there
     nulls = pystrom.Table.from_arrow(pa.table({"x": [1.0, 2.0], "y": [1.0, None]}), device=device)
     assert nulls.with_columns(r=picky("x", "y")).column("r").to_arrow().to_pylist() == [2.0, None]

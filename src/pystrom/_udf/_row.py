@@ -355,5 +355,9 @@ def row_failure(
         except Exception as again:  # the function's own exception, from this row's values
             cause = again
         how = "the GPU gives no exception: the CPU raised it from the row's values" if device != "cpu" else ""
-    shown = "" if row is None or not k else ", ".join(f"{c}={values[i][row].item()!r}" for i, c in enumerate(names))
+
+    def show(i: int) -> str:
+        return "NULL" if valid[i] is not None and not valid[i][row] else repr(values[i][row].item())
+
+    shown = "" if row is None or not k else ", ".join(f"{c}={show(i)}" for i, c in enumerate(names))
     return failure(what, u.name, row, device, cause, "; ".join(p for p in (shown, how) if p))
