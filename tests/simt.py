@@ -90,6 +90,8 @@ static inline int min(int a, int b) { return a < b ? a : b; }
 struct float4 { float x, y, z, w; };
 struct double2 { double x, y; };
 struct float2 { float x, y; };
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };  // CUDA's: 16-byte aligned
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
 // atomics: the emulated threads run at once, so these are atomic on the host too

@@ -7,9 +7,18 @@ io/postgres/decode_device.py launches them (one chunk table, the string and list
 the lengths the first kernel wrote, then the string, array and vector copies) into a second block of
 the same layout. The two must hold the same table. CI has no GPU: this is where a change to the
 kernels is first checked; the GPU machine runs the real ones (tests/test_postgres.py and the others).
+
+pgvector columns are also checked without a server, on COPY rows built here (pgvector's send format): vectors
+of many dimensions (odd ones, so that output rows start at every alignment), rows starting at every byte
+alignment in the staged chunks (NULLs and an int2 column between them), NULL vectors, halfvec, several
+chunks; and the copy kernel with a lane's offset wrong, or its head or tail elements left out, must fail
+these tests (the mutation check).
 """
 
 from __future__ import annotations
+
+import concurrent.futures as cf
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +27,7 @@ import simt
 from test_postgres import TYPES_DDL, TYPES_ROWS
 
 import pystrom
+from pystrom import _core
 from pystrom.io.postgres import assemble
 from pystrom.io.postgres.chunks import descriptors
 from pystrom.io.postgres.pump import Kind
@@ -26,7 +36,7 @@ from pystrom.table import Table
 psycopg = pytest.importorskip("psycopg")
 from psycopg import sql  # noqa: E402
 
-pytestmark = [pytest.mark.postgres, pytest.mark.skipif(simt.CXX is None, reason="no C++ compiler")]
+pytestmark = pytest.mark.skipif(simt.CXX is None, reason="no C++ compiler")
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +114,7 @@ def _check(pairs) -> None:
                 assert a.equals(b), name
 
 
+@pytest.mark.postgres
 def test_every_scalar_type(pg, twice):
     name = pg.name("types")
     pg.execute(sql.SQL("CREATE TABLE {} " + TYPES_DDL).format(sql.Identifier(name)))
@@ -112,6 +123,7 @@ def test_every_scalar_type(pg, twice):
     _check(twice)
 
 
+@pytest.mark.postgres
 def test_many_chunks_partitions_nulls_and_arrays(pg, twice):
     name = pg.name("mixed")
     pg.execute(
@@ -140,6 +152,7 @@ NEW_READS = (
 )
 
 
+@pytest.mark.postgres
 def test_time_money_and_bits(pg, monkeypatch, kernels):
     """The types read since issue 38: time (int64), money (int64 -> decimal128), bit/varbit (bytes); the
     emulated decoder's block poisoned, so NULL slots must be written too."""
@@ -156,6 +169,7 @@ DECODE_MUTANTS = [
 ]
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("mutant", DECODE_MUTANTS, ids=["sign", "null"])
 def test_a_planted_bug_in_the_new_kinds_is_caught(pg, monkeypatch, tmp_path, mutant):
     pairs = _decode_twice(monkeypatch, simt.Emulated("pg_decode", tmp_path, mutant), poison=True)
@@ -172,3 +186,146 @@ def _check_poisoned(pairs) -> None:
         for name in cpu.column_names:
             if cpu.column(name).column_type.layout == "bytes":
                 assert np.asarray(cpu.column(name).values).tobytes() == np.asarray(gpu.column(name).values).tobytes()
+
+
+# -- pgvector rows built here: pg_copy_vectors against the C++ decoder ----------------------------------
+
+# Columns of the built rows: an int2 (NULL in some rows, so rows start at every alignment), then vectors.
+_INT2_EVERY = 3  # every third int2 is NULL
+
+
+def _vector_rows(rng, nrows: int, dims: list[int], halves: list[bool]) -> tuple[bytes, list[int]]:
+    """Binary COPY rows (int2, vector/halfvec columns; NULLs here and there) and each row's offset."""
+    buf, offsets = bytearray(), []
+    for i in range(nrows):
+        offsets.append(len(buf))
+        buf += struct.pack(">h", 1 + len(dims))
+        buf += struct.pack(">i", -1) if i % _INT2_EVERY == 0 else struct.pack(">ih", 2, i)
+        for j, (dim, half) in enumerate(zip(dims, halves)):
+            if (i + j) % 5 == 2:
+                buf += struct.pack(">i", -1)
+                continue
+            # values of every bit pattern a float may hold, NaNs and infinities included
+            body = rng.integers(0, 256, dim * (2 if half else 4), dtype=np.uint8).tobytes()
+            buf += struct.pack(">ihh", 4 + len(body), dim, 0) + body
+    return bytes(buf), offsets
+
+
+class _Case:
+    """Rows split into chunks, each staged at its own misalignment in a buffer of its own; the columns'
+    output buffers (the values ``out_shift`` bytes past a 64-byte boundary, as no real table has them,
+    but the kernel must not care) and validity bitmaps."""
+
+    def __init__(self, seed: int, nrows: int, dims: list[int], halves: list[bool], out_shift: int = 0):
+        rng = np.random.default_rng(seed)
+        self.nrows, self.dims, self.halves = nrows, dims, halves
+        raw, offsets = _vector_rows(rng, nrows, dims, halves)
+        bounds = np.unique(np.concatenate([[0, nrows], rng.integers(0, nrows, 3)])).tolist()
+        self.chunks = []  # (bytes array, row offsets, first row)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            start, end = offsets[lo], offsets[hi] if hi < nrows else len(raw)
+            pad = int(rng.integers(0, 16))
+            staged = np.zeros(pad + end - start + 64, dtype=np.uint8)  # 64 spare bytes: a mutant may overread
+            staged[pad : pad + end - start] = np.frombuffer(raw, np.uint8, end - start, start)
+            self.chunks.append((staged[pad:], np.array(offsets[lo:hi], dtype=np.int64) - start, lo))
+        self.out_shift = out_shift
+
+    def outputs(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """Fresh output buffers (values filled with 0xA5, every validity bit set) and the descriptors."""
+        ncols = 1 + len(self.dims)
+        desc = np.zeros((ncols, 8), dtype=np.int64)
+        keep = []
+
+        def buffer(nbytes: int, fill: int, shift: int = 0) -> np.ndarray:
+            raw = np.full(nbytes + 128, fill, dtype=np.uint8)
+            start = (-raw.ctypes.data) % 64 + shift
+            keep.append(raw[start : start + nbytes])
+            return keep[-1]
+
+        desc[0, :3] = [Kind.INT2, buffer(2 * self.nrows, 0xA5).ctypes.data, buffer(self.nrows, 0xFF).ctypes.data]
+        for c, (dim, half) in enumerate(zip(self.dims, self.halves), start=1):
+            width = 2 if half else 4
+            values = buffer(self.nrows * dim * width, 0xA5, self.out_shift * width // 4)
+            desc[c, :3] = [Kind.VECTOR_F2 if half else Kind.VECTOR_F4, values.ctypes.data,
+                           buffer(self.nrows, 0xFF).ctypes.data]  # fmt: skip
+            desc[c, 6] = dim
+        return keep, desc
+
+    def decode_cpu(self) -> list[np.ndarray]:
+        keep, desc = self.outputs()
+        for buf, offs, first in self.chunks:
+            assert _core.pg_decode(buf, offs, len(offs), first, desc.reshape(-1)) == (0, 0, 0)
+        return keep
+
+    def decode_emulated(self, kernels: simt.Emulated) -> list[np.ndarray]:
+        keep, desc = self.outputs()
+        table = np.array([(b.ctypes.data, o.ctypes.data, first) for b, o, first in self.chunks], dtype=np.int64)
+        errors = np.zeros((len(self.chunks), 3), dtype=np.int64)
+        args = (table, np.int32(len(self.chunks)), np.int64(self.nrows), desc.reshape(-1), np.int32(len(desc)))
+        kernels.launch("pg_decode_rows", self.nrows, (*args, errors), max_blocks=1)
+        kernels.launch("pg_copy_vectors", self.nrows * 32, args, max_blocks=2)
+        assert not errors.any(), errors
+        return keep
+
+
+# Dimensions: below one 16-byte piece, whole pieces, pieces and a head and a tail, more pieces than a warp's
+# lanes (so lanes loop), pgvector's usual 768.
+_CASES = [
+    dict(seed=1, nrows=40, dims=[1, 3], halves=[False, True]),
+    dict(seed=2, nrows=37, dims=[4, 8, 5], halves=[False, True, False]),
+    dict(seed=3, nrows=33, dims=[77, 77], halves=[False, True]),
+    dict(seed=4, nrows=21, dims=[130, 261], halves=[True, False]),
+    dict(seed=5, nrows=9, dims=[768], halves=[False]),
+    dict(seed=6, nrows=17, dims=[13, 29], halves=[False, True], out_shift=4),  # output rows 4 bytes past 16
+]
+
+
+@pytest.fixture(scope="module")
+def vector_kernels(tmp_path_factory):
+    return simt.Emulated("pg_decode", tmp_path_factory.mktemp("pg_vectors"))
+
+
+def _differences(kernels: simt.Emulated, case: _Case) -> list[str]:
+    want, got = case.decode_cpu(), case.decode_emulated(kernels)
+    names = ["int2", *(f"{'halfvec' if h else 'vector'}({d})" for d, h in zip(case.dims, case.halves))]
+    return [f"{names[k // 2]} {'values' if k % 2 == 0 else 'validity'}"
+            for k, (a, b) in enumerate(zip(want, got)) if a.tobytes() != b.tobytes()]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(_CASES)))
+def test_vectors_equal_the_cpu_twin(vector_kernels, case):
+    """Every byte of every output (NULL rows' zeros, NaN payloads) as the C++ decoder writes it."""
+    assert _differences(vector_kernels, _Case(**_CASES[case])) == []
+
+
+# Each mutant must make some case differ from the C++ decoder: (what is broken, the line as it is, as broken).
+_MUTANTS = [
+    (
+        "a lane loading the next piece",
+        "uint4 v = load16(e + j * (long long)sizeof(T));",
+        "uint4 v = load16(e + (j + per * (lane & 1)) * (long long)sizeof(T));",
+    ),
+    (
+        "lanes stepping past pieces",
+        "for (long long k = lane; k < pieces; k += 32)",
+        "for (long long k = lane; k < pieces; k += 64)",
+    ),
+    ("the tail left out", "if (j < dim) o[j]", "if (j < dim - 1) o[j]"),
+    ("the head left out", "if (lane < head) o[lane]", "if (lane + 1 < head) o[lane]"),
+    ("the shift of an unaligned row's bytes", "r = (s & 3) * 8;", "r = (s & 3) * 4;"),
+]
+
+
+@pytest.mark.slow
+def test_the_vector_cases_catch_broken_copies(tmp_path):
+    def survivors(mutant: tuple[str, str, str]) -> str | None:
+        what, line, broken = mutant
+        work = tmp_path / what.replace(" ", "_").replace("'", "")
+        work.mkdir()
+        kernels = simt.Emulated("pg_decode", work, (line, broken))
+        caught = any(_differences(kernels, _Case(**c)) for c in _CASES)
+        return None if caught else what
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        survived = [s for s in pool.map(survivors, _MUTANTS) if s is not None]
+    assert survived == [], f"broken vector copies the cases do not catch: {survived}"

@@ -14,8 +14,8 @@
 // scans them into offsets, then pg_copy_strings copies the bytes. Arrays read as list<T> do the same
 // with element counts (pg_decode_rows checks the whole array first, pg_copy_strings writes its
 // elements); fixed_size_list<T>[d] rows are checked and written by pg_decode_rows alone. pgvector
-// columns are checked by pg_decode_rows and copied by pg_copy_vectors, one warp per row: a thread
-// per row writing 768 floats left each load instruction touching 32 rows' cache lines.
+// columns are checked by pg_decode_rows and copied by pg_copy_vectors, one warp per row with 16-byte
+// loads and stores (see there).
 
 enum Kind { BOOL = 0, INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC_F64, NUMERIC_DEC128, DATE, TIMESTAMP, VARLEN, UUID,
             OID, VECTOR_F4, VECTOR_F2, ARRAY_BOOL, ARRAY_INT2, ARRAY_INT4, ARRAY_INT8, ARRAY_FLOAT4, ARRAY_FLOAT8, MONEY };
@@ -503,16 +503,59 @@ extern "C" __global__ void pg_copy_strings(const long long* __restrict__ chunks,
   }
 }
 
-// pgvector values (dim big-endian float4 or float2 after int16 dim, int16 unused) -> row x dim,
-// one warp per row: the lanes load consecutive elements (coalesced) and store them byte-swapped.
-// Rows whose vectors pg_decode_rows refused are skipped (it reports them); so is anything whose
-// length and dimension do not match, so the copy never leaves the row's bytes or its output row.
-__device__ __forceinline__ unsigned int load_be32_unaligned(const unsigned char* p) {
+// pgvector values (dim big-endian float4 or float2 after int16 dim, int16 unused) -> row x dim, one warp
+// per row, each lane moving 16 bytes of the output at a time: the row's bytes sit at any alignment in the
+// COPY stream (a vector(768) row is 3082 bytes), so each lane loads the aligned 16-byte chunks holding its
+// 16 bytes and shifts them into place (the shift is the row's, the same for every lane), swaps the bytes of
+// each value and stores 16 aligned bytes. A thread per row with byte loads left each load instruction
+// touching 32 rows' cache lines, and a lane per 4-byte value spent ~10 instructions a value. The elements
+// before the output row's first 16-byte boundary and after its last are copied one per lane.
+// Rows whose vectors pg_decode_rows refused are skipped (it reports them); so is anything whose length and
+// dimension do not match, so the copy never leaves the row's bytes or its output row.
+
+// The 16 bytes at p (any alignment), as four little-endian words of p[0..15]. Only aligned 16-byte chunks
+// that hold a byte of [p, p + 16) are read: never past the allocation the bytes lie in (16-byte granular).
+__device__ __forceinline__ uint4 load16(const unsigned char* p) {
   const unsigned long long a = (unsigned long long)p;
-  const unsigned int* w = (const unsigned int*)(a & ~3ULL);
-  const unsigned int sh = (unsigned int)(a & 3) * 8;
-  const unsigned int v = sh ? __funnelshift_r(w[0], w[1], sh) : w[0];  // little-endian bytes p[0..3]
-  return __byte_perm(v, 0, 0x0123);
+  const uint4* w = (const uint4*)(a & ~15ULL);
+  const unsigned int s = (unsigned int)(a & 15);
+  const uint4 lo = w[0];
+  if (s == 0) return lo;
+  const uint4 hi = w[1];
+  // words q .. q + 4 of lo:hi, then shifted right by r bits (selects, not an indexed array: registers)
+  const unsigned int q = s >> 2, r = (s & 3) * 8;
+  const unsigned int a0 = q == 0 ? lo.x : q == 1 ? lo.y : q == 2 ? lo.z : lo.w;
+  const unsigned int a1 = q == 0 ? lo.y : q == 1 ? lo.z : q == 2 ? lo.w : hi.x;
+  const unsigned int a2 = q == 0 ? lo.z : q == 1 ? lo.w : q == 2 ? hi.x : hi.y;
+  const unsigned int a3 = q == 0 ? lo.w : q == 1 ? hi.x : q == 2 ? hi.y : hi.z;
+  const unsigned int a4 = q == 0 ? hi.x : q == 1 ? hi.y : q == 2 ? hi.z : hi.w;
+  return make_uint4(__funnelshift_r(a0, a1, r), __funnelshift_r(a1, a2, r), __funnelshift_r(a2, a3, r),
+                    __funnelshift_r(a3, a4, r));
+}
+
+// One row's values: `per` values of `width` bytes make 16 bytes; `swap` is the byte_perm selector that
+// turns each word's big-endian values into little-endian ones (0x0123: one float4, 0x2301: two float2).
+template <typename T>
+__device__ __forceinline__ void copy_vector(const unsigned char* e, T* o, long long dim, int lane, unsigned int swap) {
+  const long long per = 16 / sizeof(T);
+  // the output row starts sizeof(T)-aligned (a 64-byte aligned column of T): values before its first
+  // 16-byte boundary, then whole 16-byte pieces, then the rest
+  long long head = (per - (long long)(((unsigned long long)o / sizeof(T)) & (per - 1))) & (per - 1);
+  if (head > dim) head = dim;
+  const long long pieces = (dim - head) / per;
+  const long long rest = head + pieces * per;
+  if (lane < head) o[lane] = sizeof(T) == 4 ? (T)be32(e + 4 * lane) : (T)be16(e + 2 * lane);
+  for (long long k = lane; k < pieces; k += 32) {
+    const long long j = head + k * per;
+    uint4 v = load16(e + j * (long long)sizeof(T));
+    v.x = __byte_perm(v.x, 0, swap);
+    v.y = __byte_perm(v.y, 0, swap);
+    v.z = __byte_perm(v.z, 0, swap);
+    v.w = __byte_perm(v.w, 0, swap);
+    *(uint4*)(o + j) = v;
+  }
+  const long long j = rest + lane;
+  if (j < dim) o[j] = sizeof(T) == 4 ? (T)be32(e + 4 * j) : (T)be16(e + 2 * j);
 }
 
 extern "C" __global__ void pg_copy_vectors(const long long* __restrict__ chunks, int nchunks, long long nrows,
@@ -535,14 +578,10 @@ extern "C" __global__ void pg_copy_vectors(const long long* __restrict__ chunks,
         const long long dim = d[6];
         const long long width = kind == VECTOR_F4 ? 4 : 2;
         if (len == 4 + dim * width && (long long)be16(p) == dim) {
-          const unsigned char* e = p + 4;
           if (kind == VECTOR_F4) {
-            unsigned int* o = at<unsigned int>(d[1]) + row * dim;
-            // the last element by bytes: its aligned second word may lie past the row's bytes
-            for (long long j = lane; j < dim; j += 32) o[j] = j + 1 < dim ? load_be32_unaligned(e + 4 * j) : be32(e + 4 * j);
+            copy_vector(p + 4, at<unsigned int>(d[1]) + row * dim, dim, lane, 0x0123);
           } else {
-            unsigned short* o = at<unsigned short>(d[1]) + row * dim;
-            for (long long j = lane; j < dim; j += 32) o[j] = (unsigned short)be16(e + 2 * j);
+            copy_vector(p + 4, at<unsigned short>(d[1]) + row * dim, dim, lane, 0x2301);
           }
         }
       }
