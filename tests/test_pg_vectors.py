@@ -83,7 +83,7 @@ def test_decoder_refuses_a_lying_dimension_naming_the_row(half):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("half", [False, True])
-@pytest.mark.parametrize("dim", [5, 77])  # 77: lanes loop, elements at every alignment
+@pytest.mark.parametrize("dim", [5, 77, 261, 768])  # rows at every alignment; 261, 768: lanes loop
 def test_gpu_decoder_equals_the_cpu_twin(half, dim):
     import cupy
 
