@@ -5,6 +5,7 @@
 // { codec: byte; method: byte; }.
 #include "arrow_meta.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 namespace pystrom {
@@ -173,6 +174,101 @@ void arrow_batch_meta(const uint8_t* src, std::size_t size, int64_t footer_start
                           num_fields, num_buffers, rows + i, bodies + 2 * i, nodes + 2 * num_fields * i,
                           buffers + 2 * num_buffers * i, codecs + i);
   }
+}
+
+namespace {
+
+// Why a file is declined (arrow_flat_layouts' return value; any non-zero means the same to the caller).
+enum FlatCheck : int32_t {
+  kFlatOk = 0,
+  kFlatBody = 1,      // a body outside the file, or a negative row count
+  kFlatBuffer = 2,    // a buffer outside its body, negative, or not 8-byte aligned
+  kFlatNode = 3,      // a FieldNode whose length is not the batch's, or NULLs outside [0, rows]
+  kFlatBitmap = 4,    // NULLs without a bitmap that long
+  kFlatShort = 5,     // a values buffer shorter than its rows need, or rows of bytes without a data buffer
+  kFlatArgs = 6,      // a field index or layout out of range (the caller's bug)
+};
+
+int32_t check_flat(std::size_t count, const int64_t* rows, const int64_t* bodies, const int64_t* nodes,
+                   const int64_t* buffers, std::size_t num_fields, std::size_t num_buffers, int64_t file_size,
+                   const int32_t* layouts, const int64_t* widths, const int64_t* first_buffer) {
+  for (std::size_t j = 0; j < num_fields; ++j) {
+    const std::size_t need_buffers = layouts[j] == kFlatVarbinary ? 3 : 2;
+    if (layouts[j] < kFlatFixed || layouts[j] > kFlatVarbinary || first_buffer[j] < 0 ||
+        static_cast<uint64_t>(first_buffer[j]) + need_buffers > num_buffers || widths[j] < 0) {
+      return kFlatArgs;
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const int64_t n_rows = rows[i], body_at = bodies[2 * i], body_len = bodies[2 * i + 1];
+    int64_t body_end;
+    if (n_rows < 0 || body_at < 0 || body_len < 0 || __builtin_add_overflow(body_at, body_len, &body_end) ||
+        body_end > file_size) {
+      return kFlatBody;
+    }
+    const int64_t* buf = buffers + 2 * num_buffers * i;
+    for (std::size_t k = 0; k < num_buffers; ++k) {
+      const int64_t off = buf[2 * k], len = buf[2 * k + 1];
+      if (off < 0 || len < 0 || off % 8 != 0 || off > body_len || len > body_len - off) return kFlatBuffer;
+    }
+    const int64_t* node = nodes + 2 * num_fields * i;
+    for (std::size_t j = 0; j < num_fields; ++j) {
+      const int64_t n = node[2 * j], nulls = node[2 * j + 1];
+      if (n != n_rows || nulls < 0 || nulls > n) return kFlatNode;
+      const int64_t bits = n / 8 + (n % 8 != 0);
+      const int64_t* b = buf + 2 * first_buffer[j];  // validity, values, data
+      if (nulls > 0 && b[1] < bits) return kFlatBitmap;
+      int64_t need;
+      if (layouts[j] == kFlatBool) {
+        need = bits;
+      } else if (layouts[j] == kFlatVarbinary) {
+        need = 0;
+        if (n > 0) {  // n + 1 int32 offsets; an empty data buffer: pyarrow's path decides what it means
+          if (b[5] == 0 || n > INT64_MAX / 4 - 1) return kFlatShort;
+          need = (n + 1) * 4;
+        }
+      } else if (__builtin_mul_overflow(n, widths[j], &need)) {
+        return kFlatShort;
+      }
+      if (b[3] < need) return kFlatShort;
+    }
+  }
+  return kFlatOk;
+}
+
+}  // namespace
+
+int32_t arrow_flat_layouts(std::size_t count, const int64_t* rows, const int64_t* bodies, const int64_t* nodes,
+                           const int64_t* buffers, std::size_t num_fields, std::size_t num_buffers,
+                           int64_t file_size, const int32_t* layouts, const int64_t* widths,
+                           const int64_t* first_buffer, std::size_t num_selected, const int64_t* selected,
+                           int64_t* out) {
+  for (std::size_t s = 0; s < num_selected; ++s) {
+    if (selected[s] < 0 || static_cast<uint64_t>(selected[s]) >= num_fields) return kFlatArgs;
+  }
+  const int32_t failed = check_flat(count, rows, bodies, nodes, buffers, num_fields, num_buffers, file_size,
+                                    layouts, widths, first_buffer);
+  if (failed != kFlatOk) return failed;
+  for (std::size_t s = 0; s < num_selected; ++s) {
+    const std::size_t j = static_cast<std::size_t>(selected[s]);
+    int64_t* o = out + 8 * count * s;  // rows, NULLs, validity (offset, size), values (..), data (..)
+    for (std::size_t i = 0; i < count; ++i) {
+      const int64_t base = bodies[2 * i];
+      const int64_t* b = buffers + 2 * num_buffers * i + 2 * first_buffer[j];
+      const int64_t nulls = nodes[2 * num_fields * i + 2 * j + 1];
+      // checked above: base + offset + size lies inside the file, so none of these overflows
+      o[i] = nodes[2 * num_fields * i + 2 * j];
+      o[count + i] = nulls;
+      o[2 * count + i] = nulls > 0 ? (b[1] > 0 ? base + b[0] : 0) : -1;
+      o[3 * count + i] = nulls > 0 ? b[1] : 0;
+      o[4 * count + i] = b[3] > 0 ? base + b[2] : 0;
+      o[5 * count + i] = b[3];
+      const bool data = layouts[j] == kFlatVarbinary;
+      o[6 * count + i] = data ? (b[5] > 0 ? base + b[4] : 0) : -1;
+      o[7 * count + i] = data ? b[5] : 0;
+    }
+  }
+  return kFlatOk;
 }
 
 }  // namespace pystrom

@@ -38,4 +38,23 @@ void arrow_batch_meta(const uint8_t* src, std::size_t size, int64_t footer_start
                       std::size_t count, std::size_t num_fields, std::size_t num_buffers, int64_t* rows,
                       int64_t* bodies, int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status);
 
+// How arrow_flat_layouts checks a field of a flat schema (the numbers are part of the binding): fixed-width
+// values (a validity bitmap and values of `width` bytes each), bit-packed booleans, or int32 offsets and bytes.
+enum FlatLayout : int32_t { kFlatFixed = 0, kFlatBool = 1, kFlatVarbinary = 2 };
+
+// The checks and layouts read/batches.py makes of an uncompressed file whose fields are all flat, over every
+// batch at once (arrow_batch_meta's outputs, the file's size): every body inside the file, every buffer
+// inside its body and 8-byte aligned, every FieldNode of the batch's row count with NULLs in [0, rows], a
+// bitmap long enough wherever there are NULLs, every values buffer as long as its row count needs (a
+// varbinary field with rows also a data buffer). layouts[j], widths[j], first_buffer[j]: field j's
+// FlatLayout, value width and first buffer. Returns 0 when all hold (else the first failed check, the
+// caller declines the file; an int64 overflow fails too) and then fills out[s][8][count] for the fields
+// selected[s]: per batch the rows, the NULLs, and (file offset, size) of the validity (-1, 0 where no
+// NULLs), the values and the data (varbinary; else -1, 0); an empty buffer's offset is 0, as pyarrow's path.
+int32_t arrow_flat_layouts(std::size_t count, const int64_t* rows, const int64_t* bodies, const int64_t* nodes,
+                           const int64_t* buffers, std::size_t num_fields, std::size_t num_buffers,
+                           int64_t file_size, const int32_t* layouts, const int64_t* widths,
+                           const int64_t* first_buffer, std::size_t num_selected, const int64_t* selected,
+                           int64_t* out);
+
 }  // namespace pystrom

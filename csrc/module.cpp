@@ -312,6 +312,34 @@ PYBIND11_MODULE(_core, m) {
                               reinterpret_cast<int32_t*>(st.ptr));
   });
 
+  m.def("arrow_flat_layouts", [](py::buffer rows, py::buffer bodies, py::buffer nodes, py::buffer buffers,
+                                 int64_t file_size, py::buffer layouts, py::buffer widths, py::buffer first_buffer,
+                                 py::buffer selected, py::buffer out) {
+    Bytes r = request_i64(rows, false, "rows");
+    Bytes b = request_i64(bodies, false, "bodies");
+    Bytes nd = request_i64(nodes, false, "nodes");
+    Bytes bf = request_i64(buffers, false, "buffers");
+    Bytes l = request_i32(layouts, false, "layouts");
+    Bytes w = request_i64(widths, false, "widths");
+    Bytes f = request_i64(first_buffer, false, "first_buffer");
+    Bytes s = request_i64(selected, false, "selected");
+    Bytes o = request_i64(out, true, "out");
+    const std::size_t i8 = sizeof(int64_t);
+    const std::size_t n = r.size / i8, num_fields = l.size / sizeof(int32_t), num_selected = s.size / i8;
+    const std::size_t num_buffers = n ? bf.size / (2 * n * i8) : 0;
+    if (b.size != 2 * n * i8 || nd.size != 2 * num_fields * n * i8 || bf.size != 2 * num_buffers * n * i8 ||
+        w.size != num_fields * i8 || f.size != num_fields * i8 || o.size != 8 * num_selected * n * i8) {
+      throw std::invalid_argument("arrow_flat_layouts: the arrays' lengths do not match the batches and fields");
+    }
+    py::gil_scoped_release nogil;
+    return pystrom::arrow_flat_layouts(n, reinterpret_cast<const int64_t*>(r.ptr), reinterpret_cast<const int64_t*>(b.ptr),
+                                       reinterpret_cast<const int64_t*>(nd.ptr), reinterpret_cast<const int64_t*>(bf.ptr),
+                                       num_fields, num_buffers, file_size, reinterpret_cast<const int32_t*>(l.ptr),
+                                       reinterpret_cast<const int64_t*>(w.ptr), reinterpret_cast<const int64_t*>(f.ptr),
+                                       num_selected, reinterpret_cast<const int64_t*>(s.ptr),
+                                       reinterpret_cast<int64_t*>(o.ptr));
+  });
+
   m.def("plan_runs", [](py::buffer offsets, py::buffer sizes, int64_t max_gap, int64_t max_bytes,
                         py::buffer run_first) {
     Bytes o = request_i64(offsets, false, "offsets");

@@ -2,7 +2,9 @@
 (:func:`pystrom.io.arrow.read.batches._parse_one`, pyarrow's flatbuffer verifier included): identical arrays on
 every batch it accepts, the batches it leaves (custom metadata) read by Python, and on mutated messages
 never an acceptance where the Python parser or pyarrow refuses (the mutants run in a subprocess: a
-crash fails the test rather than the run)."""
+crash fails the test rather than the run). The checks and layouts of flat uncompressed files
+(``arrow_flat_layouts``) against their definition here (:func:`_flat_twin`, Python's integers), on real
+metadata and on metadata changed at random."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.ipc as ipc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pystrom
 from pystrom import _core
@@ -252,3 +256,139 @@ def test_the_messages_read_alone_parse_as_in_the_whole_file(tmp_path):
             if b:
                 src, at = batches._messages(f, np.full(b, 8, np.int64), np.full(b, f.size // 2, np.int64), footer_start)
                 assert b < 3 or (src.shape[0] == f.size and (at == 8).all())  # overlapping: the mapping
+
+
+# -- arrow_flat_layouts: the checks and layouts of flat uncompressed files --------------------------------
+
+
+def _flat_twin(rows, bodies, nodes, buffers, file_size, codes, widths, first, selected):
+    """What arrow_flat_layouts computes, with Python's integers (no overflow): None where it declines, else
+    its ``out`` (per selected field and batch: rows, NULLs, validity, values and data as offset and size)."""
+    count, nb = len(rows), buffers.shape[1]
+    for i in range(count):
+        n_rows, at, blen = int(rows[i]), int(bodies[i, 0]), int(bodies[i, 1])
+        if n_rows < 0 or at < 0 or blen < 0 or at + blen > file_size:
+            return None
+        for k in range(nb):
+            off, size = int(buffers[i, k, 0]), int(buffers[i, k, 1])
+            if off < 0 or size < 0 or off % 8 or off + size > blen:
+                return None
+        for j, code in enumerate(codes.tolist()):
+            n, nulls = int(nodes[i, j, 0]), int(nodes[i, j, 1])
+            if n != n_rows or not 0 <= nulls <= n:
+                return None
+            size = [int(x) for x in buffers[i, first[j] :, 1]]  # validity, values, data
+            bits = -(-n // 8)
+            if nulls > 0 and size[0] < bits:
+                return None
+            if code == 1:
+                need = bits
+            elif code == 2:
+                if n > 0 and size[2] == 0:
+                    return None
+                need = (n + 1) * 4 if n > 0 else 0
+            else:
+                need = n * int(widths[j])
+            if size[1] < need:
+                return None
+    out = np.zeros((len(selected), 8, count), dtype=np.int64)
+    for s, j in enumerate(selected.tolist()):
+        for i in range(count):
+            base = int(bodies[i, 0])
+            (voff, vsize), (off, size) = buffers[i, first[j]].tolist(), buffers[i, first[j] + 1].tolist()
+            nulls = int(nodes[i, j, 1])
+            data = buffers[i, first[j] + 2].tolist() if codes[j] == 2 else None
+            out[s, :, i] = [
+                nodes[i, j, 0], nulls,
+                (base + voff if vsize else 0) if nulls else -1, vsize if nulls else 0,
+                base + off if size else 0, size,
+                -1 if data is None else (base + data[0] if data[1] else 0), 0 if data is None else data[1],
+            ]  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def flat_inputs(tmp_path_factory):
+    """arrow_flat_layouts' arguments for a pyarrow-written file of every flat layout (NULLs, empty strings,
+    an empty batch), as parse_batches makes them."""
+    rng = np.random.default_rng(5)
+    rows = 300
+    nulls = rng.random(rows) < 0.3
+    t = pa.table(
+        {
+            "i64": pa.array(rng.integers(-50, 50, rows), mask=nulls),
+            "f32": pa.array(rng.random(rows).astype(np.float32)),
+            "b": pa.array(rng.random(rows) < 0.5, mask=~nulls),
+            "s": pa.array(np.array(["", "ab", "cde"], dtype=object)[rng.integers(0, 3, rows)], mask=nulls),
+            "d": pa.array([None if k % 7 == 0 else k for k in range(rows)], pa.decimal128(12, 2)),
+        }
+    )
+    path = tmp_path_factory.mktemp("flat") / "flat.arrow"
+    with ipc.new_file(str(path), t.schema) as w:
+        for lo, hi in ((0, 64), (64, 64), (64, 200), (200, 300)):
+            w.write_batch(pa.record_batch([c.combine_chunks() for c in t.slice(lo, hi - lo).columns], schema=t.schema))
+    captured = []
+    real = batches._flat_layouts
+
+    def capture(file_size, rows, bodies, nodes, buffers, layouts, per_field, types, names, columns):
+        codes = np.array([batches._FLAT_CODES.get(layout, 0) for layout in layouts], dtype=np.int32)
+        captured.append((rows.copy(), bodies.copy(), nodes.copy(), buffers.copy(), file_size, codes,
+                         np.array([t.width for t in types], np.int64), np.cumsum([0, *per_field[:-1]], dtype=np.int64),
+                         np.array([names.index(c) for c in columns], np.int64)))  # fmt: skip
+        return real(file_size, rows, bodies, nodes, buffers, layouts, per_field, types, names, columns)
+
+    batches._flat_layouts = capture
+    try:
+        with open_arrow_file(path) as f:
+            assert batches.parse_batches(f, ["s", "i64", "d", "b"]) is not None
+    finally:
+        batches._flat_layouts = real
+    assert len(captured) == 1 and len(captured[0][0]) == 4
+    return captured[0]
+
+
+def _flat_native(args) -> np.ndarray | None:
+    rows, bodies, nodes, buffers, file_size, codes, widths, first, selected = args
+    out = np.full((len(selected), 8, len(rows)), 12345, dtype=np.int64)
+    code = _core.arrow_flat_layouts(rows, bodies, nodes, buffers, file_size, codes, widths, first, selected, out)
+    return None if code else out
+
+
+def test_flat_layouts_of_a_real_file_equal_the_twin(flat_inputs):
+    want = _flat_twin(*flat_inputs)
+    assert want is not None
+    assert np.array_equal(_flat_native(flat_inputs), want)
+
+
+_EDGES = [-(2**63), -9, -1, 0, 1, 4, 7, 8, 9, 16, 63, 64, 300, 2**31, 2**62, 2**63 - 8, 2**63 - 1]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_flat_layouts_of_changed_metadata_equal_the_twin(flat_inputs, data):
+    """Entries of every input array set to edge values (overflowing sums and products included): the C++
+    declines exactly where the definition does, and otherwise lays out the same."""
+    args = [a.copy() if isinstance(a, np.ndarray) else a for a in flat_inputs]
+    for _ in range(data.draw(st.integers(1, 3))):
+        k = data.draw(st.sampled_from([0, 1, 2, 3, 4]))  # rows, bodies, nodes, buffers, the file's size
+        value = data.draw(st.sampled_from(_EDGES) | st.integers(-(2**63), 2**63 - 1))
+        if k == 4:
+            args[4] = value
+        else:
+            flat = args[k].reshape(-1)
+            flat[data.draw(st.integers(0, flat.size - 1))] = value
+    want, got = _flat_twin(*args), _flat_native(args)
+    assert (want is None) == (got is None)
+    if want is not None:
+        assert np.array_equal(got, want)
+
+
+def test_flat_layouts_refuse_arguments_out_of_range(flat_inputs):
+    rows, bodies, nodes, buffers, file_size, codes, widths, first, selected = flat_inputs
+    for changed in ({"selected": selected + 99}, {"first": first + buffers.shape[1]}, {"codes": codes + 7}):
+        args = dict(zip(["rows", "bodies", "nodes", "buffers", "file_size", "codes", "widths", "first", "selected"],
+                        flat_inputs)) | changed  # fmt: skip
+        assert _flat_native(list(args.values())) is None
+    with pytest.raises(ValueError, match="lengths"):
+        _core.arrow_flat_layouts(rows, bodies, nodes, buffers, file_size, codes, widths[:-1], first, selected,
+                                 np.empty((len(selected), 8, len(rows)), np.int64))  # fmt: skip

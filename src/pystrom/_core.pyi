@@ -38,6 +38,21 @@ def copy_offsets_checked(src: Buffer, dst: Buffer, limit: int) -> int:
     """Copy int32 offsets ``src`` (n + 1 of them) into ``dst`` and check the copy, without the GIL: the first
     position that breaks the offsets' rules (``o[0] >= 0``, never decreasing, ``o[n] <= limit``), or -1."""
 
+def arrow_flat_layouts(
+    rows: Buffer,
+    bodies: Buffer,
+    nodes: Buffer,
+    buffers: Buffer,
+    file_size: int,
+    layouts: Buffer,
+    widths: Buffer,
+    first_buffer: Buffer,
+    selected: Buffer,
+    out: Buffer,
+) -> int:
+    """Check every batch of a flat uncompressed file and lay out the ``selected`` fields into ``out``
+    ((selected, 8, batches) int64); 0 when every check holds, else the failed check (csrc/arrow_meta.hpp)."""
+
 def plan_runs(offsets: Buffer, sizes: Buffer, max_gap: int, max_bytes: int, run_first: Buffer) -> int:
     """Pieces sorted by file offset (int64) cut into runs of consecutive pieces (gaps of at most ``max_gap``
     bytes, spans of at most ``max_bytes``): their first pieces into ``run_first`` (n + 1 entries, the last

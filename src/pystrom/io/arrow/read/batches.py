@@ -1,5 +1,5 @@
 """Every record batch's layout at once: the footer's Blocks and the batch messages parsed here, checked
-with NumPy over all batches, pyarrow's per-batch path (:meth:`.file.metadata.ArrowFile.layout`) as the fallback.
+over all batches at once, pyarrow's per-batch path (:meth:`.file.metadata.ArrowFile.layout`) as the fallback.
 
 pyarrow parses one record batch per call and builds an Array for every column of it (about 140 us a
 batch on the 2-core test machine): for a file written by pyarrow (64K-row batches, 153 at 10M rows)
@@ -22,10 +22,11 @@ that was a fifth of read_arrow. Here, in order:
    reads (:class:`.file.format._Reader`); it declines or raises as this path always did;
    a file whose batches are all compressed continues in :func:`.read.compressed_layouts.compressed_layouts` (its
    own checks, raising FileFormatError: pyarrow's path would inflate the whole file on the host);
-3. with NumPy over all batches and fields: the body inside the file, each buffer inside its body and
-   8-byte aligned, row counts equal to the batch's, NULL counts in [0, rows], a validity bitmap
-   wherever there are NULLs, every buffer as long as its row count needs (the checks of
-   :meth:`.file.metadata.ArrowFile.layout`, over every field rather than only the selected ones);
+3. over all batches and fields at once (one C++ call with step 4, csrc/arrow_meta.cpp): the body inside
+   the file, each buffer inside its body and 8-byte aligned, row counts equal to the batch's, NULL counts
+   in [0, rows], a validity bitmap wherever there are NULLs, every buffer as long as its row count needs
+   (the checks of :meth:`.file.metadata.ArrowFile.layout`, over every field rather than only the selected
+   ones);
 4. the :class:`.read.layouts.Layouts` of the selected columns: per column and buffer, arrays over the batches
    of what pyarrow's path builds batch by batch.
 
@@ -146,8 +147,8 @@ def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
         out = compressed_layouts(file, columns, types, counts, rows, bodies, nodes, buffers, codecs)
         file.batch_metadata = metadata  # pyarrow would inflate a whole batch to hand out its metadata
         return out
-    _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, [types[n] for n in names])
-    out = _layouts(rows, bodies, nodes, buffers, per_field, names, columns)
+    out = _flat_layouts(file.size, rows, bodies, nodes, buffers, layouts, per_field, [types[n] for n in names],
+                        names, columns)  # fmt: skip
     file.batch_metadata = metadata  # a scan's statistics: pyarrow would parse each batch again to hand it out
     return out
 
@@ -244,55 +245,26 @@ def _check_footer(footer: memoryview) -> bool:
     return no_dictionaries
 
 
-def _check_all(file, rows, bodies, nodes, buffers, layouts, per_field, types) -> None:
-    """Step 3 of the module docstring, over every batch and field at once; declines on any failure."""
-    body_off, body_len = bodies[:, 0], bodies[:, 1]
-    off, length = buffers[..., 0], buffers[..., 1]
-    ok = (rows >= 0).all() and (body_len >= 0).all() and (body_off + body_len <= file.size).all()
-    ok = ok and (off >= 0).all() and (length >= 0).all() and (off % 8 == 0).all()
-    ok = ok and (off + length <= body_len[:, None]).all()
-    n, nulls = nodes[..., 0], nodes[..., 1]
-    ok = ok and (n == rows[:, None]).all() and (nulls >= 0).all() and (nulls <= n).all()
-    if not ok:
+# csrc/arrow_meta.hpp's FlatLayout of a flat field's layout (every other flat layout: fixed-width values)
+_FLAT_CODES = {Layout.BOOL: 1, Layout.VARBINARY: 2}
+
+
+def _flat_layouts(file_size, rows, bodies, nodes, buffers, layouts, per_field, types, names, columns) -> Layouts:
+    """Steps 3 and 4 of the module docstring: every batch and field checked (declines on any failure), and the
+    selected columns' chunks of every batch (file offsets; empty buffers at 0, as pyarrow's path), in one
+    C++ call (csrc/arrow_meta.cpp; its NumPy twin is in tests/test_arrow_meta.py): as some 80 NumPy calls for
+    8 columns they cost more than the rest of the parse."""
+    count = len(rows)
+    codes = np.array([_FLAT_CODES.get(layout, 0) for layout in layouts], dtype=np.int32)
+    widths = np.array([t.width for t in types], dtype=np.int64)
+    first = np.cumsum([0, *per_field[:-1]], dtype=np.int64)
+    selected = np.array([names.index(c) for c in columns], dtype=np.int64)
+    out = np.empty((len(columns), 8, count), dtype=np.int64)
+    if _core.arrow_flat_layouts(rows, bodies, nodes, buffers, file_size, codes, widths, first, selected, out):
         raise _Decline
-    first = np.cumsum([0, *per_field[:-1]])  # each field's first buffer
-    validity, values = length[:, first], length[:, first + 1]
-    bits = (n + 7) // 8
-    if ((nulls > 0) & (validity < bits)).any():
-        raise _Decline
-    need = np.empty_like(n)
-    for j, (layout, ctype) in enumerate(zip(layouts, types)):
-        if layout == Layout.BOOL:
-            need[:, j] = bits[:, j]
-        elif layout == Layout.VARBINARY:
-            need[:, j] = np.where(n[:, j] > 0, (n[:, j] + 1) * 4, 0)
-            if ((n[:, j] > 0) & (length[:, first[j] + 2] == 0)).any():
-                raise _Decline  # pyarrow's path decides what an empty data buffer means
-        else:
-            need[:, j] = n[:, j] * ctype.width
-    if (values < need).any():
-        raise _Decline
-
-
-def _layouts(rows, bodies, nodes, buffers, per_field, names, columns) -> Layouts:
-    """Step 4: the selected columns' chunks of every batch (file offsets; empty buffers at 0, as pyarrow's path)."""
-    first = np.cumsum([0, *per_field[:-1]]).tolist()
-    base = bodies[:, 0]
-
-    def ranges(k: int, used: np.ndarray | None = None) -> Buffers:
-        """Buffer ``k`` of every batch (none where ``used`` is False)."""
-        size = buffers[:, k, 1]
-        offset = np.where(size > 0, base + buffers[:, k, 0], 0)
-        if used is None:
-            return Buffers(offset, size.copy())
-        return Buffers(np.where(used, offset, -1), np.where(used, size, 0))
-
-    zeros = np.zeros(len(rows), dtype=np.int64)
+    zeros = np.zeros(count, dtype=np.int64)
     chunks = {}
-    for name in columns:
-        j = names.index(name)  # a flat schema: one FieldNode a field
-        b = first[j]
-        n, nulls = nodes[:, j, 0].copy(), nodes[:, j, 1].copy()
-        data = ranges(b + 2) if per_field[j] == 3 else None
-        chunks[name] = Chunks(n, nulls, ranges(b, nulls > 0), ranges(b + 1), data, zeros, zeros)
-    return Layouts(np.arange(len(rows), dtype=np.int64), rows.copy(), chunks)
+    for name, j, o in zip(columns, selected.tolist(), out):  # o: rows, NULLs, validity, values, data
+        data = Buffers(o[6], o[7]) if codes[j] == _FLAT_CODES[Layout.VARBINARY] else None
+        chunks[name] = Chunks(o[0], o[1], Buffers(o[2], o[3]), Buffers(o[4], o[5]), data, zeros, zeros)
+    return Layouts(np.arange(count, dtype=np.int64), rows.copy(), chunks)
