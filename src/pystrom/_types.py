@@ -36,8 +36,10 @@ types are narrowed to 32-bit offsets (a column whose bytes exceed 2 GiB is refus
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -46,7 +48,26 @@ from .errors import UnsupportedTypeError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["ColumnType", "column_type", "Layout"]
+__all__ = ["ColumnType", "column_type", "Layout", "per_type"]
+
+_R = TypeVar("_R")
+
+
+def per_type(fn: Callable[[Any], _R]) -> Callable[[Any], _R]:
+    """``fn`` of an Arrow type, remembered per type: a file read asks the same few questions of every field's
+    type several times (~4 us each), and so does every read of files with the same schema. ``fn`` must
+    depend on nothing an equal type may differ in (a list's child field name or metadata), and raise
+    nothing (a raise is not remembered, so it is recomputed); unhashable types are never remembered."""
+    remembered = functools.lru_cache(maxsize=1024)(fn)
+
+    @functools.wraps(fn)
+    def lookup(t: Any) -> _R:
+        try:
+            return remembered(t)
+        except TypeError:  # an unhashable type (a Python extension type may be)
+            return fn(t)
+
+    return lookup
 
 
 class Layout:
@@ -71,6 +92,14 @@ class ColumnType:
     width: int  # bytes per value in the values buffer (offsets: 4)
     storage: np.dtype  # dtype of the values buffer; uint8 for BYTES; int32 offsets for VARBINARY; child dtype for lists
     list_size: int = 0  # d of a fixed_size_list (FIXED_LIST); 0 otherwise
+
+    @classmethod
+    def _of(cls, arrow: pa.DataType, layout: str, width: int, storage: np.dtype, list_size: int = 0) -> ColumnType:
+        """The constructor's result without its cost (~1.5 us: a frozen dataclass sets each field through
+        ``object.__setattr__``), for :func:`column_type`, which a file read calls a few times per field."""
+        self = object.__new__(cls)
+        self.__dict__.update(arrow=arrow, layout=layout, width=width, storage=storage, list_size=list_size)
+        return self
 
     @property
     def name(self) -> str:
@@ -117,6 +146,24 @@ def column_type(arrow: pa.DataType, column: str) -> ColumnType:
     ``arrow`` must already be normalised by :func:`pystrom.interop.arrow_in.normalize_type`:
     no dictionaries, no large or view variants.
     """
+    held = _held_parts(arrow)
+    if held is None:
+        return _column_type(arrow, column)  # raises, naming the column
+    return ColumnType._of(arrow, *held)
+
+
+@per_type
+def _held_parts(arrow: pa.DataType) -> tuple | None:
+    """The layout, width, storage and list size of ``arrow``'s ColumnType; None where it has none (they
+    depend on no field name or metadata an equal type may differ in)."""
+    try:
+        t = _column_type(arrow, "")
+    except UnsupportedTypeError:
+        return None
+    return t.layout, t.width, t.storage, t.list_size
+
+
+def _column_type(arrow: pa.DataType, column: str) -> ColumnType:
     import pyarrow as pa
     import pyarrow.types as pt
 

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import functools
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -109,7 +110,7 @@ class _HostBlock(Block):
 
     def array(self, offset: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # not np.prod: a reduction over a tuple costs ~5 us, a read asks per column
         return self.memory[offset : offset + count * dt.itemsize].view(dt).reshape(shape)
 
     def write_host(self, offset: int, src: np.ndarray) -> None:

@@ -56,7 +56,7 @@ from ..file.format import (
     footer_blocks,
     read_key_value_pairs,
 )
-from ..file.metadata import ARROW_ERRORS, ArrowFile, direct_types
+from ..file.metadata import ARROW_ERRORS, ArrowFile, direct_type
 from .compressed_layouts import compressed_layouts, field_counts
 from .layouts import Buffers, Chunks, Layouts
 
@@ -72,31 +72,35 @@ class _Decline(Exception):
 
 def batch_layouts(file: ArrowFile, columns: Sequence[str], types: dict[str, ColumnType | None]) -> Layouts:
     """The layout of every record batch of ``file`` for ``columns`` (``types``: :func:`.file.metadata.direct_types`)."""
-    fast = parse_batches(file, columns)
+    fast = parse_batches(file, columns, types)
     if fast is not None:
         return fast
     slow = [file.layout(i, columns, types) for i in range(file.num_batches)]
     return Layouts.of(slow, [] if file.compressed else [c for c in columns if types[c] is not None])
 
 
-def parse_batches(file: ArrowFile, columns: Sequence[str]) -> Layouts | None:
-    """Every batch's layout from the raw metadata (steps 1-4 above), or None where pyarrow's path must decide."""
+def parse_batches(
+    file: ArrowFile, columns: Sequence[str], types: Mapping[str, ColumnType | None] | None = None
+) -> Layouts | None:
+    """Every batch's layout from the raw metadata (steps 1-4 above), or None where pyarrow's path must decide;
+    ``types``: :func:`.file.metadata.direct_types` of some fields already (the caller's columns), not asked again."""
     try:
-        return _parse(file, columns)
+        return _parse(file, columns, types or {})
     except FileFormatError:
         raise  # a compressed body's buffers, refused by compressed_layouts (pyarrow's path would inflate them)
     except (_Decline, FooterError, struct.error, *ARROW_ERRORS):
         return None
 
 
-def _parse(file: ArrowFile, columns: Sequence[str]) -> Layouts:
+def _parse(file: ArrowFile, columns: Sequence[str], known: Mapping[str, ColumnType | None]) -> Layouts:
     if file.is_stream or file.compressed:
         raise _Decline
     names = file.schema.names
     if len(set(names)) != len(names) or not set(columns) <= set(names):
         raise _Decline
-    types = direct_types(file.schema, names)
-    counts = [field_counts(f.type) for f in file.schema]
+    fields = list(file.schema)
+    types = {f.name: known[f.name] if f.name in known else direct_type(f.type, f.name) for f in fields}
+    counts = [field_counts(f.type) for f in fields]
     if any(c is None for c in counts):
         raise _Decline
     # uncompressed batches are taken here only when every field is flat and direct; compressed ones

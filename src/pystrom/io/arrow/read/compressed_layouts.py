@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ...._types import ColumnType, Layout
+from ...._types import ColumnType, Layout, per_type
 from ....errors import FileFormatError
 from ..codecs.decompress import CODECS
 from ..codecs.plan import Catalog, up  # up: each buffer's place 64-byte aligned
@@ -51,6 +51,7 @@ _ROLES = {
 }
 
 
+@per_type
 def field_counts(t: pa.DataType) -> tuple[int, int] | None:
     """(FieldNodes, Buffers) a field of type ``t`` has in a record batch message, None where it
     depends on more than the type (view types, run-end encoding): the caller leaves those to pyarrow."""

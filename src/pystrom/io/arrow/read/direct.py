@@ -85,6 +85,7 @@ def read_batches(
         xp = backend.xp
         offset_columns = [n for n in direct if types[n].layout in (Layout.VARBINARY, Layout.LIST)]
         strings = _string_sizes(file, reader, xp, layouts, offset_columns, types)
+        claimed = _claimed_nulls(layouts, [n for n in columns if n not in host])
         specs = []
         for name in columns:
             if name in host:
@@ -101,16 +102,18 @@ def read_batches(
                     f"column {name!r} holds {data_size:,} bytes of {schema.field(name).type} data in {file.path!r}; "
                     "one column holds at most 2 GiB (read fewer rows, e.g. with scan_arrow)"
                 )
-            chunks = layouts.chunks[name]
-            null_count = int(chunks.null_count.sum())
-            child_nulls = int(chunks.child_null_count.sum())  # > 0: an element bitmap
+            null_count, child_nulls = claimed[name]  # child_nulls > 0: an element bitmap
             specs.append(ColumnSpec(name, types[name], num_rows, null_count, data_size, child_nulls))
         plan = plan_table(specs)
         block = backend.allocate(plan.nbytes)
-        fixups = []
+        fixups, fixed = [], []
         for col_plan in plan.columns:
             if col_plan.name in direct:
-                fixups.append(_read_column(reader, block, col_plan, layouts, row_starts, strings.get(col_plan.name)))
+                fixups.append(_read_column(reader, block, col_plan, layouts, row_starts, strings.get(col_plan.name),
+                                           fixed))  # fmt: skip
+        if fixed:  # the fixed-width columns' values, every batch of every column in one call
+            offsets, sizes, at = (np.concatenate(x) for x in zip(*fixed))
+            reader.read_many(offsets, sizes, block.array(0, np.uint8, (block.nbytes,)), at)
         reader.wait()
         null_counts = [fixup() for fixup in fixups]
         _check_null_counts(file, backend, plan, [c for c in null_counts if c is not None])
@@ -125,6 +128,20 @@ def read_batches(
     fields = [host[n].field if n in host else schema.field(n) for n in columns]
     table = Table._wrap(block, plan, pa.schema(fields, metadata=schema.metadata), num_rows)
     return table, bytes_read
+
+
+def _claimed_nulls(layouts: Layouts, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Each column's NULLs and NULL elements (lists) over all batches, as the metadata claims them: one
+    NumPy sum for all columns rather than two a column."""
+    if not names:
+        return {}
+    count = len(layouts)
+    if count == 0:
+        return {n: (0, 0) for n in names}
+    chunks = [layouts.chunks[n] for n in names]
+    flat = np.concatenate([a for c in chunks for a in (c.null_count, c.child_null_count)])
+    sums = np.add.reduceat(flat, np.arange(0, flat.shape[0], count)).tolist()
+    return {n: (sums[2 * i], sums[2 * i + 1]) for i, n in enumerate(names)}
 
 
 def _string_sizes(
@@ -192,23 +209,26 @@ def _read_column(
     layouts: Layouts,
     row_starts: np.ndarray,
     strings: _StringSizes | None,
+    fixed: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
 ):
-    """Submit the reads of one column; return the fix-up to run once they are done."""
+    """Submit the reads of one column (a fixed-width column's values: appended to ``fixed``, (file offsets,
+    sizes, places in the block) for the caller to read with the other columns'); return the fix-up to run
+    once they are done."""
     backend = reader.backend
     xp = backend.xp
     ctype = plan.type
     chunks = layouts.chunks[plan.name]
-    raw = block.array(0, np.uint8, (block.nbytes,))
     layout = ctype.layout
     bits = None
     if layout in (Layout.FIXED, Layout.BYTES, Layout.FIXED_LIST):
         width = ctype.width
-        reader.read_many(chunks.values.offset, chunks.length * width, raw, plan.values.offset + row_starts * width)
+        fixed.append((chunks.values.offset, chunks.length * width, plan.values.offset + row_starts * width))
     elif layout in (Layout.VARBINARY, Layout.LIST):
         unit = ctype.storage.itemsize if layout == Layout.LIST else 1  # bytes per offset step
         nbytes = strings.nbytes * unit
         at = plan.data.offset + np.cumsum(nbytes) - nbytes
         if chunks.data is not None:  # None: no batch has bytes (pyarrow's path, empty batches only)
+            raw = block.array(0, np.uint8, (block.nbytes,))
             reader.read_many(chunks.data.offset + strings.first * unit, nbytes, raw, at)
     else:  # BOOL: bit-packed in the file
         bits = _read_bitmaps(reader, xp, chunks.values, chunks.length)
@@ -216,7 +236,6 @@ def _read_column(
     elements = None
     if plan.child_validity is not None:  # each batch's whole element bitmap; the rows' part is unpacked below
         elements = _read_bitmaps(reader, xp, chunks.child_validity, chunks.child_length)
-    rows = (np.zeros_like(row_starts), chunks.length, row_starts)  # each batch's bits: first, count, row
 
     def fixup() -> tuple[str, int, Any] | None:
         """Lay out what was read; (name, NULLs claimed, NULLs found on the device) for a nullable column."""
@@ -226,15 +245,20 @@ def _read_column(
             _place_elements(backend, block, plan, elements, chunks.length, row_starts, strings)
         elif layout == Layout.BOOL:
             values = block.array(plan.values.offset, np.uint8, (plan.length,))
-            _unpack_batches(backend, bits, rows, values, missing=None)
+            _unpack_batches(backend, bits, _spans(chunks.length, row_starts), values, missing=None)
         if validity is None:
             return None
         valid = xp.empty(plan.length, dtype=np.uint8)
-        _unpack_batches(backend, validity, rows, valid, missing=1)
+        _unpack_batches(backend, validity, _spans(chunks.length, row_starts), valid, missing=1)
         _pack_into(backend, valid, block.array(plan.validity.offset, np.uint8, (plan.validity.size,)))
         return plan.name, plan.null_count, plan.length - xp.count_nonzero(valid)
 
     return fixup
+
+
+def _spans(lengths: np.ndarray, row_starts: np.ndarray) -> tuple:
+    """Each batch's bits of a column's bitmaps: (first bit, count, row) arrays."""
+    return np.zeros_like(row_starts), lengths, row_starts
 
 
 def _read_bitmaps(reader: RangeReader | InflatingReader, xp: Any, bitmaps: Buffers | None, bits: np.ndarray) -> tuple:
