@@ -173,6 +173,45 @@ def _pool_used(device):
     return cupy.get_default_memory_pool().used_bytes()
 
 
+def _resident_pages(fd: int, size: int) -> int:
+    """How many of the file's pages are in the page cache (mincore over a mapping of it)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    view = np.frombuffer(m, np.uint8)
+    vec = np.zeros(-(-size // mmap.PAGESIZE), np.uint8)
+    assert libc.mincore(view.ctypes.data, size, vec.ctypes.data) == 0, os.strerror(ctypes.get_errno())
+    del view
+    m.close()
+    return int((vec & 1).sum())
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise and mincore (Linux)")
+def test_opening_a_file_reads_its_metadata_not_its_data(tmp_path):
+    """The data pages are read by the column reads alone: opening the file (pyarrow's mapping of it) used to
+    madvise(WILLNEED) the whole mapping, which read ahead megabytes of an uncached file."""
+    from pystrom.io.arrow.file.metadata import open_arrow_file
+
+    path = tmp_path / "cold.arrow"
+    rows = 1 << 21
+    _write(path, pa.table({"a": np.arange(rows), "b": np.ones(rows)}), lengths=[rows])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        size = os.fstat(fd).st_size
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if _resident_pages(fd, size):
+            pytest.skip("this file system keeps the file's pages (tmpfs?)")
+        with open_arrow_file(path) as f:
+            assert f.num_batches == 1
+            assert _resident_pages(fd, size) <= 8  # the footer and the schema
+    finally:
+        os.close(fd)
+
+
 def test_missing_file_and_directory(tmp_path, device):
     with pytest.raises(FileNotFoundError, match="nope.arrow"):
         pystrom.read_arrow(tmp_path / "nope.arrow", device=device)
