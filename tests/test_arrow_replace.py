@@ -1,9 +1,11 @@
 """write_arrow's final step (:mod:`pystrom.io.arrow.write.replace`): an existing file is swapped atomically
 for the new one, readers holding the old file keep it, and what is not a regular file is treated as
-``os.replace`` treats it."""
+``os.replace`` treats it. The old file is closed (freed) on a thread of its own, and a forked child never
+keeps one alive; write_arrow in a forked child works (the statistics threads are the child's own)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 
@@ -84,3 +86,73 @@ def test_what_is_not_a_regular_file_goes_through_os_replace(tmp_path, kind):
     replace.replace_file(str(tmp), str(dest))
     assert dest.read_bytes() == b"new" and not dest.is_symlink()
     assert target.read_bytes() == b"target"  # a symlink is replaced, not written through
+
+
+def _open_deleted(path) -> list[str]:
+    """Descriptors of this process on a deleted file once named ``path``."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(" (deleted)") and os.path.basename(str(path)) in target:
+            found.append(target)
+    return found
+
+
+pytestmark_linux = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+
+
+@pytestmark_linux
+def test_the_old_file_is_closed_by_the_time_settle_returns(tmp_path):
+    path = tmp_path / "t.arrow"
+    for k in range(3):
+        pystrom.write_arrow(pa.table({"x": list(range(k, 1000))}), path)
+    replace.settle()
+    assert _open_deleted(path) == []
+    assert sorted(os.listdir(tmp_path)) == ["t.arrow"]
+
+
+def _child_after_fork(path: str, out) -> None:
+    """In the forked child: what it holds of old files, and whether write_arrow works there."""
+    held = _open_deleted(path)
+    pystrom.write_arrow(pa.table({"x": [7, 8, 9]}), path + ".child")
+    out.put((held, feather.read_table(path + ".child").column("x").to_pylist()))
+
+
+@pytestmark_linux
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="needs fork")
+def test_a_forked_child_keeps_no_old_file_and_writes(tmp_path, monkeypatch):
+    """The old file is still open (its close held back) when the process forks: the child closes its copy.
+    And the statistics threads of the parent's write are not the child's: a write there must not wait for them."""
+    path = tmp_path / "t.arrow"
+    pystrom.write_arrow(pa.table({"x": [1]}), path)  # the statistics pool now exists in this process
+    gate = threading.Event()
+    real = replace._close
+
+    def held_back(fd: int) -> None:
+        gate.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(replace, "_close", held_back)
+    pystrom.write_arrow(pa.table({"x": [2]}), path)
+    assert len(_open_deleted(path)) == 1
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_after_fork, args=(str(path), out), daemon=True)
+    fork = threading.Thread(target=child.start)
+    fork.start()
+    fork.join(0.5)
+    gate.set()  # the fork waits for closes in progress: let this one go (the close is not taken yet, or is)
+    fork.join(30)
+    try:
+        held, written = out.get(timeout=60)
+        child.join(30)
+    finally:
+        if child.is_alive():  # a child that hangs (waiting for threads it does not have) fails, not stays
+            child.kill()
+    assert child.exitcode == 0
+    assert held == [] and written == [7, 8, 9]
+    replace.settle()
+    assert _open_deleted(path) == []

@@ -104,6 +104,10 @@ def _host_pool() -> cf.ThreadPoolExecutor:
     return cf.ThreadPoolExecutor(io_threads(), thread_name_prefix="pystrom-io")
 
 
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: a pool of its own
+    os.register_at_fork(after_in_child=_host_pool.cache_clear)
+
+
 class RangeReader:
     """Submit reads of (file offset, size) into destination arrays; :meth:`wait` checks them all."""
 

@@ -13,17 +13,27 @@ is unlinked; readers that opened the old file keep reading it whole. Anywhere el
 symlink, a kernel or file system without RENAME_EXCHANGE, a libc without ``renameat2``) ``os.replace``,
 which flushes only where it replaces. Either way a reader opening ``dest`` sees the old file or the
 new one, complete, never neither and never a mix.
+
+The old file's name goes at once, the file itself a moment later: the last close of a file frees its
+page cache pages and its blocks (with a discard on mounts with ``discard``), which for a 640 MB file took
+30 ms (never written back) to 240 ms (written back, discard mount) on the 2-core test machine, all of it
+in ``write_arrow`` when it unlinked the file. So a descriptor of the old file is taken (``O_PATH``: no
+read permission needed) before its name is unlinked, and closed by a thread of its own; :func:`settle`
+waits for those closes (the benchmark, before timing anything else). A forked child closes the
+descriptors it inherited of files not yet closed, so it never keeps one alive.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import ctypes
 import errno
 import functools
 import os
 import stat
+import threading
 
-__all__ = ["replace_file"]
+__all__ = ["replace_file", "settle"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -64,8 +74,62 @@ def replace_file(tmp: str, dest: str) -> None:
                 # dest became something else (a directory) after the check: put it back, fail as os.replace would
                 _exchange(tmp, dest)
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), dest)
-            os.unlink(tmp)  # the old file: readers that hold it open keep it
+            _unlink_and_release(tmp)  # the old file: readers that hold it open keep it
             return
         if err not in _UNSUPPORTED and err != errno.ENOENT:
             raise OSError(err, os.strerror(err), dest)
     os.replace(tmp, dest)
+
+
+# Descriptors of unlinked old files not closed yet, and the lock that orders their closes with a fork.
+_pending: set[int] = set()
+_pending_lock = threading.Lock()
+
+
+@functools.cache
+def _closer() -> cf.ThreadPoolExecutor:
+    return cf.ThreadPoolExecutor(1, thread_name_prefix="pystrom-release")
+
+
+def _unlink_and_release(path: str) -> None:
+    """Unlink ``path`` (a regular file, ours to remove); its pages and blocks are freed on the closer thread."""
+    try:
+        fd = os.open(path, getattr(os, "O_PATH", os.O_RDONLY) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        os.unlink(path)  # freed here, as before
+        return
+    try:
+        os.unlink(path)
+    except BaseException:
+        os.close(fd)
+        raise
+    with _pending_lock:
+        _pending.add(fd)
+    _closer().submit(_close, fd)
+
+
+def _close(fd: int) -> None:
+    with _pending_lock:  # a fork waits for it: a child never closes a number reused by then
+        _pending.discard(fd)
+        os.close(fd)
+
+
+def settle() -> None:
+    """Wait until every old file replaced so far is closed (its pages and blocks freed)."""
+    _closer().submit(lambda: None).result()  # the closer runs its tasks in order
+
+
+def _after_fork_in_child() -> None:
+    for fd in _pending:  # inherited: closed here, or the child would keep those files alive
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _pending.clear()
+    _closer.cache_clear()  # the parent's thread is not the child's
+    _pending_lock.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_pending_lock.acquire, after_in_parent=_pending_lock.release,
+                        after_in_child=_after_fork_in_child)  # fmt: skip

@@ -25,10 +25,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
+import functools
 import os
 import struct
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,10 +167,42 @@ class _Done:
 _NONE = _Done()
 
 
-def _stats_threads(stats: bool) -> Any:
-    if not stats:
-        return contextlib.nullcontext(None)
+@functools.cache
+def _stats_pool() -> cf.ThreadPoolExecutor:
+    """The statistics threads, one pool for the process: a pool a write started four threads and joined
+    them at its end, which on a busy machine waits for each to be scheduled once more."""
     return cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="pystrom-stats")
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: a pool of its own
+    os.register_at_fork(after_in_child=_stats_pool.cache_clear)
+
+
+class _StatsTasks:
+    """One write's statistics tasks on the shared pool; all finished when the write returns or raises (no
+    task of it still reading the caller's arrays)."""
+
+    def __init__(self) -> None:
+        self.futures: list[cf.Future] = []
+
+    def submit(self, fn: Any, *args: Any) -> cf.Future:
+        if len(self.futures) >= 256:  # a file of thousands of batches: keep only those not finished
+            self.futures = [f for f in self.futures if not f.done()]
+        future = _stats_pool().submit(fn, *args)
+        self.futures.append(future)
+        return future
+
+
+@contextlib.contextmanager
+def _stats_threads(stats: bool) -> Iterator[_StatsTasks | None]:
+    if not stats:
+        yield None
+        return
+    tasks = _StatsTasks()
+    try:
+        yield tasks
+    finally:
+        cf.wait(tasks.futures)
 
 
 def _deflater(compression: str | None, level: int | None) -> Any:
