@@ -38,14 +38,22 @@ def measure(fn: Callable[[], Any], sync: Callable[[], None], repeat: int) -> flo
 
 
 def measure_pair(
-    fn: Callable[[], Any], baseline: Callable[[], Any], sync: Callable[[], None], repeat: int
+    fn: Callable[[], Any],
+    baseline: Callable[[], Any],
+    sync: Callable[[], None],
+    repeat: int,
+    settle: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
     """Median wall times of ``fn`` and ``baseline``, run alternately ``repeat`` times each after one
     warm-up of each: on a machine whose speed drifts between runs (a shared host, a server's caches),
-    both sides then see the same conditions, which back-to-back blocks of runs do not give them."""
+    both sides then see the same conditions, which back-to-back blocks of runs do not give them.
+    ``settle``, untimed after every call of either: waits for the work a call left running in the
+    background (a file's writeback, its release), which would otherwise land in the other side's time."""
     for f in (fn, baseline):
         f()
         sync()
+        if settle is not None:
+            settle()
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeat):
         for f, out in ((fn, times[0]), (baseline, times[1])):
@@ -54,6 +62,8 @@ def measure_pair(
             sync()
             out.append(time.perf_counter() - start)
             del result
+            if settle is not None:
+                settle()
     return statistics.median(times[0]), statistics.median(times[1])
 
 
