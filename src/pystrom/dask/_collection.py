@@ -11,9 +11,7 @@ rows to the client.
 
 from __future__ import annotations
 
-import itertools
 import re
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +63,8 @@ class PartitionedTable(DaskMethodsMixin):
 
     Use it as a context manager (or call :meth:`close`) to release a PostgreSQL read's snapshot
     as soon as it is no longer needed; it is also released when the collection is garbage collected.
+    ``with read_postgres(...) as parts: parts = parts.persist()`` is safe: the partitions being
+    persisted keep the snapshot until each has been read.
     """
 
     def __init__(self, parts: Partitions, schema: Any, device: Any = None):
@@ -118,7 +118,9 @@ class PartitionedTable(DaskMethodsMixin):
     def close(self) -> None:
         """Release the PostgreSQL snapshot this collection reads (nothing else to release for a scan).
 
-        Partitions already persisted stay usable; anything that still has to read fails clearly.
+        Partitions already persisted stay usable, and partitions being persisted finish their reads
+        first (the transaction ends when the last of them is read); anything else that still has to
+        read fails clearly.
         """
         if self._parts.snapshot is not None:
             self._parts.snapshot.close()
@@ -355,24 +357,7 @@ def _cudf_wanted(device: Any) -> bool:
         return False
 
 
-_release_lock = threading.Lock()
-
-
 def _release_when_done(snapshot: Any, values: Sequence[Any]) -> None:
-    """Close ``snapshot`` once every future among ``values`` has finished (at once when none is a future)."""
-    if snapshot is None:
-        return
-    futures = [v for v in values if hasattr(v, "add_done_callback") and hasattr(v, "key")]
-    if not futures:
-        snapshot.close()
-        return
-    left = itertools.count(len(futures) - 1, -1)
-
-    def done(_: Any) -> None:
-        with _release_lock:
-            remaining = next(left)
-        if remaining == 0:
-            snapshot.close()
-
-    for f in futures:
-        f.add_done_callback(done)
+    """Release ``snapshot`` once every future among ``values`` has finished (at once when none is a future)."""
+    if snapshot is not None:
+        snapshot.hold([v for v in values if hasattr(v, "add_done_callback") and hasattr(v, "key")])

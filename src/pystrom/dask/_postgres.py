@@ -30,14 +30,19 @@ _TARGET_PARTITION_BYTES = 256 << 20
 class Snapshot:
     """The client's connection whose open transaction keeps an exported snapshot valid.
 
-    Closed by :meth:`close` (idempotent, thread-safe), when the last object referring to it is
-    garbage collected, or at interpreter exit.
+    Released by :meth:`close` (idempotent, thread-safe), when the last object referring to it is
+    garbage collected, or at interpreter exit. Partitions being persisted hold it (:meth:`hold`):
+    while any of them is still reading, ``close()`` only marks it released (nothing new may read it)
+    and the transaction ends when the last of them has finished, so that leaving a ``with`` block
+    right after ``persist()`` does not pull the snapshot from under the reads it started.
     """
 
     def __init__(self, conninfo: str):
         from ..io.postgres.session import connect, export_snapshot, run_sql
 
         self._lock = threading.Lock()
+        self._pending = 0  # persisted partitions still reading
+        self._released = False  # close() was called, or the persisted reads are all done
         conn = connect(conninfo)
         self._finalizer = weakref.finalize(self, conn.close)
         self.conn = conn
@@ -46,17 +51,53 @@ class Snapshot:
             run_sql(conn, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self.id: str = export_snapshot(conn)
         except BaseException:
-            self.close()
+            self._release_now()
             raise
         self.backend_pid: int = conn.info.backend_pid
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        """True once released: no new read may start on it (reads already persisting may still finish)."""
+        return self._released or not self._finalizer.alive
+
+    @property
+    def holding(self) -> bool:
+        """True while the client's transaction is open (until the last persisted read has finished)."""
+        return self._finalizer.alive
 
     def close(self) -> None:
+        """Release the snapshot: at once, or when the persisted partitions still reading have finished."""
         with self._lock:
-            self._finalizer()  # runs conn.close() once
+            self._released = True
+            if self._pending:
+                return
+        self._finalizer()  # runs conn.close() once
+
+    def hold(self, futures: Sequence[Any]) -> None:
+        """Keep the transaction open until every one of ``futures`` (persisted partitions being read)
+        has finished, failed or been cancelled; then release it, as a persisted collection needs it no more."""
+        if not futures:
+            self.close()
+            return
+        with self._lock:
+            self._pending += len(futures)
+
+        def done(_: Any) -> None:
+            with self._lock:
+                self._pending -= 1
+                last = self._pending == 0
+                if last:
+                    self._released = True
+            if last:
+                self._finalizer()
+
+        for f in futures:
+            f.add_done_callback(done)
+
+    def _release_now(self) -> None:
+        with self._lock:
+            self._released = True
+        self._finalizer()
 
     def __reduce__(self) -> Any:
         return (str, (self.id,))  # a worker needs the id only; the connection stays with the client
@@ -65,7 +106,8 @@ class Snapshot:
         return ("pystrom.dask.Snapshot", self.id)
 
     def __repr__(self) -> str:
-        return f"<pystrom.dask.Snapshot {self.id} {'released' if self.closed else 'held'}>"
+        state = "held" if not self.closed else "released, held by persisted reads" if self.holding else "released"
+        return f"<pystrom.dask.Snapshot {self.id} {state}>"
 
 
 def _check_npartitions(npartitions: Any) -> None:
@@ -201,7 +243,7 @@ def read_postgres(
                 labels[-1] = f"{partition_on} >= {lo + key_ranges[-1][0]}"
                 labels[0] += " or NULL"
     except BaseException:
-        snapshot.close()
+        snapshot._release_now()
         raise
 
     import pyarrow as pa

@@ -66,8 +66,9 @@ def read_pg_range(
         except PostgresError as exc:
             raise PostgresError(
                 f"{what}: cannot join the read's snapshot {snapshot_id!r}: the client holds it only while the "
-                f"collection lives (until close(), its with block, garbage collection or persist()); a persisted "
-                f"partition lost with its worker cannot be read again on it: read the table again ({exc})"
+                f"collection lives (until close() or its with block ends, with no persisted partition left to read, "
+                f"or garbage collection, or every persisted partition is read); a persisted partition lost with its "
+                f"worker cannot be read again on it: read the table again ({exc})"
             ) from exc
         try:
             chunks = read_all(backend, len(cols), ([conn], [statement], [hint]), False, arrays=array_columns(cols))
