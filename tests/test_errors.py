@@ -108,7 +108,7 @@ def test_missing_gpu_is_explained():
         with pytest.raises(pystrom.DeviceError, match="does not exist: .* visible"):
             Table.from_arrays({"a": [1]}, device="cuda:64")
     else:
-        with pytest.raises(pystrom.DeviceError, match="'cuda' was requested but .*device='cpu'"):
+        with pytest.raises(pystrom.DeviceError, match="'cuda' .*device='cpu'"):
             Table.from_arrays({"a": [1]}, device="cuda")
     with pytest.raises(pystrom.DeviceError):
         Table.from_arrays({"a": [1]}, device=-1)

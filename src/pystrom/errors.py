@@ -39,6 +39,7 @@ __all__ = [
     "UserFunctionError",
     "UserFunctionIndexError",
     "StaleGlobalWarning",
+    "MissingDependencyError",
 ]
 
 
@@ -181,6 +182,27 @@ class ExpressionError(Error, ValueError):
     def __init__(self, message: str, position: int | None = None):
         super().__init__(message, position)
         self.position = position
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingDependencyError(Error, ImportError):
+    """An optional package that a feature needs is not installed, or does not import.
+
+    The message names the feature, the package, and the ``pip install 'pystrom-gpu[...]'`` line
+    that brings it; ``name`` is the module that failed to import (as for any ``ImportError``) and
+    ``extras`` the extras that provide it. Every optional import of pystrom (dask, dask-cuda, pandas,
+    psycopg, numba, numba-cuda, CuPy, KvikIO, nvCOMP) fails with this class.
+    """
+
+    def __init__(self, message: str, name: str | None = None, extras: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.name = name
+        self.extras = tuple(extras)
+
+    def __reduce__(self):  # name and extras travel too (the store daemon and dask workers pickle errors)
+        return (type(self), (str(self), self.name, self.extras))
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

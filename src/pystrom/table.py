@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _ops
+from ._dist import require as _require
 from ._frame import TableOps
 from ._types import Layout
 from .column import Column
@@ -375,6 +376,7 @@ class Table(TableOps):
 
     def to_pandas(self, **kwargs: Any) -> pd.DataFrame:
         """``to_arrow().to_pandas(**kwargs)``."""
+        _require("pandas", "Table.to_pandas()")  # pyarrow's own error would not name the extra
         return self.to_arrow().to_pandas(**kwargs)
 
     def to(self, device: str | int | None) -> Table:

@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from .._dist import require
 from ..errors import (
     ColumnNotFoundError,
+    MissingDependencyError,
     StaleGlobalWarning,
     UnsupportedTypeError,
     UserFunctionError,
@@ -50,22 +52,18 @@ SUPPORTED_DTYPES = tuple(
 )
 
 
-class MissingNumbaError(UnsupportedTypeError, ImportError):
-    """numba (the ``udf`` extra) is not installed."""
+class MissingNumbaError(MissingDependencyError, UnsupportedTypeError):
+    """numba or numba-cuda (the ``udf`` extra) is not installed (an UnsupportedTypeError as it always was)."""
 
 
 def numba_modules(cuda: bool = False) -> Any:
-    """``numba`` (and ``numba.cuda`` with ``cuda=True``), or a pystrom error naming the extra."""
-    try:
-        import numba
-
-        if cuda:
-            from numba import cuda as numba_cuda
-
-            _load_cuda_array_overloads()
-            return numba, numba_cuda
-    except ImportError as exc:
-        raise MissingNumbaError(f"pystrom's user functions need numba: pip install 'pystrom-gpu[udf]' ({exc})") from exc
+    """``numba`` (and ``numba.cuda`` with ``cuda=True``), or a MissingDependencyError naming the extra."""
+    feature = "pystrom's user functions (@pystrom.udf, @pystrom.kernel, pystrom.reduce)"
+    numba = require("numba", feature, MissingNumbaError)
+    if cuda:
+        numba_cuda = require("numba.cuda", feature + " on a GPU", MissingNumbaError)
+        _load_cuda_array_overloads()
+        return numba, numba_cuda
     return numba
 
 

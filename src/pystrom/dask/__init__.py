@@ -14,8 +14,12 @@ The guide: docs/dask.md.
 
 from __future__ import annotations
 
-from ._arrow import scan_arrow
-from ._collection import PartitionedTable
-from ._postgres import Snapshot, read_postgres
+from .._dist import require
+
+require("dask", "pystrom.dask")  # before anything imports dask: the error names the extra, not a bare module
+
+from ._arrow import scan_arrow  # noqa: E402
+from ._collection import PartitionedTable  # noqa: E402
+from ._postgres import Snapshot, read_postgres  # noqa: E402
 
 __all__ = ["read_postgres", "scan_arrow", "PartitionedTable", "Snapshot"]

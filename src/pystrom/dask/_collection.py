@@ -252,9 +252,11 @@ class PartitionedTable(DaskMethodsMixin):
     def to_dask_dataframe(self) -> Any:
         """A dask DataFrame with one pandas partition per Table (cuDF partitions on GPU workers where
         cuDF is installed on the client and the workers)."""
-        import dask.dataframe as dd
         from dask.delayed import Delayed
 
+        from .._dist import require
+
+        dd = require("dask.dataframe", "PartitionedTable.to_dask_dataframe()")
         self._check_open()
         use_cudf = _cudf_wanted(self._device)
         parts = self._parts.derive("pystrom-to-frame", to_frame, use_cudf)

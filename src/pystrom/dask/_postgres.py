@@ -199,7 +199,7 @@ def read_postgres(
     from ..io.postgres.statement import check_read_arguments, compose
     from ..io.postgres.types import check_partition_key, describe_read
 
-    psycopg = psycopg_module()
+    psycopg = psycopg_module("pystrom.dask.read_postgres")
     if isinstance(conninfo, psycopg.Connection):
         raise InvalidArgumentError(
             "pystrom.dask.read_postgres needs a connection string or URI: every worker opens its own "

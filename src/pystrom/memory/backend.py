@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._settings import defaults
-from ..errors import DeviceError, OutOfMemoryError
+from ..errors import DeviceError, MissingDependencyError, OutOfMemoryError
 from . import hostmem
 from .transfer import DeviceTransfer, host_copy
 
@@ -51,6 +51,10 @@ def cuda_device_count() -> int:
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:
         return 0
+
+
+class _NoCupyError(MissingDependencyError, DeviceError):
+    """A GPU asked for where CuPy is not installed: the missing extra, and a DeviceError as it always was."""
 
 
 class Block:
@@ -327,6 +331,10 @@ def resolve_device(device: str | int | Backend | None = None) -> Backend:
             return _CPU
     count = cuda_device_count()
     if count == 0:
+        if importlib.util.find_spec("cupy") is None:
+            from .._dist import missing
+
+            raise missing("cupy", f"device {device!r}", error=_NoCupyError, advice="or use device='cpu'")
         raise DeviceError(f"device {device!r} was requested but {no_gpu_reason()}; use device='cpu'")
     if ordinal is None:
         return _current_cuda()

@@ -104,7 +104,7 @@ def read_postgres(
         Connection failures, SQL errors, permissions, a connection lost during the read. No partial
         table is returned.
     """
-    psycopg = psycopg_module()
+    psycopg = psycopg_module("read_postgres")
     check_read_arguments(query, table, columns, where, numeric, partition_on)
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
         raise InvalidArgumentError(f"partitions must be a positive int or None; got {partitions!r}")
@@ -195,6 +195,7 @@ def postgres_to_arrow(
         path, num_rows, num_batches, bytes_written.
     """
 
+    psycopg_module("postgres_to_arrow")
     check_compression(compression, compression_level)  # before the read, not after it
     result = read_postgres(
         conninfo,

@@ -115,7 +115,7 @@ class PostgresScan:
         device: Any,
         progress: Any,
     ):
-        psycopg = psycopg_module()
+        psycopg = psycopg_module("scan_postgres")
         if isinstance(conninfo, psycopg.Connection):
             raise InvalidArgumentError(
                 "scan_postgres needs a connection string or URI: each pass opens a connection of its own and "

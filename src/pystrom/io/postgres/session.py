@@ -53,12 +53,11 @@ _MAX_AUTO_PARTITIONS = 16
 _LOCAL_HOSTS = ("", "localhost", "127.0.0.1", "::1")
 
 
-def psycopg_module() -> Any:
-    try:
-        import psycopg
-    except ImportError:
-        raise PostgresError("read_postgres needs psycopg: pip install 'pystrom-gpu[postgres]'") from None
-    return psycopg
+def psycopg_module(feature: str = "pystrom's PostgreSQL access") -> Any:
+    """psycopg, or a MissingDependencyError naming ``feature`` (the public call) and the extra."""
+    from ..._dist import require
+
+    return require("psycopg", feature)
 
 
 def _parsed(conninfo: str) -> dict | None:

@@ -129,7 +129,7 @@ def write_postgres(
         Connection failures, SQL errors, constraint violations, a connection lost during the write.
         The target is unchanged.
     """
-    psycopg = psycopg_module()
+    psycopg = psycopg_module("write_postgres")
     if not isinstance(table, Table):
         raise InvalidArgumentError(f"write_postgres writes a pystrom.Table; got {type(table).__name__}")
     if if_exists not in _MODES:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._dist import missing
 from ....kernels import launch
 from .host import check_zstd, inflate_host
 
@@ -56,8 +57,22 @@ def nvcomp_available() -> bool:
 
 
 def decodes_on_host(codec: str) -> bool:
-    """Whether a GPU leaves ``codec``'s frames to the CPU codecs: ZSTD unless nvCOMP is enabled and loads."""
-    return codec == "zstd" and not (_nvcomp_zstd() and nvcomp_available())
+    """Whether a GPU leaves ``codec``'s frames to the CPU codecs: ZSTD unless nvCOMP is enabled. Enabled
+    (``PYSTROM_NVCOMP=1``) where nvCOMP does not import is an error naming the extra, not a quiet
+    fallback: whoever set it expects nvCOMP's decoder."""
+    if codec != "zstd" or not _nvcomp_zstd():
+        return codec == "zstd"
+    if not nvcomp_available():
+        try:
+            from nvidia import nvcomp  # noqa: F401  (again, for the reason it fails)
+        except Exception as exc:  # noqa: BLE001 - a libnvcomp that does not load counts too
+            raise missing(
+                "nvidia.nvcomp",
+                "PYSTROM_NVCOMP=1 (ZSTD frames decoded on the GPU)",
+                exc,
+                advice="or unset PYSTROM_NVCOMP to decode them with the CPU codecs",
+            ) from exc
+    return False
 
 
 def _inflate_device(backend: Any, frames: Any, addresses: np.ndarray, wait: bool = True) -> Any:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .... import _core
+from ...._dist import require
 from ...._settings import defaults
 from ....errors import FileFormatError
 
@@ -54,7 +55,7 @@ def _configure_kvikio() -> Any:
     """Import KvikIO and size its pool once (the user's KVIKIO_* variables win)."""
     global _kvikio_configured
     with _kvikio_lock:
-        import kvikio
+        kvikio = require("kvikio", "reading Arrow files onto a GPU")
         import kvikio.defaults as kd
 
         if _kvikio_configured is None:
