@@ -312,8 +312,8 @@ def test_bad_arguments_and_values(pg):
         pystrom.write_postgres(t, pg.conninfo, "x", partitions=0)
     with pytest.raises(InvalidArgumentError, match="name"):
         pystrom.write_postgres(t, pg.conninfo, ("a", "b", "c"))
-    with pytest.raises(InvalidArgumentError, match="pystrom.Table"):
-        pystrom.write_postgres(t.to_arrow(), pg.conninfo, "x")
+    with pytest.raises(InvalidArgumentError, match=r"write_postgres\(table, conninfo, name, .*got builtins.dict"):
+        pystrom.write_postgres({"x": [1]}, pg.conninfo, "x")  # pyarrow and pandas tables are taken (test_pg_hints)
     with pytest.raises(pystrom.ColumnNotFoundError, match="'nope'"):
         pystrom.write_postgres(t, pg.conninfo, "x", columns=["nope"])
     with pytest.raises(PostgresError, match="cannot connect"):

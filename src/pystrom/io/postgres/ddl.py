@@ -35,6 +35,7 @@ binary into bit / varbit       varbit                the value is PostgreSQL's b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ from ...errors import ColumnNotFoundError, InvalidArgumentError, SchemaMismatchE
 from .statement import check_identifier_length
 
 __all__ = [
+    "check_write_order",
     "EncodeKind",
     "retarget",
     "vector_column",
@@ -318,3 +320,69 @@ def insert_select(target: Any, source: Any, cols: Sequence[WriteColumn]) -> Any:
 
     names = _column_list(cols)
     return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, names, names, source)
+
+
+# -- the arguments of write_postgres, in their order ---------------------------------------------------
+
+
+_SIGNATURE = (
+    "write_postgres(table, conninfo, name, *, if_exists='fail', columns=None, partitions=None, progress=None, "
+    "vector=False)"
+)
+
+
+def check_write_order(table: Any, conninfo: Any, name: Any, psycopg: Any) -> None:
+    """An error with the signature when the arguments are not in its order, or ``table`` is not
+    tabular. Connection strings are described, never quoted: they may hold a password."""
+    args = (table, conninfo, name)
+    if not _is_table(table) and not _tabular(table) and any(_is_table(a) or _tabular(a) for a in args):
+        raise InvalidArgumentError(
+            f"{_SIGNATURE}: the table to write comes first, then the connection, then the target's name; "
+            f"got {', '.join(_kind(a, psycopg) for a in args)}"
+        )
+    if isinstance(name, psycopg.Connection) or (_conninfo_like(name) and not _conninfo_like(conninfo)):
+        raise InvalidArgumentError(
+            f"{_SIGNATURE}: conninfo and name look swapped: name is {_kind(name, psycopg)}, conninfo "
+            f"{_kind(conninfo, psycopg)}"
+        )
+    if not _is_table(table) and not _tabular(table):
+        raise InvalidArgumentError(
+            f"{_SIGNATURE}: table must be a pystrom.Table, a pandas DataFrame or a pyarrow Table; got "
+            f"{type(table).__module__}.{type(table).__name__}"
+        )
+
+
+def _tabular(value: Any) -> bool:
+    """A pandas DataFrame or a pyarrow Table/RecordBatch: data Table.from_arrow takes."""
+    module, kind = type(value).__module__, type(value).__name__
+    return (module.startswith("pandas") and kind == "DataFrame") or (
+        module.startswith("pyarrow") and kind in ("Table", "RecordBatch")
+    )
+
+
+def _conninfo_like(value: Any) -> bool:
+    """A string that reads as a libpq connection string or URI rather than a table name."""
+    if not isinstance(value, str):
+        return False
+    text = value.strip()
+    return text.startswith(("postgres://", "postgresql://")) or re.match(r"[A-Za-z_]\w*\s*=", text) is not None
+
+
+def _kind(value: Any, psycopg: Any) -> str:
+    if _is_table(value):
+        return "a pystrom.Table"
+    if isinstance(value, psycopg.Connection):
+        return "a psycopg.Connection"
+    if _conninfo_like(value):
+        return "a connection string (not shown: it may hold a password)"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+        return f"the name {tuple(value)!r}"
+    return f"a {type(value).__module__}.{type(value).__name__}"
+
+
+def _is_table(value: Any) -> bool:
+    from ...table import Table
+
+    return isinstance(value, Table)

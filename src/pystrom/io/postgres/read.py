@@ -57,7 +57,9 @@ def read_postgres(
         bound on the client (COPY takes no server-side parameters).
     table
         Instead of ``query``: a table or materialized view. A string is one identifier taken
-        literally (``'we"ird name'`` works); a tuple ``('schema', 'name')`` qualifies it.
+        literally (``'we"ird name'`` works); a tuple ``('schema', 'name')`` qualifies it. A string
+        with a dot that no relation has as its name is read as SQL reads a qualified name
+        (``'public.orders'``, ``'"My Schema".orders'``) when that relation exists.
     columns
         With ``table``: the columns to read (default: all).
     where

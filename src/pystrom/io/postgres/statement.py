@@ -12,7 +12,15 @@ from typing import Any
 
 from ...errors import InvalidArgumentError
 
-__all__ = ["Plan", "check_read_arguments", "check_identifier_length", "compose", "cast_to_text"]
+__all__ = [
+    "Plan",
+    "check_read_arguments",
+    "check_identifier_length",
+    "check_query_text",
+    "compose",
+    "cast_to_text",
+    "sql_name_parts",
+]
 
 
 @dataclass
@@ -55,10 +63,105 @@ def _identifier(table: Any) -> Any:
     )
 
 
+# One part of a qualified name as SQL writes it: a quoted identifier ("" for a quote) or a plain one.
+_PART = r'(?:"(?:[^"]|"")+"|[^\W\d][\w$]*)'
+_SQL_NAME = re.compile(rf"\s*({_PART}(?:\s*\.\s*{_PART}){{0,2}})\s*;?\s*\Z")
+_PARTS = re.compile(rf"\s*({_PART})\s*(?:\.|\Z)")
+# Words that are whole statements by themselves: a query of one of these is left to the server.
+_STATEMENT_WORDS = {"select", "values", "table", "with", "show", "explain", "begin", "commit", "rollback", "end",
+                    "abort", "checkpoint", "vacuum", "analyze", "analyse", "reset", "discard", "listen", "unlisten",
+                    "load", "savepoint", "prepare", "execute", "deallocate", "fetch", "close", "move"}  # fmt: skip
+
+
+def sql_name_parts(text: str) -> list[str] | None:
+    """The parts of a (possibly qualified) name as PostgreSQL reads it: plain parts folded to lower
+    case (ASCII, as the server folds them), quoted ones unquoted; None if ``text`` is not such a name."""
+    match = _SQL_NAME.match(text)
+    if match is None:
+        return None
+    parts = []
+    for m in _PARTS.finditer(match.group(1)):
+        part = m.group(1)
+        if part.startswith('"'):
+            parts.append(part[1:-1].replace('""', '"'))
+        else:
+            parts.append(part.translate(_ASCII_LOWER))
+    return parts
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _table_argument(parts: list[str]) -> str:
+    return f"table={parts[0]!r}" if len(parts) == 1 else f"table={tuple(parts)!r}"
+
+
+def check_query_text(query: Any) -> None:
+    """A table's name passed where a query goes is refused before it reaches the server (which would
+    answer with a syntax error in pystrom's own wrapping statement), pointing at ``table=``."""
+    if not isinstance(query, str):
+        return
+    parts = sql_name_parts(query)
+    if parts is None or (len(parts) == 1 and not query.strip().startswith('"') and parts[0] in _STATEMENT_WORDS):
+        return
+    name = query.strip().rstrip(";").strip()
+    raise InvalidArgumentError(
+        f"query={query!r} is a name, not a query: did you mean {_table_argument(parts)}? "
+        f"(or query='SELECT * FROM {name}')"
+    )
+
+
+def resolve_table(conn: Any, table: Any) -> Any:
+    """``table=`` as the identifier of the relation to read. A string is one name taken literally; one
+    with a dot that no relation has is read as SQL reads a qualified name (``'public.breast_cancer'``
+    -> ``("public", "breast_cancer")``, quotes honoured) when that relation exists, and refused with
+    the tuple form to use when it does not."""
+    if not isinstance(table, str) or "." not in table:
+        return _identifier(table)
+    from psycopg import sql
+
+    from ...errors import PostgresError
+
+    if len(table.encode("utf-8")) <= MAX_IDENTIFIER_BYTES and _exists(conn, sql.Identifier(table)):
+        return sql.Identifier(table)
+    parts = sql_name_parts(table)
+    if parts is not None and len(parts) > 1:
+        for part in parts:
+            check_identifier_length(part, "table")
+        qualified = sql.Identifier(*parts)
+        if _exists(conn, qualified):
+            return qualified
+        raise PostgresError(
+            f"table {table!r} does not exist: no table or view has that name (taken literally, dots included), "
+            f"nor is there {qualified.as_string(conn)} (the name read as SQL reads it); for a table in a schema, "
+            f"pass {_table_argument(parts)}"
+        )
+    check_identifier_length(table, "table")
+    raise PostgresError(
+        f"table {table!r} does not exist: no table or view has that name (taken literally, dots included); "
+        f"for a table in a schema, pass a tuple such as table=('schema', 'name')"
+    )
+
+
+def _exists(conn: Any, ident: Any) -> bool:
+    """Whether ``ident`` names a relation this session sees (to_regclass: NULL, never an error, when not)."""
+    import psycopg
+    from psycopg import sql
+
+    from ...errors import PostgresError
+
+    try:
+        row = conn.execute(sql.SQL("SELECT to_regclass({}) IS NOT NULL").format(ident.as_string(conn))).fetchone()
+    except psycopg.Error as exc:
+        raise PostgresError(f"PostgreSQL, while looking up table {ident.as_string(conn)}: {exc}") from exc
+    return bool(row[0])
+
+
 def check_read_arguments(query: Any, table: Any, columns: Any, where: Any, numeric: Any, partition_on: Any) -> None:
     """The checks every PostgreSQL read makes of what it is asked to read (one process or many)."""
     if (query is None) == (table is None):
         raise InvalidArgumentError("read_postgres needs exactly one of query= or table=")
+    check_query_text(query)
     if query is not None and (columns is not None or where is not None):
         raise InvalidArgumentError("columns= and where= go with table=; put them in the query instead")
     if numeric not in ("float64", "decimal"):
@@ -72,7 +175,7 @@ def compose(conn: Any, query: Any, table: Any, columns: Any, where: Any, params:
     from psycopg import ClientCursor, sql
 
     if table is not None:
-        ident = _identifier(table)
+        ident = resolve_table(conn, table)
         if columns is None:
             cols = sql.SQL("*")
         else:

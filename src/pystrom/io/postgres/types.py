@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._types import ColumnType, column_type
-from ...errors import ColumnNotFoundError, SchemaMismatchError, UnsupportedTypeError
+from ...errors import ColumnNotFoundError, PostgresError, SchemaMismatchError, UnsupportedTypeError
 from .pump import Kind
 from .statement import Plan, cast_to_text
 
@@ -104,11 +104,47 @@ _REFUSED = {
 }
 
 
+_DESCRIBE_PREFIX = "SELECT * FROM ("
+
+
+def _in_statement(exc: PostgresError, conn: Any, select: Any) -> str:
+    """The server's refusal of the statement read, placed in that statement rather than in the
+    ``SELECT * FROM (...) LIMIT 0`` that wraps it to learn its columns (the server's own context
+    lines quote the wrapper, which the user never wrote)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    if not primary:
+        return str(exc)
+    text = select.as_string(conn)
+    message = f"PostgreSQL refused the statement read: {primary}"
+    position = getattr(diag, "statement_position", None)
+    if position and str(position).isdigit():
+        at = int(position) - 1 - len(_DESCRIBE_PREFIX)
+        if at >= len(text):
+            message += f", at the end of the statement (it stops short): {_excerpt(text, len(text))}"
+        elif at >= 0:
+            message += f", at character {at + 1} of the statement: {_excerpt(text, at)}"
+    else:
+        message += f"; the statement: {_excerpt(text, 0)}"
+    hint = getattr(diag, "message_hint", None)
+    return message + (f" (hint: {hint})" if hint else "")
+
+
+def _excerpt(text: str, at: int, width: int = 40) -> str:
+    """``text`` around character ``at``, on one line, with ``>>>`` where the server points."""
+    start, end = max(0, at - width), min(len(text), at + width)
+    before, after = re.sub(r"\s+", " ", text[start:at]), re.sub(r"\s+", " ", text[at:end])
+    return f"'{'...' if start else ''}{before}>>>{after}{'...' if end < len(text) else ''}'"
+
+
 def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> list[PgColumn]:
     """Run ``select`` with ``LIMIT 0`` and map its columns, or raise naming the column at fault."""
     from psycopg import sql
 
-    cur = run(conn, "describing the result", sql.SQL("SELECT * FROM ({}) AS _pystrom_q LIMIT 0").format(select))
+    try:
+        cur = run(conn, "describing the result", sql.SQL(_DESCRIBE_PREFIX + "{}) AS _pystrom_q LIMIT 0").format(select))
+    except PostgresError as exc:
+        raise PostgresError(_in_statement(exc, conn, select)) from (exc.__cause__ or exc)
     res = cur.pgresult
     encoding = conn.info.encoding if conn.info.encoding != "SQL_ASCII" else "utf-8"
     names = [res.fname(i).decode(encoding, "replace") for i in range(res.nfields)]

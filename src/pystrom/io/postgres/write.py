@@ -33,6 +33,7 @@ from ...table import Table
 from .ddl import (
     EncodeKind,
     WriteColumn,
+    check_write_order,
     copy_in_sql,
     create_table,
     insert_select,
@@ -62,7 +63,8 @@ def write_postgres(
     progress: bool | Callable[[int], None] | None = None,
     vector: bool | Sequence[str] = False,
 ) -> int:
-    """Write a Table (on a GPU or the CPU) into a PostgreSQL table, all or nothing.
+    """Write a Table (on a GPU or the CPU), a pandas DataFrame or a pyarrow Table into a PostgreSQL
+    table, all or nothing.
 
     The rows are encoded into PostgreSQL's binary COPY format (by a CUDA kernel for a table on a
     GPU, by C++ on the CPU) and sent by ``COPY ... FROM STDIN (FORMAT BINARY)`` over ``partitions``
@@ -73,8 +75,10 @@ def write_postgres(
     Parameters
     ----------
     table
-        The :class:`~pystrom.Table` to write. Every pystrom type has a PostgreSQL type: bool,
-        int8/16 -> smallint, uint16/int32 -> integer, uint32/int64 -> bigint, uint64 ->
+        The :class:`~pystrom.Table` to write, or a pandas DataFrame or pyarrow Table (taken through
+        Arrow as :meth:`pystrom.Table.from_arrow` takes it, onto the CPU: the index is not written, and
+        NaN in a float column of a DataFrame is NULL, as pandas means it). Every pystrom type has a
+        PostgreSQL type: bool, int8/16 -> smallint, uint16/int32 -> integer, uint32/int64 -> bigint, uint64 ->
         numeric(20, 0), float16/32 -> real, float64 -> double precision, decimal128(p, s) ->
         numeric(p, s), date32/64 -> date, timestamp -> timestamp (timestamptz with a time zone),
         time -> time, duration -> interval, string -> text, binary and fixed_size_binary -> bytea,
@@ -130,15 +134,13 @@ def write_postgres(
         The target is unchanged.
     """
     psycopg = psycopg_module("write_postgres")
-    if not isinstance(table, Table):
-        raise InvalidArgumentError(f"write_postgres writes a pystrom.Table; got {type(table).__name__}")
+    check_write_order(table, conninfo, name, psycopg)
     if if_exists not in _MODES:
         raise InvalidArgumentError(f"if_exists must be 'fail', 'append' or 'replace'; got {if_exists!r}")
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
         raise InvalidArgumentError(f"partitions must be a positive int or None; got {partitions!r}")
     check_progress(progress)
     schema, rel = target_name(name)
-    cols = target_columns(table, columns, vector)
     user_conn = isinstance(conninfo, psycopg.Connection)
     if not user_conn and not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -146,6 +148,11 @@ def write_postgres(
         )
     if user_conn and conninfo.closed:
         raise PostgresError("the psycopg connection passed to write_postgres is closed")
+    if not isinstance(table, Table):  # a DataFrame or pyarrow table: through Arrow onto the CPU, freed after
+        with Table.from_arrow(table, device="cpu") as converted:
+            return write_postgres(converted, conninfo, name, if_exists=if_exists, columns=columns,
+                                  partitions=partitions, progress=progress, vector=vector)  # fmt: skip
+    cols = target_columns(table, columns, vector)
 
     if table._backend.kind == "cuda":
         from .encode_device import DeviceEncoder
