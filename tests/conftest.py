@@ -20,6 +20,28 @@ def pytest_configure(config: pytest.Config) -> None:
     hypothesis.settings.load_profile("ci")
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Skips as a few lines, not one per test location: every GPU test skipped here on one line (a
+    machine without a GPU skips hundreds), the other skips one line per reason."""
+    import collections
+
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+
+    def reason(report) -> str:
+        text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        return text.removeprefix("Skipped: ")
+
+    gpu = collections.Counter(reason(r) for r in skipped if "gpu" in r.keywords)
+    other = collections.Counter(reason(r) for r in skipped if "gpu" not in r.keywords)
+    if gpu:
+        why = next(iter(gpu)) if len(gpu) == 1 else "; ".join(f"{n}: {text}" for text, n in gpu.most_common())
+        terminalreporter.write_line(f"SKIPPED {sum(gpu.values())} GPU tests (-m gpu on a GPU machine): {why}")
+    for text, n in other.most_common():
+        terminalreporter.write_line(f"SKIPPED {n}: {text}")
+
+
 # Every test that takes `device` runs on the CPU and on a GPU; the GPU run is marked `gpu` and skipped
 # (reported as skipped) where there is none.
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])]
