@@ -100,6 +100,42 @@ def test_demo_runs_the_whole_data_path():
     assert "PerfectSeparationWarning" in act and "why:" in act
 
 
+@pytest.mark.postgres
+def test_demo_says_each_step_when_it_finishes(monkeypatch):
+    """Each step's line comes when the step is done, not in a table at the end: every line before the
+    second process starts is said before it starts, and the headline fit's line before the separated
+    fit is done. The CPU default is sized for about a minute on two cores, the second act capped."""
+    pytest.importorskip("psycopg")
+    from pystrom import demo
+    from pystrom._embedded_pg import find_server_binaries
+
+    if find_server_binaries() is None:
+        pytest.skip("no PostgreSQL server binaries")
+    said: list[str] = []
+    real = demo._train_elsewhere
+
+    def train(handle, device, separated_rows, timeout, on_result):
+        said.append("<second process starts>")
+
+        def each(kind, result):
+            said.append(f"<{kind} arrived>")
+            on_result(kind, result)
+
+        return real(handle, device, separated_rows, timeout, each)
+
+    monkeypatch.setattr(demo, "_train_elsewhere", train)
+    monkeypatch.setattr(demo, "SEPARATED_ROWS", 5_000)
+    assert demo.run(rows=20_000, device="cpu", say=said.append) == 0
+    start = said.index("<second process starts>")
+    assert any(line.startswith("generate logreg in PostgreSQL (20,000 rows)") for line in said[:start])
+    assert any(line.startswith("Arrow file -> cpu (read_arrow") for line in said[:start])
+    noisy, exact = said.index("<noisy arrived>"), said.index("<exact arrived>")
+    assert said[noisy + 1].startswith("logregr_train there on t (") and noisy < exact
+    assert said[exact + 1].startswith("logregr_train there on t_exact (") and "first 5,000 rows" in said[exact + 1]
+    assert any("second act: t_exact, the same rule without noise, on 5,000 rows" in line for line in said)
+    assert demo.CPU_ROWS <= 3_000_000 and demo.SEPARATED_ROWS <= 200_000
+
+
 def test_demo_without_psycopg_names_the_extra_and_exits_2(tmp_path):
     # A plain install has no psycopg: an import blocker makes this interpreter look like one.
     code = textwrap.dedent(

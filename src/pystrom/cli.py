@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         "onto the GPU (the CPU without one), write and read it as an Arrow file, share it with a second "
         f"process that fits a logistic regression, and print the time of each step. Needs {DISTRIBUTION}[demo].",
     )
-    demo.add_argument("--rows", type=_positive_int, default=10_000_000, help="rows to generate (default 10,000,000)")
+    demo.add_argument("--rows", type=_positive_int, default=None,
+                      help="rows to generate (default 10,000,000 on a GPU, 3,000,000 on the CPU)")  # fmt: skip
     demo.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present)")
     demo.add_argument("--dsn", default=None, help="use this database instead of a throwaway PostgreSQL server")
     demo.set_defaults(run=_demo)

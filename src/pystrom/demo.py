@@ -6,9 +6,13 @@ install); start a throwaway PostgreSQL server (or use ``--dsn``); generate the t
 effect; ``t_exact`` the same rule without noise); ``read_postgres`` with parallel partitions onto the
 GPU (the CPU backend without one, said plainly); ``write_arrow``; ``read_arrow``; ``Table.export()``;
 a second process maps the same memory with ``ipc_import`` and fits MADlib's ``logregr_train`` there.
-Printed: the seconds of every step (GB/s where bytes move), the headline fit of ``t`` with standard
-errors and p-values, then a short second act: the fit of ``t_exact``, whose classes a hyperplane
-separates exactly, and the warning that deserves.
+Printed as each step finishes: its seconds (GB/s where bytes move); then the headline fit of ``t``
+with standard errors and p-values, then a short second act: the fit of ``t_exact``, whose classes a
+hyperplane separates exactly, and the warning that deserves (on at most ``SEPARATED_ROWS`` rows: a fit
+that cannot converge runs all its iterations, and the point is made as well on fewer rows).
+
+Default size: 10M rows on a GPU; on the CPU ``CPU_ROWS``, so that the whole demo takes about a minute
+on two cores.
 
 Everything the demo creates (server, table, files, the second process) is removed at the end, also
 after an error or Ctrl-C.
@@ -31,6 +35,9 @@ __all__ = ["missing_dependency", "run"]
 FEATURES = ["x1", "x2", "x3", "x4", "x5"]
 RULE = "1 + 2 x1 - 3 x2 + x3 + 0.5 x4"  # the coefficients the data is made with (x5: none)
 TRUE_COEF = [1.0, 2.0, -3.0, 1.0, 0.5, 0.0]  # intercept first
+GPU_ROWS = 10_000_000
+CPU_ROWS = 3_000_000
+SEPARATED_ROWS = 200_000  # the second act's rows, at most
 
 
 def missing_dependency(dsn: str | None) -> str | None:
@@ -120,8 +127,9 @@ def _fit(table: Any, target: str) -> dict:
     }
 
 
-def _train_in_child(pipe: Any, handle: bytes, device: str) -> None:
-    """The second process: map the exporter's memory and fit MADlib's logregr_train on it, twice."""
+def _train_in_child(pipe: Any, handle: bytes, device: str, separated_rows: int) -> None:
+    """The second process: map the exporter's memory and fit MADlib's logregr_train on it, twice;
+    each result is sent as soon as it is there, so that the parent prints it then."""
     try:
         import pystrom
 
@@ -131,39 +139,49 @@ def _train_in_child(pipe: Any, handle: bytes, device: str) -> None:
         start = time.perf_counter()
         table = pystrom.ipc_import(handle)
         imported = time.perf_counter() - start
-        pipe.send({
-            "device": table.device,
-            "start_s": started,
-            "import_s": imported,
-            "noisy": _fit(table, "t"),
-            "exact": _fit(table, "t_exact"),
-        })  # fmt: skip
+        pipe.send(("started", {"device": table.device, "start_s": started, "import_s": imported}))
+        pipe.send(("noisy", _fit(table, "t")))
+        pipe.send(("exact", _fit(table.head(separated_rows), "t_exact")))
         table.close()
     except BaseException as exc:
-        pipe.send({"error": f"{type(exc).__name__}: {exc}"})
+        pipe.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         pipe.close()
 
 
-def _train_elsewhere(handle: bytes, device: str, timeout: float) -> dict:
+def _train_elsewhere(
+    handle: bytes, device: str, separated_rows: int, timeout: float, on_result: Callable[[str, dict], None]
+) -> dict:
+    """Run :func:`_train_in_child` in a fresh process; ``on_result(kind, result)`` as each result arrives."""
     ctx = mp.get_context("spawn")  # a fresh interpreter: nothing inherited, the memory comes through the handle
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_train_in_child, args=(child, handle, device), name="pystrom-demo-trainer")
+    proc = ctx.Process(
+        target=_train_in_child, args=(child, handle, device, separated_rows), name="pystrom-demo-trainer"
+    )
     proc.start()
     child.close()
+    results: dict = {}
     try:
-        if not parent.poll(timeout):
-            raise TimeoutError(f"the training process gave no answer in {timeout:.0f} s")
-        result = parent.recv()
+        while "exact" not in results:
+            if not parent.poll(timeout):
+                raise TimeoutError(f"the training process gave no answer in {timeout:.0f} s")
+            try:
+                kind, result = parent.recv()
+            except EOFError:
+                raise RuntimeError(
+                    f"the training process ended without an answer (exit code {proc.exitcode})"
+                ) from None
+            if kind == "error":
+                raise RuntimeError(f"the training process failed: {result}")
+            results[kind] = result
+            on_result(kind, result)
     finally:
         if proc.is_alive():
             proc.join(5)
         if proc.is_alive():
             proc.terminate()
             proc.join()
-    if "error" in result:
-        raise RuntimeError(f"the training process failed: {result['error']}")
-    return result
+    return results
 
 
 def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
@@ -173,21 +191,47 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]
     return result, time.perf_counter() - start
 
 
-def run(rows: int = 10_000_000, device: str | None = None, dsn: str | None = None, say: Callable = print) -> int:
-    """Run the demo; returns the process exit code. ``dsn``: an existing database instead of a
-    throwaway server (a table ``pystrom_demo_<pid>`` is created there and dropped at the end)."""
+class _Steps:
+    """Each step's line printed as it finishes, under a header printed with the first."""
+
+    def __init__(self, say: Callable):
+        self.say = say
+        self.started = False
+
+    def __call__(self, label: str, secs: float, moved: int = 0) -> None:
+        if not self.started:
+            self.say(f"\n{'step':<62} {'seconds':>9} {'GB/s':>7}")
+            self.started = True
+        rate = f"{moved / secs / 1e9:7.2f}" if moved and secs > 0 else ""  # only steps that move the table's bytes
+        self.say(f"{label:<62} {secs:9.3f} {rate}".rstrip())
+
+
+def run(rows: int | None = None, device: str | None = None, dsn: str | None = None, say: Callable = print) -> int:
+    """Run the demo; returns the process exit code. ``rows``: None for the device's default (GPU_ROWS,
+    CPU_ROWS). ``dsn``: an existing database instead of a throwaway server (a table
+    ``pystrom_demo_<pid>`` is created there and dropped at the end)."""
     from psycopg import sql
 
     import pystrom
     from pystrom.memory.backend import no_gpu_reason, resolve_device
 
+    def say_now(*args: Any) -> None:  # each line out as it is said, also into a pipe or a file
+        say(*args)
+        if say is print:
+            import sys
+
+            sys.stdout.flush()
+
     backend = resolve_device(device)
     if backend.kind == "cuda":
-        say(f"device: {backend.device} ({backend.name})")
+        say_now(f"device: {backend.device} ({backend.name})")
     else:
         why = "as asked" if device else f"no GPU here: {no_gpu_reason()}"
-        say(f"device: cpu ({why}); on a machine with a GPU the same steps run there")
-    steps: list[tuple[str, float, int]] = []
+        say_now(f"device: cpu ({why}); on a machine with a GPU the same steps run there")
+    if rows is None:
+        rows = GPU_ROWS if backend.kind == "cuda" else CPU_ROWS
+    separated_rows = min(rows, SEPARATED_ROWS)
+    step = _Steps(say_now)
     with contextlib.ExitStack() as cleanup:
         workdir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pystrom-demo-"))
         if dsn is None:
@@ -195,20 +239,22 @@ def run(rows: int = 10_000_000, device: str | None = None, dsn: str | None = Non
 
             start = time.perf_counter()
             server = cleanup.enter_context(EmbeddedPostgres())
-            say(f"PostgreSQL: a throwaway server from {server.source}, started in {time.perf_counter() - start:.1f} s")
+            say_now(
+                f"PostgreSQL: a throwaway server from {server.source}, started in {time.perf_counter() - start:.1f} s"
+            )
             conninfo, name = server.conninfo, "logreg"
         else:
             from pystrom.io.postgres.session import connect
 
             connect(dsn).close()  # a bad DSN fails here, before anything is created
             conninfo, name = dsn, f"pystrom_demo_{os.getpid()}"
-            say(f"PostgreSQL: {_masked(dsn)} (table {name}, dropped at the end)")
+            say_now(f"PostgreSQL: {_masked(dsn)} (table {name}, dropped at the end)")
         cleanup.callback(_drop, conninfo, name)
-        say(f"table {name}: x1..x5 standard normal, t = {RULE} + logistic noise > 0, t_exact = {RULE} > 0")
+        say_now(f"table {name}: x1..x5 standard normal, t = {RULE} + logistic noise > 0, t_exact = {RULE} > 0")
 
         _, secs = _timed(lambda: _create_logreg(conninfo, name, rows, max(1, min(8, os.cpu_count() or 1))),
                          lambda: None)  # fmt: skip
-        steps.append((f"generate {name} in PostgreSQL ({rows:,} rows)", secs, 0))
+        step(f"generate {name} in PostgreSQL ({rows:,} rows)", secs)
         # A small first read: CUDA context, staging buffers and kernels stay out of the timings.
         first = sql.SQL("SELECT * FROM {} LIMIT 1000").format(sql.Identifier(name))
         pystrom.read_postgres(conninfo, first, device=backend, progress=False).close()
@@ -216,35 +262,37 @@ def run(rows: int = 10_000_000, device: str | None = None, dsn: str | None = Non
         table, secs = _timed(
             lambda: pystrom.read_postgres(conninfo, table=name, device=backend, progress=False), backend.synchronize
         )
-        steps.append((f"PostgreSQL -> {backend.device} (read_postgres, first load)", secs, table.nbytes))
+        step(f"PostgreSQL -> {backend.device} (read_postgres, first load)", secs, table.nbytes)
         path = os.path.join(workdir, "logreg.arrow")
         summary, secs = _timed(lambda: pystrom.write_arrow(table, path), lambda: None)
-        steps.append(("-> Arrow file (write_arrow)", secs, summary.bytes_written))
+        step("-> Arrow file (write_arrow)", secs, summary.bytes_written)
         # One read first: KvikIO starts its threads and allocates their pinned bounce buffers (~0.1 s on an H200).
         pystrom.read_arrow(path, device=backend, progress=False).close()
         back, secs = _timed(lambda: pystrom.read_arrow(path, device=backend, progress=False), backend.synchronize)
         reader = "KvikIO" if backend.kind == "cuda" else "threaded pread"
-        steps.append((f"Arrow file -> {backend.device} (read_arrow, {reader})", secs, summary.bytes_written))
+        step(f"Arrow file -> {backend.device} (read_arrow, {reader})", secs, summary.bytes_written)
         if not back.equals(table):
-            say("error: the Arrow round trip changed the data")
+            say_now("error: the Arrow round trip changed the data")
             return 1
         table.close()
         handle, secs = _timed(back.export, lambda: None)
-        steps.append((f"export an IPC handle ({len(handle)} bytes)", secs, 0))
-        result = _train_elsewhere(handle, backend.device, timeout=600)
-        noisy, exact = result["noisy"], result["exact"]
-        steps.append(("start a second process's pystrom on the device", result["start_s"], 0))
-        steps.append((f"ipc_import there (zero copy, {result['device']})", result["import_s"], 0))
-        steps.append((f"logregr_train there on t ({noisy['n_iter']} iterations)", noisy["fit_s"], 0))
-        steps.append((f"logregr_train there on t_exact ({exact['n_iter']} iterations)", exact["fit_s"], 0))
+        step(f"export an IPC handle ({len(handle)} bytes)", secs)
+
+        def on_result(kind: str, result: dict) -> None:
+            if kind == "started":
+                step("start a second process's pystrom on the device", result["start_s"])
+                step(f"ipc_import there (zero copy, {result['device']})", result["import_s"])
+            elif kind == "noisy":
+                step(f"logregr_train there on t ({result['n_iter']} iterations)", result["fit_s"])
+            else:
+                rows_fitted = "" if separated_rows == rows else f", first {separated_rows:,} rows"
+                step(f"logregr_train there on t_exact ({result['n_iter']} iterations{rows_fitted})", result["fit_s"])
+
+        results = _train_elsewhere(handle, backend.device, separated_rows, 600, on_result)
         back.close()
 
-    say(f"\n{'step':<56} {'seconds':>9} {'GB/s':>7}")
-    for label, secs, moved in steps:  # GB/s only for the steps that move the table's bytes
-        rate = f"{moved / secs / 1e9:7.2f}" if moved and secs > 0 else ""
-        say(f"{label:<56} {secs:9.3f} {rate}".rstrip())
-    _report_headline(noisy, say)
-    _report_separable(exact, say)
+    _report_headline(results["noisy"], say_now)
+    _report_separable(results["exact"], say_now)
     return 0
 
 
@@ -265,7 +313,7 @@ def _report_headline(fit: dict, say: Callable) -> None:
 
 
 def _report_separable(fit: dict, say: Callable) -> None:
-    say(f"\nsecond act: t_exact, the same rule without noise ({fit['n_iter']} iterations, "
+    say(f"\nsecond act: t_exact, the same rule without noise, on {fit['rows']:,} rows ({fit['n_iter']} iterations, "
         f"{'converged' if fit['converged'] else 'not converged'})")  # fmt: skip
     for w in fit["warnings"] or ["none (expected a PerfectSeparationWarning)"]:
         say(f"warning: {w}")
