@@ -85,3 +85,20 @@ def test_readme_docs_and_messages_name_the_distribution():
 )
 def test_install_hint(extras, hint):
     assert install_hint(*extras) == hint
+
+
+def test_the_readme_names_every_extra_and_the_user_functions():
+    readme = (ROOT / "README.md").read_text()
+    named = set(re.findall(re.escape(DISTRIBUTION) + r"\[([\w-]+)\]", readme)) | set(
+        re.findall(r"`\[([\w-]+)\]`", readme)
+    )
+    assert set(_extras()) <= named, f"extras the README does not name: {sorted(set(_extras()) - named)}"
+    for name in ("@pystrom.udf", "@pystrom.kernel", "pystrom.reduce", "pystrom.MissingDependencyError"):
+        assert name in readme, name
+
+
+def test_the_project_has_urls():
+    urls = dict(
+        re.findall(r'^(\w+) = "(https://[^"]+)"', PYPROJECT.split("[project.urls]\n", 1)[1].split("\n[", 1)[0], re.M)
+    )
+    assert set(urls) >= {"Homepage", "Documentation", "Source", "Issues"}, urls

@@ -276,3 +276,23 @@ def test_demo_cleans_up_on_ctrl_c():
         assert os.listdir(tmp) == []  # server directory and work directory are gone
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_help_starts_with_a_quick_start_that_runs(tmp_path):
+    """``help(pystrom)`` opens with the quick start (before the 3,000 lines of the API), and its code runs."""
+    import pydoc
+
+    import pystrom
+
+    text = pydoc.render_doc(pystrom, renderer=pydoc.plaintext)
+    head = text.splitlines()[:30]
+    assert any("Quick start" in line for line in head[:8]), head[:8]
+    doc = pystrom.__doc__
+    block = doc[doc.index("Quick start") :].split("::\n\n", 1)[1].split("\n\n\n", 1)[0]
+    lines = block.split("\n")
+    end = next((i for i, line in enumerate(lines) if line and not line.startswith("    ")), len(lines))
+    code = textwrap.dedent("\n".join(lines[:end]))
+    assert 15 <= len(code.splitlines()) <= 25 and "read_arrow" in code and "@pystrom.udf" in code
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pystrom.Table: 5 rows x 2 columns" in done.stdout and done.stdout.strip().endswith("2")

@@ -1,7 +1,27 @@
 """pystrom: PostgreSQL and Arrow data straight into GPU memory, shared between processes, analysed there.
 
-The public API is what this module exports; everything in underscored modules is internal.
-CuPy is imported only when a GPU is used, so ``import pystrom`` is fast on machines without one.
+Quick start (it runs as it is; tables go to the GPU when CuPy sees one, else to host memory)::
+
+    import numpy as np
+    import pystrom
+
+    t = pystrom.Table.from_arrays({"x": np.arange(5.0), "y": [1, None, 3, 4, 5]})
+    print(t)                                     # the schema, NULL counts, the first rows; t.device
+    t2 = t.filter("x > 1 and y is not null")     # the where language: one fused kernel on a GPU
+    t3 = t2.with_columns(z="x * y")              # computed columns, in a new table
+    print(t3.to_arrow())                         # pyarrow; also to_pandas(), DLPack, __cuda_array_interface__
+    pystrom.write_arrow(t3, "t3.arrow")          # an Arrow IPC file with min/max statistics
+    print(pystrom.read_arrow("t3.arrow", where="z > 10").num_rows)
+
+    # PostgreSQL ('pystrom-gpu[postgres]'): read_postgres(dsn, table=...), write_postgres(t, dsn, name)
+    # Logistic regression with MADlib's statistics: pystrom.ml.LogisticRegression, pystrom.ml.logregr_train
+    # User functions ('pystrom-gpu[udf]'): @pystrom.udf, @pystrom.kernel, pystrom.reduce
+    # Dask ('pystrom-gpu[dask]'): pystrom.dask.read_postgres, pystrom.dask.scan_arrow
+    # Sharing: t.export() -> pystrom.ipc_import(handle); the store daemon: pystrom serve, pystrom.Store()
+
+The guides: docs/ in the source (https://github.com/pystrom/pystrom/tree/main/docs); ``pystrom demo``
+runs the whole data path. The public API is what this module exports; underscored modules are
+internal. CuPy is imported only when a GPU is used, so ``import pystrom`` is fast without one.
 """
 
 from ._settings import defaults
