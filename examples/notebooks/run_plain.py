@@ -6,6 +6,10 @@ where nbclient is installed. Like a notebook, the value of a cell's last bare ex
 
     python examples/notebooks/run_plain.py                # every notebook next to this file
     python examples/notebooks/run_plain.py 02_postgres_to_gpu_model.ipynb ...
+    python examples/notebooks/run_plain.py --store [NAMES]  # run in Jupyter kernels on the CPU, keep the outputs
+
+The notebooks are stored with the outputs of a CPU run (``--store``, which needs nbclient): that is
+what a reader sees before running them, and what CI (no GPU) can reproduce.
 
 Exit status 0 when every notebook ran to the end; a failing cell's traceback names the notebook and cell.
 """
@@ -49,9 +53,27 @@ def run_cells(path: Path) -> None:
             os.chdir(home)
 
 
+def store_outputs(paths: list[Path]) -> None:
+    """Run each notebook top to bottom in a Jupyter kernel on the CPU backend and save it with its outputs."""
+    import nbclient
+    import nbformat
+
+    os.environ["PYSTROM_DEVICE"] = "cpu"  # the kernel inherits it: a CPU run, as CI makes
+    for path in paths:
+        notebook = nbformat.read(path, as_version=4)
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="pystrom-nb-") as cwd:
+            nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3").execute(cwd=cwd)
+        nbformat.write(notebook, path)
+        print(f"=== {path.name}: stored with its outputs ({time.perf_counter() - start:.1f} s)", flush=True)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--one"]:  # the child: one notebook
         run_cells(Path(argv[1]))
+        return 0
+    if argv[:1] == ["--store"]:
+        store_outputs([Path(a) if Path(a).exists() else HERE / a for a in argv[1:]] or sorted(HERE.glob("*.ipynb")))
         return 0
     paths = [Path(a) if Path(a).exists() else HERE / a for a in argv] or sorted(HERE.glob("*.ipynb"))
     failed = []
