@@ -34,7 +34,7 @@ import pytest
 
 import pystrom
 
-from conftest import HAVE_GPU
+from conftest import HAVE_GPU, needs_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -173,11 +173,7 @@ def world(pg_cluster, tmp_path_factory):
 
 def _params():
     for b in RUN_HERE:
-        marks = (
-            [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU with CuPy")]
-            if "gpu" in b.marks
-            else []
-        )
+        marks = [pytest.mark.gpu, needs_gpu] if "gpu" in b.marks else []
         yield pytest.param(b, id=b.id, marks=marks)
 
 
