@@ -190,7 +190,11 @@ def test_which_codecs_are_staged(monkeypatch):
     monkeypatch.setenv("PYSTROM_NVCOMP", "1")
     from pystrom.io.arrow.codecs.device import nvcomp_available
 
-    assert staged(Gpu(), "zstd") == (not nvcomp_available())
+    if nvcomp_available():
+        assert not staged(Gpu(), "zstd")
+    else:  # asked for and not there: said, not a quiet fallback to the CPU codecs (tests/test_missing_extras.py)
+        with pytest.raises(pystrom.MissingDependencyError, match="nvcomp-cu13"):
+            staged(Gpu(), "zstd")
 
 
 def test_staging_layout_follows_the_destinations():

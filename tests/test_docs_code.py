@@ -163,8 +163,7 @@ def world(pg_cluster, tmp_path_factory):
         "PGPORT": str(pg_cluster.port),
         "PGUSER": "postgres",
         "PYSTROM_STORE_SOCKET": daemon.path,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    }
+    }  # PYTHONPATH as it is: the checkout's src under tools that set it, else the installed pystrom
     try:
         yield work, env
     finally:
