@@ -33,8 +33,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         return text.removeprefix("Skipped: ")
 
-    gpu = collections.Counter(reason(r) for r in skipped if "gpu" in r.keywords)
-    other = collections.Counter(reason(r) for r in skipped if "gpu" not in r.keywords)
+    def gpu_test(report) -> bool:  # a module skipped as a whole (importorskip) is a CollectReport: no keywords
+        return "gpu" in getattr(report, "keywords", ())
+
+    gpu = collections.Counter(reason(r) for r in skipped if gpu_test(r))
+    other = collections.Counter(reason(r) for r in skipped if not gpu_test(r))
     if gpu:
         why = next(iter(gpu)) if len(gpu) == 1 else "; ".join(f"{n}: {text}" for text, n in gpu.most_common())
         terminalreporter.write_line(f"SKIPPED {sum(gpu.values())} GPU tests (-m gpu on a GPU machine): {why}")
