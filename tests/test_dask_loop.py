@@ -20,6 +20,8 @@ from dask_loop_helpers import assert_same_model, kill_when, logreg_data, process
 
 distributed = pytest.importorskip("distributed")
 
+import dask  # noqa: E402  (installed with distributed)
+
 import pystrom.dask as pdask  # noqa: E402
 from pystrom.ml import ConvergenceWarning, LogisticRegression, PerfectSeparationWarning, logregr_train  # noqa: E402
 
@@ -32,6 +34,7 @@ def client():
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", memory_limit="2GiB"
     )
     c = distributed.Client(cluster, set_as_default=False)
+    c.wait_for_workers(2)
     try:
         yield c
     finally:
@@ -46,8 +49,15 @@ def on_workers():
 
 
 def _persisted(client, path, batch_rows=1000, **kw):
+    """The partitions persisted alternately on the workers: left to the scheduler, a loaded machine put them
+    all on one worker now and then (the fit then ran on one rank, and the tests asked for two)."""
+    workers = sorted(client.scheduler_info()["workers"])
     with client.as_current():
-        parts = pdask.scan_arrow(str(path), batch_rows=batch_rows, device="cpu", **kw).persist()
+        coll = pdask.scan_arrow(str(path), batch_rows=batch_rows, device="cpu", **kw)
+        place = {k: [workers[i % len(workers)]] for i, k in enumerate(coll.__dask_keys__())}
+        # a preference, not a restriction: a partition lost with its worker is recomputed on another
+        with dask.annotate(workers=lambda k: place.get(k, workers), allow_other_workers=True):
+            parts = coll.persist()
         distributed.wait(parts)
     return parts
 
