@@ -222,6 +222,74 @@ def test_merge_copies():
     assert [a.tolist() for a in merge_copies(dst[:0], src[:0], size[:0])] == [[], [], []]
 
 
+def test_copies_into_two_arrays_are_never_merged():
+    """Two destination arrays back to back in memory (CuPy's pool places small ones so) stay two copies:
+    one cudaMemcpyAsync across two allocations fails with cudaErrorInvalidValue."""
+    dst = np.array([100, 110, 120], dtype=np.int64)
+    src = np.array([0, 10, 20], dtype=np.int64)
+    size = np.array([10, 10, 10], dtype=np.int64)
+    region = np.array([0, 0, 1], dtype=np.int64)
+    got = [a.tolist() for a in merge_copies(dst, src, size, region)]
+    assert got == [[100, 120], [0, 20], [20, 10]]
+
+
+def test_check_copies_refuses_a_copy_out_of_its_destination():
+    lo, hi = np.array([100, 200]), np.array([150, 300])
+    ok = (np.array([100, 250]), np.array([50, 50]))
+    inflate_staged.check_copies("f", *ok, lo, hi, np.array([0, 50]), 0, 100)
+    for dst, size, src in (
+        ([100, 260], [50, 50], [0, 50]),  # past its array's end
+        ([90, 250], [10, 50], [0, 50]),  # before its start
+        ([100, 250], [50, 60], [0, 50]),  # past staging
+        ([100, 250], [50, 0], [0, 50]),
+    ):  # empty: merge_copies drops those
+        with pytest.raises(pystrom.errors.FileFormatError, match="'f': a copy of .* pystrom bug"):
+            inflate_staged.check_copies("f", np.array(dst), np.array(size), lo, hi, np.array(src), 0, 100)
+
+
+class _AllocationCopies(HostCopies):
+    """The copies' CPU twin with CUDA's rule: one copy stays inside one allocation (``allocations``: the
+    destination arrays), else cudaMemcpyAsync answers cudaErrorInvalidValue."""
+
+    def __init__(self, allocations):
+        self.extents = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in allocations]
+
+    def copy(self, dst, src, size):
+        for d, n in zip(dst.tolist(), size.tolist()):
+            if not any(lo <= d and d + n <= hi for lo, hi in self.extents):
+                raise RuntimeError("cudaErrorInvalidValue: invalid argument (a copy across two allocations)")
+        super().copy(dst, src, size)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_frames_for_arrays_back_to_back_are_copied_array_by_array(tmp_path, codec, monkeypatch):
+    """The cause of gpu-zstd-invalid-value-*.arrow's cudaErrorInvalidValue on an H100: two reads' arrays
+    adjacent in memory got one merged copy; here two views of one buffer stand for two pool allocations."""
+    from pystrom.io.arrow.file.metadata import direct_types, open_arrow_file
+    from pystrom.io.arrow.file.ranges import RangeReader
+    from pystrom.io.arrow.read.batches import batch_layouts
+
+    monkeypatch.setattr(compressed_reads, "staged", lambda backend, codec: True)
+    table = pa.table({"x": np.arange(128, dtype=np.int64)})
+    path = tmp_path / "two.arrow"
+    _write(path, table, codec, lengths=[64, 64])  # 512 bytes a batch: whole frames, 64-byte multiples
+    cpu = resolve_device("cpu")
+    with open_arrow_file(str(path)) as f:
+        layouts = batch_layouts(f, ["x"], direct_types(f.schema, ["x"]))
+        values = layouts.chunks["x"].values
+        assert (values.offset >= compressed_reads.PACKED_BASE).all()  # stored compressed
+        whole = np.zeros(1024 + 64, dtype=np.uint8)
+        start = (-whole.ctypes.data) % 64
+        a, b = whole[start : start + 512], whole[start + 512 : start + 1024]
+        with RangeReader(f.path, cpu, fd=f.fileno()) as files:
+            reader = compressed_reads.InflatingReader(files, layouts.packed)
+            reader._staged.copies = _AllocationCopies([a, b])
+            reader.read_many(values.offset[:1], values.size[:1], a, np.zeros(1, np.int64))
+            reader.read_many(values.offset[1:], values.size[1:], b, np.zeros(1, np.int64))
+            reader.wait()
+    assert (a.view(np.int64) == np.arange(64)).all() and (b.view(np.int64) == np.arange(64, 128)).all()
+
+
 def test_cut_budgets_runs_and_places():
     rng = np.random.default_rng(1)
     n = 300

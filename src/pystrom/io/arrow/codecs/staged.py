@@ -36,13 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from ....errors import FileFormatError
 from ....memory import hostmem
 from ....memory.backend import resolve_device
 from ..file.ranges import RangeReader
 from .decompress import CODECS, Frames, inflate
 from .plan import Catalog, Needed, Reads, cut, up
 
-__all__ = ["STAGE", "DeviceCopies", "HostCopies", "StagedInflater", "staging_layout", "merge_copies"]
+__all__ = ["STAGE", "DeviceCopies", "HostCopies", "StagedInflater", "staging_layout", "merge_copies", "check_copies"]
 
 STAGE = 256 << 20  # bytes of one slice (compressed input plus output): two of each are in use at a time
 
@@ -117,19 +118,44 @@ def staging_layout(first_ptr: np.ndarray, size: np.ndarray, whole: np.ndarray) -
     return at
 
 
-def merge_copies(dst: np.ndarray, src: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def merge_copies(
+    dst: np.ndarray, src: np.ndarray, size: np.ndarray, region: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Copies ``(dst, src, size)`` (addresses) ordered by destination, each run that is contiguous at both
-    ends made one copy; empty copies dropped."""
+    ends and inside one destination ``region`` (an id per copy: its destination array) made one copy;
+    empty copies dropped.
+
+    Two arrays may lie back to back in device memory (CuPy's pool puts small allocations next to each
+    other) while being two allocations: one ``cudaMemcpyAsync`` across both is refused with
+    ``cudaErrorInvalidValue``. A file whose record batches are listed out of file order laid two
+    destinations' frames back to back in staging, and the copy crossed from one array into the next."""
     keep = size > 0
     dst, src, size = dst[keep], src[keep], size[keep]
+    region = np.zeros(len(dst), dtype=np.int64) if region is None else np.asarray(region)[keep]
     order = np.argsort(dst, kind="stable")
-    dst, src, size = dst[order], src[order], size[order]
+    dst, src, size, region = dst[order], src[order], size[order], region[order]
     if len(dst) < 2:
         return dst, src, size
     new = np.ones(len(dst), dtype=bool)
-    new[1:] = (dst[1:] != dst[:-1] + size[:-1]) | (src[1:] != src[:-1] + size[:-1])
+    new[1:] = (dst[1:] != dst[:-1] + size[:-1]) | (src[1:] != src[:-1] + size[:-1]) | (region[1:] != region[:-1])
     firsts = np.flatnonzero(new)
     return dst[firsts], src[firsts], np.add.reduceat(size, firsts)
+
+
+def check_copies(path: str, dst: np.ndarray, size: np.ndarray, dst_lo: np.ndarray, dst_hi: np.ndarray,
+                 src: np.ndarray, src_lo: int, src_hi: int) -> None:  # fmt: skip
+    """Before any copy is issued: each copy ``size[i] > 0`` bytes from ``src[i]`` inside ``[src_lo, src_hi)``
+    (staging) to ``dst[i]`` inside its own destination ``[dst_lo[i], dst_hi[i])``. A copy outside is a
+    pystrom bug (the reads were checked against their arrays when queued); on a GPU it would fail with
+    ``cudaErrorInvalidValue`` or write past an allocation, so it is refused as the read's error instead."""
+    bad = (size <= 0) | (dst < dst_lo) | (size > dst_hi - dst) | (src < src_lo) | (size > src_hi - src)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise FileFormatError(
+            f"{path!r}: a copy of {int(size[i])} decompressed bytes would leave its destination (offset "
+            f"{int(dst[i] - dst_lo[i])} of {int(dst_hi[i] - dst_lo[i])} bytes) or the staging buffer: refused "
+            "before it was issued (a pystrom bug: please report it with the file)"
+        )
 
 
 class StagedInflater:
@@ -206,9 +232,19 @@ class StagedInflater:
         idx, of = part.reads()
         ok = reads.usable[idx]
         base = stage.ctypes.data
-        self.copies.copy(*merge_copies(reads.ptr[idx[ok]], base + at[of[ok]] + reads.rel[idx[ok]], reads.size[idx[ok]]))
+        dst, size, group = reads.ptr[idx[ok]], reads.size[idx[ok]], reads.group[idx[ok]]
+        src = base + at[of[ok]] + reads.rel[idx[ok]]
+        lo, hi = _extents(self.backend, reads.dsts)
+        check_copies(self.path, dst, size, lo[group], hi[group], src, base, base + stage.nbytes)
+        self.copies.copy(*merge_copies(dst, src, size, group))
         xp = self.backend.xp
         for r, f in zip(idx[~ok].tolist(), of[~ok].tolist()):  # not contiguous uint8 (RangeReader's contract)
             lo, n = int(at[f] + reads.rel[r]), int(reads.size[r])
             reads.dst(r)[:n] = xp.asarray(stage[lo : lo + n].copy())  # synchronous: staging is reused
         return ks, produced
+
+
+def _extents(backend: Any, arrays: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each destination array's first and past-the-end address."""
+    lo = np.fromiter((backend.array_ptr(a) for a in arrays), np.int64, len(arrays))
+    return lo, lo + np.fromiter((a.nbytes for a in arrays), np.int64, len(arrays))
