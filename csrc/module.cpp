@@ -19,6 +19,7 @@
 #include "pg_decode.hpp"
 #include "pg_pump.hpp"
 #include "pread_runs.hpp"
+#include "utf8.hpp"
 #include "zstd_decode.hpp"
 #include "zstd_frame.hpp"
 
@@ -411,6 +412,44 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     return pystrom::copy_offsets_checked(reinterpret_cast<const int32_t*>(s.ptr), s.size / sizeof(int32_t),
                                          reinterpret_cast<int32_t*>(d.ptr), limit);
+  });
+
+  m.def("utf8_best_level", &pystrom::utf8_best_level);
+  m.def("utf8_valid", [](py::buffer data, int level) {
+    Bytes d = request(data, false, "data");
+    if (level < 0 || level > pystrom::utf8_best_level()) {
+      throw std::invalid_argument("utf8_valid: level " + std::to_string(level) + " is not one this CPU runs");
+    }
+    py::gil_scoped_release nogil;
+    return pystrom::utf8_valid_with(d.ptr, d.ptr + d.size, level);
+  });
+
+  // offsets: int32, n + 1 of them, ascending inside data (checked here: O(n), against the bytes' O(size));
+  // validity: a bitmap holding bits [bit_offset, bit_offset + n), or None
+  m.def("utf8_first_bad_row", [](py::buffer data, py::buffer offsets, py::object validity, int64_t bit_offset) {
+    Bytes d = request(data, false, "data");
+    Bytes o = request_i32(offsets, false, "offsets");
+    const int64_t n = static_cast<int64_t>(o.size / sizeof(int32_t)) - 1;
+    if (n < 0) throw std::invalid_argument("utf8_first_bad_row: offsets must hold n + 1 entries");
+    const int32_t* off = reinterpret_cast<const int32_t*>(o.ptr);
+    if (off[0] < 0 || static_cast<uint64_t>(off[n]) > d.size) {
+      throw std::out_of_range("utf8_first_bad_row: the offsets reach outside data");
+    }
+    bool ascending = true;  // without a branch a row: the loop vectorises (1M rows: 0.05 ms, not 0.3)
+    for (int64_t i = 0; i < n; ++i) ascending &= off[i + 1] >= off[i];
+    if (!ascending) throw std::out_of_range("utf8_first_bad_row: the offsets decrease");
+    const uint8_t* bits = nullptr;
+    py::buffer_info vinfo;
+    if (!validity.is_none()) {
+      vinfo = validity.cast<py::buffer>().request();
+      Bytes v = checked(vinfo, false, "validity");
+      if (bit_offset < 0 || static_cast<uint64_t>(bit_offset + n + 7) / 8 > v.size) {
+        throw std::out_of_range("utf8_first_bad_row: the validity bitmap is shorter than the rows");
+      }
+      bits = v.ptr;
+    }
+    py::gil_scoped_release nogil;
+    return pystrom::utf8_first_bad_row(d.ptr, off, n, bits, bit_offset);
   });
 
   // -- Arrow arrays handed to consumers: owners let go of without the GIL (arrow_keep.hpp) -------------

@@ -162,3 +162,116 @@ def test_gather_varbinary_stays_inside_both_buffers_when_offsets_change(kernels)
         a, b = int(dst_offsets[i]), int(dst_offsets[i + 1])
         n = min(end - start, b - a)
         assert np.array_equal(got[a : a + n], src_data[start : start + n]), r
+
+
+# -- UTF-8 (kernels/utf8.cu) ------------------------------------------------------------------------------
+
+
+def _utf8_corpus() -> list[list[bytes]]:
+    """String columns, most with one kind of fault: the faults Table 3-7 of Unicode rules out, each in a
+    column of its own (so a loosened kernel differs from the twin somewhere), rows cut inside a character,
+    long ASCII runs (the kernel's word path) and valid text of every sequence length."""
+    rng = np.random.default_rng(11)
+    text = ["a", "é", "€", "𝄞", "x" * 40, "", "日本語", "ÿ", "\U0010ffff", "\ud7ff", "\ue000"]
+
+    def valid(k: int) -> list[bytes]:
+        return [("".join(rng.choice(text, int(rng.integers(0, 5))))).encode() for _ in range(k)]
+
+    faults = [b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xe0\x9f\xbf", b"\xed\xa0\x80", b"\xed\xbf\xbf",
+              b"\xf0\x80\x80\xaf", b"\xf0\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xff",
+              b"\x80", b"\xbf\xbf", b"\xe2\x82", b"\xf0\x9f\x98", b"\xc3", b"\xe2\x28\xa1", b"\xc3\x28",
+              b"\xc3\xa9\xa9", b"\xf0\x9f\x98\x80\x80"]  # fmt: skip
+    columns = [valid(50), valid(300), [b"x" * 100] * 20, []]
+    for f in faults:
+        for where in ("start", "middle", "end"):
+            col = valid(int(rng.integers(3, 40)))
+            at = {"start": 0, "middle": len(col) // 2, "end": len(col) - 1}[where]
+            col[at] = col[at] + f if where != "start" else f + col[at]
+            columns.append(col)
+    for _ in range(6):  # a character cut by a string boundary: the bytes whole are valid
+        col = valid(30)
+        whole = "€𝄞é".encode()
+        cut = int(rng.integers(1, 3))
+        at = int(rng.integers(0, 29))
+        col[at], col[at + 1] = col[at] + whole[:cut], whole[cut:] + col[at + 1]
+        columns.append(col)
+    columns.append([b"A" * 16 + b"\xe0\x80" + b"B" * 30])  # a fault inside a word of the fast path
+    columns.append([b"A" * 7 + b"\xff" + b"B" * 16, b"C" * 9])  # in a word's last byte
+    return columns
+
+
+def _utf8_arrays(columns: list[list[bytes]], misalign: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for col in columns:
+        offsets = np.zeros(len(col) + 1, dtype=np.int32)
+        offsets[1:] = np.cumsum([len(s) for s in col])
+        # continuation bytes past the data's end (the next buffer's bytes): a sequence cut by the end of
+        # the data must be refused by its own end, not by the zeros after it
+        raw = np.full(int(offsets[-1]) + 16, 0x80, dtype=np.uint8)
+        data = raw[misalign : misalign + int(offsets[-1])]
+        data[:] = np.frombuffer(b"".join(col), dtype=np.uint8)
+        out.append((data, offsets))
+    return out
+
+
+def _utf8_truth(col: list[bytes]) -> int:
+    for i, s in enumerate(col):
+        try:
+            s.decode("utf-8")  # Python's decoder refuses what Table 3-7 refuses (surrogates, overlongs...)
+        except UnicodeDecodeError:
+            return i
+    return -1
+
+
+def _utf8_launch(kernel, arrays: list[tuple[np.ndarray, np.ndarray]], grid_x: int) -> list[int]:
+    table = np.array([[d.ctypes.data if d.shape[0] else o.ctypes.data, o.ctypes.data, o.shape[0] - 1]
+                      for d, o in arrays], dtype=np.int64).reshape(-1)  # fmt: skip
+    out = np.full(len(arrays), np.iinfo(np.uint64).max, dtype=np.uint64)
+    kernel.launch_grid("utf8_check", (grid_x, len(arrays)), (table, np.int64(len(arrays)), out), threads=64)
+    return [-1 if r == np.iinfo(np.uint64).max else int(r) for r in out]
+
+
+@pytest.fixture(scope="module")
+def utf8_kernel(tmp_path_factory):
+    return simt.Emulated("utf8", tmp_path_factory.mktemp("utf8"))
+
+
+@pytest.mark.parametrize("misalign", [0, 3])
+def test_utf8_kernel_twin_and_core_find_the_first_bad_row(utf8_kernel, misalign):
+    """kernels/utf8.cu against its NumPy twin, the C++ core's check and Python's decoder, row for row;
+    data 8-byte aligned (the kernel's word path) or not (byte by byte)."""
+    from pystrom.io.arrow.read.utf8 import first_bad_rows_twin
+
+    columns = _utf8_corpus()
+    arrays = _utf8_arrays(columns, misalign)
+    truth = [_utf8_truth(c) for c in columns]
+    assert sum(t >= 0 for t in truth) > 60 and sum(t < 0 for t in truth) >= 4
+    assert first_bad_rows_twin(arrays) == truth
+    assert [_core.utf8_first_bad_row(d, o, None, 0) for d, o in arrays] == truth
+    assert _utf8_launch(utf8_kernel, arrays, grid_x=2) == truth
+
+
+_LOOSENED = {
+    "overlong E0": ("if (b == 0xE0) lo = 0xA0;", ""),
+    "surrogates": ("if (b == 0xED) hi = 0x9F;", ""),
+    "overlong F0": ("if (b == 0xF0) lo = 0x90;", ""),
+    "above U+10FFFF": ("if (b == 0xF4) hi = 0x8F;", ""),
+    "C0 and C1 leads": ("if (b < 0xC2) return 0;", "if (b < 0xC0) return 0;"),
+    "F5 to F7 leads": ("if (b < 0xF5) return 4;", "if (b < 0xF8) return 4;"),
+    "cut rows": ("utf8_continuation(d[s]) && utf8_covered(d, s)", "false"),
+    "orphan continuations": ("return !utf8_covered(d, p);", "return false;"),
+    "the word path's top byte": ("0x8080808080808080ULL", "0x0080808080808080ULL"),
+    "truncated sequences": ("if (len == 0 || p + len > size) return true;", "if (len == 0) return true;"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("loosened", sorted(_LOOSENED))
+def test_a_loosened_utf8_kernel_fails_the_comparison(tmp_path, loosened):
+    """The mutation check of the test above: each rule of the kernel loosened on its own makes the kernel
+    disagree with its twin on the corpus (so that test would fail), on aligned data."""
+    from pystrom.io.arrow.read.utf8 import first_bad_rows_twin
+
+    old, new = _LOOSENED[loosened]
+    mutant = simt.Emulated("utf8", tmp_path, mutant=(old, new))
+    arrays = _utf8_arrays(_utf8_corpus(), 0)
+    assert _utf8_launch(mutant, arrays, grid_x=1) != first_bad_rows_twin(arrays)

@@ -127,3 +127,14 @@ class CopyInSender:
     def abort(self, reason: str) -> None: ...
     @property
     def active(self) -> bool: ...
+
+def utf8_first_bad_row(data: Buffer, offsets: Buffer, validity: Buffer | None, bit_offset: int) -> int:
+    """The first row that is not NULL (``validity``: a bitmap from ``bit_offset``, None: no NULLs) whose
+    bytes ``data[offsets[i]:offsets[i + 1]]`` (int32 offsets) are not well-formed UTF-8; -1 if none."""
+
+def utf8_best_level() -> int:
+    """The fastest UTF-8 check this CPU runs: 0 byte by byte, 1 SSSE3 (16 bytes a step), 2 AVX2 (32)."""
+
+def utf8_valid(data: Buffer, level: int) -> bool:
+    """Whether ``data`` is well-formed UTF-8, checked by the path ``level`` (:func:`utf8_best_level`; 0,
+    byte by byte, is the rule the tests hold the others to)."""

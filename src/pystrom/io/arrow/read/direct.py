@@ -13,7 +13,8 @@ Per column, the batches land one after the other:
   out by the bitmap kernels
   (a batch boundary is rarely on a multiple of 8 rows, and pystrom keeps booleans one byte each);
 - the NULLs in the unpacked validity bitmaps are counted on the device and compared with the counts
-  the metadata claimed (read back once, after every column is in place).
+  the metadata claimed (read back once, after every column is in place);
+- string columns (not binary ones) are checked to be UTF-8, as the format requires (:mod:`.read.utf8`).
 
 Compressed buffers (:class:`.file.metadata.Packed` ranges) are served by
 :class:`.read.compressed_reads.InflatingReader`, which has the range reader's interface: the steps above run
@@ -48,6 +49,7 @@ from .compressed_reads import InflatingReader
 from .host import host_columns
 from .layouts import Buffers, Layouts
 from .offsets import check_offsets
+from .utf8 import StringColumn, check_utf8
 
 __all__ = ["read_batches"]
 
@@ -116,6 +118,7 @@ def read_batches(
             reader.read_many(offsets, sizes, block.array(0, np.uint8, (block.nbytes,)), at)
         reader.wait()
         null_counts = [fixup() for fixup in fixups]
+        check_utf8(backend, file.path, _string_columns(block, plan, direct, types), layouts.index, row_starts)
         _check_null_counts(file, backend, plan, [c for c in null_counts if c is not None])
         if host:
             writer = _Writer(block)
@@ -185,6 +188,21 @@ def _string_sizes(
     for i, name in enumerate(names):
         cols = slice(i * count, (i + 1) * count)
         out[name] = _StringSizes(scratch, starts[cols], first[cols], last[cols] - first[cols])
+    return out
+
+
+def _string_columns(block: Block, plan: Any, direct: Sequence[str], types: dict) -> list[StringColumn]:
+    """The read's string columns (not binary: its bytes may be anything) as the table holds them."""
+    out = []
+    for cp in plan.columns:
+        if (
+            cp.name in direct
+            and types[cp.name].layout == Layout.VARBINARY
+            and pa.types.is_string(types[cp.name].storage_arrow)
+        ):
+            validity = None if cp.validity is None else block.array(cp.validity.offset, np.uint8, (cp.validity.size,))
+            out.append(StringColumn(cp.name, block.array(cp.values.offset, np.int32, (cp.length + 1,)),
+                                    block.array(cp.data.offset, np.uint8, (cp.data.size,)), validity))  # fmt: skip
     return out
 
 
