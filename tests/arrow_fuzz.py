@@ -9,9 +9,9 @@ The cases run in a worker subprocess (``python arrow_fuzz.py worker SPEC``) that
 before case i and ``done i OUTCOME`` after it, so a signal or a hang is blamed on its own case; the
 parent restarts the worker after the case that killed it. Outcomes:
 
-- ``same``: pystrom read the file and its rows equal pyarrow's ``read_all()`` (which validated);
-- ``read-invalid``: pystrom read a file pyarrow reads but ``validate(full=True)`` refuses (allowed:
-  e.g. invalid UTF-8 in a string column read straight into the table);
+- ``same``: pystrom read the file and its rows equal pyarrow's ``read_all()`` (which validated: the
+  structure, offsets, dictionary indices and UTF-8, not value domains pyarrow's reader accepts too);
+- ``read-invalid``: pystrom read a file pyarrow reads but that validation refuses;
 - ``read-unreadable``: pystrom read a file pyarrow cannot read at all (allowed: e.g. a flipped bit in
   a column pystrom does not ask for);
 - ``error:<Class>`` with ``ref-ok`` / ``ref-bad``: a pystrom error, where pyarrow's read validated or not;
@@ -20,7 +20,13 @@ parent restarts the worker after the case that killed it. Outcomes:
 
 Run a campaign by hand: ``python tests/arrow_fuzz.py campaign --cases 20000 --seed 1``; ``--compressed``
 for LZ4/ZSTD files with mutants aimed at their frames (header and body bytes, frames cut short, length
-prefixes, truncated files).
+prefixes, truncated files); ``--device cpu,cuda`` reads each mutant on both backends (the same call, one
+after the other in the worker) and counts a mutant whose outcomes differ as a failure, printing the
+mutants, those equal on both, clean errors, raw errors, signals and hangs.
+
+A third of the mutants read every column, a third a few of the seed's columns (``columns=``: projections
+skip buffers, and a skipped buffer must not hide a corrupt one's effect on those read), a third scan with a
+``where`` that keeps every row.
 """
 
 from __future__ import annotations
@@ -242,11 +248,25 @@ def mutate_compressed(data: bytes, rng: random.Random) -> tuple[bytes, str]:
 
 def cases(seeds: list[Path], count: int, seed: int, mutator: str = "any") -> list[dict]:
     rng = random.Random(seed)
+    names = {src: _column_names(src) for src in seeds}  # of the seed: a projection asks for some of them
     out = []
     for i in range(count):
         src = seeds[i % len(seeds)]
-        out.append({"seed_file": str(src), "rng": rng.randrange(2**63), "index": i, "mutator": mutator})
+        case = {"seed_file": str(src), "rng": rng.randrange(2**63), "index": i, "mutator": mutator}
+        out.append({**case, "columns": names[src]})
     return out
+
+
+def _column_names(path: Path) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    with pa.memory_map(str(path)) as src:
+        try:
+            return ipc.open_file(src).schema.names
+        except Exception:
+            src.seek(0)
+            return ipc.open_stream(src).schema.names
 
 
 def mutant(data: bytes, case: dict) -> tuple[bytes, str]:
@@ -293,7 +313,8 @@ def _same(a, b) -> bool:
 
 
 def _reference(path: str):
-    """pyarrow's table if it reads and validates; else "ref-bad" / "unreadable"."""
+    """pyarrow's table (columns normalised as pystrom holds them) if it reads and validates; else
+    "ref-bad" / "unreadable"."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
@@ -307,18 +328,95 @@ def _reference(path: str):
     except Exception:
         return "unreadable"
     try:
-        table.validate(full=True)
-        cols = _normalise(table)
-        for c in cols:
-            c.validate(full=True)
+        names = table.column_names  # a mutated name may not decode
     except Exception:
+        return "unreadable"
+    good, bad = {}, set()
+    for name, column in zip(names, table.columns):
+        try:  # validated first: pyarrow's compute functions (dictionary_decode) trust their input
+            for chunk in column.chunks:
+                _validate_blind(chunk)
+            (normalised,) = _normalise(pa.table([column], names=[name]))
+            _validate_blind(normalised)
+            good[name] = normalised
+        except Exception:
+            bad.add(name)
+    if len(set(names)) != len(names):
         return "ref-bad"
-    return table.column_names, cols
+    return pa.table(list(good.values()), names=list(good)), bad
+
+
+def _valid(ref, names) -> bool:
+    """Whether pyarrow's columns ``names`` of a reference pass the validation pystrom makes (a read of other
+    columns needs no more)."""
+    good, bad = ref
+    return all(n in good.column_names and n not in bad for n in names)
+
+
+def _validate_blind(array) -> None:
+    """pyarrow's full validation of the structure (offsets, dictionary indices, UTF-8), not of the value
+    domains pyarrow's reader accepts too (a date64 that is not a whole day...): the checks pystrom makes."""
+    import pyarrow as pa
+
+    from pystrom.io.arrow.read.host import value_blind
+
+    if isinstance(array, pa.ExtensionArray):
+        array = array.storage
+    blind = value_blind(array.type)
+    (array if blind == array.type else array.view(blind)).validate(full=True)
+
+
+def _call_of(case: dict) -> dict:
+    """The read a case makes: its own ``call``, or one chosen by its index (mutants: every third reads
+    all columns, every third a few of them, every third scans with a ``where`` that keeps every row)."""
+    if "call" in case:
+        return case["call"]
+    k = case["index"] % 3
+    if k == 1 and case["rng"] is not None and case.get("columns"):
+        names = case["columns"]
+        r = random.Random(case["rng"] ^ 0x5EED)
+        return {"api": "read", "columns": r.sample(names, r.randint(1, min(3, len(names))))}
+    if k == 2 and case["rng"] is not None:
+        return {"api": "scan", "where": "i64 >= 0 or i64 < 0 or i64 is null"}
+    return {"api": "read"}
+
+
+def _apply(path: str, call: dict, device: str):
+    import pystrom
+
+    if call["api"] == "read":
+        return pystrom.read_arrow(path, columns=call.get("columns"), where=call.get("where"), device=device)
+    return pystrom.scan_arrow(path, columns=call.get("columns"), where=call.get("where"),
+                              batch_rows=call.get("batch_rows"), device=device).collect()  # fmt: skip
+
+
+def _expected(ref, call: dict):
+    """pyarrow's answer to ``call``: the rows its ``mask`` (column, op, literal) keeps, its columns."""
+    import pyarrow.compute as pc
+
+    table = ref[0]
+    if call.get("mask"):
+        name, op, value = call["mask"]
+        column = table.column(name)
+        keep = {">": pc.greater, "<=": pc.less_equal, "!=": pc.not_equal}[op](column, value)
+        table = table.filter(pc.fill_null(keep, False))
+    return table.select(call["columns"]) if call.get("columns") else table
+
+
+def _usable(ref, call: dict) -> bool:
+    """pyarrow read the file and the columns ``call`` reads (those it returns, and its filter's) validate."""
+    if isinstance(ref, str):
+        return False
+    names = list(call.get("columns") or [*ref[0].column_names, *ref[1]])
+    if call.get("mask"):
+        names.append(call["mask"][0])
+    elif call.get("where"):  # a where over a column the call does not return (mutants: i64)
+        names += [n for n in [*ref[0].column_names, *ref[1]] if n in call["where"] and n not in names]
+    return _valid(ref, names)
 
 
 def run_case(case: dict, workdir: str, device: str) -> str:
-    import pystrom
-
+    """The case's outcome (module docstring); ``device`` "cpu,cuda": both, as "<cpu outcome> | <cuda outcome>"."""
     if case.get("selftest") == "crash":  # the harness's own test: a case that kills its worker
         os.kill(os.getpid(), 11)
     if case.get("selftest") == "hang":
@@ -332,26 +430,30 @@ def run_case(case: dict, workdir: str, device: str) -> str:
         f.write(data)
     try:
         ref = _reference(path)
-        try:
-            if case["index"] % 3 == 2 and case["rng"] is not None:
-                got = pystrom.scan_arrow(path, where="i64 >= 0 or i64 < 0 or i64 is null", device=device).collect()
-            else:
-                got = pystrom.read_arrow(path, device=device)
-            host = got.to_arrow()
-        except pystrom.Error as exc:
-            return f"error:{type(exc).__name__} {'ref-ok' if isinstance(ref, tuple) else 'ref-bad'}"
-        except Exception as exc:  # anything else is a finding
-            return f"FOREIGN:{type(exc).__name__}: {str(exc)[:200]}"
-        if not isinstance(ref, tuple):
-            return "read-invalid" if ref == "ref-bad" else "read-unreadable"
-        names, cols = ref
-        if host.column_names != names or any(
-            not _same(host.column(n).combine_chunks(), c) for n, c in zip(names, cols)
-        ):
-            return "DIFFERENT"
-        return "same"
+        return " | ".join(_outcome(path, ref, _call_of(case), d) for d in device.split(","))
     finally:
         os.unlink(path)
+
+
+def _outcome(path: str, ref, call: dict, device: str) -> str:
+    import pystrom
+
+    try:
+        host = _apply(path, call, device).to_arrow()
+    except pystrom.Error as exc:
+        return f"error:{type(exc).__name__} {'ref-ok' if _usable(ref, call) else 'ref-bad'}"
+    except Exception as exc:  # anything else is a finding
+        return f"FOREIGN:{type(exc).__name__}: {str(exc)[:200]}"
+    if isinstance(ref, str):
+        return "read-invalid" if ref == "ref-bad" else "read-unreadable"
+    if not _usable(ref, call):
+        return "read-invalid"
+    want = _expected(ref, call)
+    if host.column_names != want.column_names or any(
+        not _same(host.column(n).combine_chunks(), want.column(n).combine_chunks()) for n in want.column_names
+    ):
+        return "DIFFERENT"
+    return "same"
 
 
 def worker(spec_path: str) -> None:
@@ -424,6 +526,34 @@ def summary(outcomes: dict[int, str]) -> Counter:
     return Counter(o.split(":")[0] if o.startswith(("FOREIGN", "SIGNAL")) else o for o in outcomes.values())
 
 
+def _kind(part: str) -> str:
+    """An outcome without its details: "same", "error:FileFormatError", "FOREIGN", "SIGNAL:11"..."""
+    word = part.split(" ")[0]
+    return word.split(":")[0] if word.startswith("FOREIGN") else word
+
+
+def failed(outcome: str) -> bool:
+    """A finding: a failure on any device, or devices that disagree ("<cpu> | <cuda>")."""
+    parts = outcome.split(" | ")
+    return any(p.startswith(FAILURES) for p in parts) or len({_kind(p) for p in parts}) > 1
+
+
+def device_summary(outcomes: dict[int, str]) -> dict[str, int]:
+    """The counts of a campaign over devices (``--device cpu,cuda``): mutants, those whose outcome is the
+    same on every device (the same table, or the same pystrom error class), those a pystrom error
+    refused on some device (clean errors), raw (foreign) errors, signals, hangs and wrong answers."""
+    parts = [o.split(" | ") for o in outcomes.values()]
+    return {
+        "mutants": len(parts),
+        "equal": sum(len(p) > 1 and len({_kind(x) for x in p}) == 1 for p in parts),
+        "clean errors": sum(any(x.startswith("error:") for x in p) for p in parts),
+        "raw errors": sum(any(x.startswith("FOREIGN") for x in p) for p in parts),
+        "signals": sum(any(x.startswith("SIGNAL") for x in p) for p in parts),
+        "hangs": sum(any(x == "HANG" for x in p) for p in parts),
+        "different": sum(any(x == "DIFFERENT" for x in p) for p in parts),
+    }
+
+
 def main(argv: list[str]) -> None:
     if argv[0] == "worker":
         worker(argv[1])
@@ -434,7 +564,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("mode", choices=["campaign"])
     p.add_argument("--cases", type=int, default=20000)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, or cpu,cuda: each mutant on both, compared")
     p.add_argument("--compressed", action="store_true", help="LZ4/ZSTD files, mutants aimed at their frames")
     p.add_argument("--corpus", help="read every file under this folder as it is (e.g. arrow-testing's data/)")
     args = p.parse_args(argv)
@@ -457,15 +587,17 @@ def main(argv: list[str]) -> None:
         for name, counts in per_seed.items():
             print(f"  {name}: {dict(counts)}")
         print("total:", dict(summary(outcomes)))
+        if "," in args.device:
+            print("devices", args.device + ":", device_summary(outcomes))
         for case in all_cases:
             o = outcomes[case["index"]]
-            if o.startswith(FAILURES) or o == "error:FileFormatError ref-ok":
+            if failed(o) or o == "error:FileFormatError ref-ok":
                 if args.corpus:
-                    print("FAILURE" if o.startswith(FAILURES) else "refused", case["seed_file"], o)
+                    print("FAILURE" if failed(o) else "refused", case["seed_file"], o)
                     continue
                 data = Path(case["seed_file"]).read_bytes()
                 print(
-                    "FAILURE" if o.startswith(FAILURES) else "refused",
+                    "FAILURE" if failed(o) else "refused",
                     case["index"],
                     Path(case["seed_file"]).name,
                     mutant(data, case)[1],

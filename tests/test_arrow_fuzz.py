@@ -18,11 +18,7 @@ def seeds(tmp_path_factory):
 
 
 def _check(seeds, outcomes, cases):
-    bad = {
-        c["index"]: (c["seed_file"], outcomes[c["index"]])
-        for c in cases
-        if outcomes[c["index"]].startswith(af.FAILURES)
-    }
+    bad = {c["index"]: (c["seed_file"], outcomes[c["index"]]) for c in cases if af.failed(outcomes[c["index"]])}
     counts = af.summary(outcomes)
     print("outcomes:", dict(counts))
     assert not bad, f"{len(bad)} mutants crashed, hung, leaked a foreign error or answered wrongly: {bad}"
@@ -62,10 +58,32 @@ def test_compressed_mutants_gpu(compressed_seeds):
     _check(compressed_seeds, af.run_cases(cases, "cuda"), cases)
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_compressed_mutants_read_on_a_gpu_as_on_the_cpu(compressed_seeds):
+    """Every mutant read on both backends in the same worker: the GPU's outcome must be the CPU's (the
+    same table, or the same pystrom error class; issue 39: a raw cudaErrorInvalidValue where the CPU read
+    the file)."""
+    cases = af.cases(compressed_seeds, 600, seed=25, mutator="compressed")
+    outcomes = af.run_cases(cases, "cpu,cuda")
+    print("devices cpu,cuda:", af.device_summary(outcomes))
+    _check(compressed_seeds, outcomes, cases)
+
+
+def test_the_device_comparison_counts(seeds):
+    """The comparison mode itself, run on the CPU twice (CI has no GPU): every mutant equal to itself."""
+    cases = af.cases(seeds, 60, seed=26)
+    outcomes = af.run_cases(cases, "cpu,cpu")
+    counts = af.device_summary(outcomes)
+    assert counts["mutants"] == 60 and counts["equal"] == 60 and counts["clean errors"] > 0
+    assert counts["raw errors"] == counts["signals"] == counts["hangs"] == counts["different"] == 0
+    assert af.failed("same | error:FileFormatError ref-ok") and not af.failed("same | same")
+
+
 def test_harness_blames_a_crash_and_a_hang_on_their_cases(seeds):
     cases = af.cases(seeds, 6, seed=1)
     cases[2]["selftest"] = "crash"
     cases[4]["selftest"] = "hang"
     outcomes = af.run_cases(cases, "cpu", case_timeout=5)
     assert outcomes[2] == "SIGNAL:11" and outcomes[4] == "HANG"
-    assert all(not outcomes[i].startswith(af.FAILURES) for i in (0, 1, 3, 5)), outcomes
+    assert all(not af.failed(outcomes[i]) for i in (0, 1, 3, 5)), outcomes

@@ -138,7 +138,8 @@ def _check_structure(file, rows, bodies, buffers, field_of) -> None:
         i = int(np.flatnonzero(rows < 0)[0])
         raise _bad(file, i, "the batch", f"it claims {int(rows[i])} rows")
     off, length = buffers[..., 0], buffers[..., 1]
-    bad = (off < 0) | (length < 0) | (off % 8 != 0) | (off + length > bodies[:, 1:2])
+    # a difference, not a sum: a length near 2**63 would wrap off + length around to a small number
+    bad = (off < 0) | (length < 0) | (off % 8 != 0) | (length > bodies[:, 1:2] - off)
     if bad.any():
         i, k = (int(x) for x in np.argwhere(bad)[0])
         raise _bad(file, i, f"column {field_of(k)!r}, buffer {k}",

@@ -28,7 +28,16 @@ from ...._udf._where import compile_where_udf
 from ....errors import FileFormatError, PerformanceWarning, SchemaMismatchError
 from ....memory.backend import resolve_device, stream_group_bytes
 from ....table import Table
-from ..file.metadata import ArrowFile, check_types, direct_types, open_arrow_file, resolve_columns
+from ..file.metadata import (
+    ArrowFile,
+    check_columns_argument,
+    check_types,
+    direct_types,
+    named_errors,
+    open_arrow_file,
+    path_name,
+    resolve_columns,
+)
 from ..file.stats import StatsReader
 from ..read.batches import batch_layouts
 from ..read.direct import read_batches
@@ -135,7 +144,8 @@ class ArrowScan:
         self.group_bytes = (
             0 if batch_rows else _CPU_GROUP_BYTES if self.backend.kind == "cpu" else stream_group_bytes(self.backend)
         )
-        with open_arrow_file(self.paths[0]) as first:
+        columns = check_columns_argument(columns)
+        with named_errors(self.paths[0]), open_arrow_file(self.paths[0]) as first:
             self.file_schema = first.schema
         self.columns = resolve_columns(self.file_schema, columns, self.paths[0])
         self.predicate = None
@@ -195,12 +205,13 @@ class ArrowScan:
         """(file, group, last group of that file?), files opened one at a time; the caller closes each
         file once its last group is loaded (a read of the previous file may still run meanwhile)."""
         for path in self.paths:
-            file = open_arrow_file(path)
-            opened.append(file)
-            self._check_schema(file)
-            stats.files += 1
-            groups = list(self._groups(file, stats))  # metadata only
-            _warn_if_slow(file, self._read_columns, parsed=bool(self._read_columns))
+            with named_errors(path):
+                file = open_arrow_file(path)
+                opened.append(file)
+                self._check_schema(file)
+                stats.files += 1
+                groups = list(self._groups(file, stats))  # metadata only
+                _warn_if_slow(file, self._read_columns, parsed=bool(self._read_columns))
             if not groups:
                 opened.remove(file)
                 file.close()
@@ -210,7 +221,7 @@ class ArrowScan:
     def _load(self, file: ArrowFile, group: Layouts, filter_here: bool) -> _Loaded:
         """A group read; filtered too where ``filter_here`` (the CPU's pool threads: see _CPU_GROUP_BYTES)."""
         types = direct_types(file.schema, self._read_columns)
-        with self.backend.activate():
+        with named_errors(file.path), self.backend.activate():
             if filter_here and self.predicate is not None and self.backend.kind == "cpu":
                 return _Loaded(
                     *read_filtered(file, group, self._read_columns, types, self.backend, self.predicate), True
@@ -280,7 +291,7 @@ class ArrowScan:
         stats = self.stats = ScanStats()
         out = []
         for path in self.paths:
-            with open_arrow_file(path) as file:
+            with named_errors(path), open_arrow_file(path) as file:
                 self._check_schema(file)
                 stats.files += 1
                 out.extend((path, group.index.tolist()) for group in self._groups(file, stats))
@@ -288,7 +299,7 @@ class ArrowScan:
 
     def read_group(self, path: str, indices: Sequence[int]) -> Any:
         """One group of :meth:`plan`: those record batches of ``path``, filtered and projected as a pass yields them."""
-        with open_arrow_file(path) as file:
+        with named_errors(path_name(path)), open_arrow_file(path) as file:
             self._check_schema(file)
             types = direct_types(file.schema, self._read_columns)
             for i in indices:
@@ -407,7 +418,8 @@ def read_arrow(
         return ArrowScan(path, columns, where, None, device, progress).collect()
     check_progress(progress)
     backend = resolve_device(device)
-    with open_arrow_file(path) as file:
+    columns = check_columns_argument(columns)
+    with named_errors(path_name(path)), open_arrow_file(path) as file:
         names = resolve_columns(file.schema, columns, file.path)
         check_types(file.schema, names, file.path)
         types = direct_types(file.schema, names)
