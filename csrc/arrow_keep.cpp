@@ -1,6 +1,7 @@
 #include "arrow_keep.hpp"
 
 #include <Python.h>
+#include <pthread.h>
 
 #include <mutex>
 #include <vector>
@@ -14,11 +15,22 @@ struct Kept {
   std::vector<const void*> buffers;  // new_array's buffer pointers (keep()'s arrays bring their own)
 };
 
-// Never destroyed: a pool thread may release an array while static destructors run at exit.
+void fork_prepare();
+void fork_after();
+
+// Never destroyed: a pool thread may release an array while static destructors run at exit. Held
+// across fork() (pthread_atfork), so that a child never inherits it locked by a thread it does not have.
 std::mutex& parked_mutex() {
-  static auto* m = new std::mutex;
+  static auto* m = [] {
+    auto* made = new std::mutex;
+    pthread_atfork(fork_prepare, fork_after, fork_after);
+    return made;
+  }();
   return *m;
 }
+
+void fork_prepare() { parked_mutex().lock(); }
+void fork_after() { parked_mutex().unlock(); }
 std::vector<PyObject*>& parked() {
   static auto* v = new std::vector<PyObject*>;
   return *v;

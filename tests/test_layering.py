@@ -12,7 +12,7 @@ package. Five rules:
 4. The Arrow file path's stages (``pystrom.io.arrow``: file, codecs, read, scan, write) import only
    stages before their own, at any depth, inside functions too: the read path flows one way.
 5. The memory layer (``pystrom.memory``) imports nothing above it: only itself and the package's
-   foundations (errors, settings, types, the C++ core, the kernel loader).
+   foundations (errors, settings, types, the C++ core, the kernel loader, the fork-safe pools).
 """
 
 from __future__ import annotations
@@ -231,6 +231,7 @@ MEMORY = "pystrom.memory"
 BELOW_MEMORY = {
     "pystrom.errors",
     "pystrom._settings",
+    "pystrom._pools",
     "pystrom._types",
     "pystrom._core",
     "pystrom._dist",

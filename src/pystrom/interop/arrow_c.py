@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _core
+from .._pools import ForkSafeLock
 from .._types import Layout
 from ..memory import bitmap
 
@@ -110,7 +110,7 @@ ArrowDeviceArrayStream._fields_ = [("device_type", ctypes.c_int32)] + ArrowArray
 _tokens = itertools.count(1)
 _live: dict[int, Any] = {}  # token -> state of one exported stream (arrays keep theirs in C++: _core.arrow_keep)
 _capsule_storage: dict[int, Any] = {}  # struct address -> ctypes struct owned by an unconsumed capsule
-_lock = threading.Lock()
+_lock = ForkSafeLock()  # a forked child must not inherit it held
 
 
 def _register(record: Any) -> int:

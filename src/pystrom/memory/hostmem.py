@@ -32,11 +32,11 @@ import ctypes
 import mmap
 import os
 import sys
-import threading
 import weakref
 
 import numpy as np
 
+from .._pools import ForkSafeLock
 from .._settings import defaults
 from . import shm
 from .layout import ALIGNMENT
@@ -81,7 +81,7 @@ class _Pool:
     whoever holds it next files them."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = ForkSafeLock()  # a forked child must not inherit it held by a parent's thread
         self.idle: collections.OrderedDict[int, HostMapping] = collections.OrderedDict()  # id -> mapping, oldest first
         self.idle_bytes = 0
         self.returned: collections.deque[HostMapping] = collections.deque()
@@ -190,7 +190,7 @@ def allocate(nbytes: int) -> np.ndarray:
     return np.asarray(lease)
 
 
-_share_lock = threading.Lock()
+_share_lock = ForkSafeLock()
 
 
 def _lease_of(memory: np.ndarray) -> _Lease | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._pools import SharedPool
 from .._settings import defaults
 
 if TYPE_CHECKING:
@@ -29,10 +30,6 @@ __all__ = ["host_copy", "DeviceTransfer"]
 # Below this many bytes in total, threads and staging cost more than they save.
 _SMALL = 1 << 20
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-
 
 def worker_threads() -> int:
     """Threads for host copies and CPU decoding (``pystrom.defaults.copy_threads``, bounded by the cores)."""
@@ -40,16 +37,11 @@ def worker_threads() -> int:
     return wanted if wanted else max(1, min(8, os.cpu_count() or 1))
 
 
+_copiers = SharedPool("pystrom-copy", worker_threads)
+
+
 def _executor() -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    n = worker_threads()
-    with _pool_lock:
-        if _pool is None or _pool_size != n:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="pystrom-copy")
-            _pool_size = n
-        return _pool
+    return _copiers.get()
 
 
 def _chunks(pieces: Sequence[tuple[Any, Any, int]], chunk: int) -> list[tuple[Any, Any, int, int]]:

@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from .... import _core
+from ...._pools import SharedPool
 from ...._settings import defaults
 from ..file.ranges import io_threads
 
@@ -50,9 +51,11 @@ __all__ = ["inflate_host", "check_zstd", "zstd_reason"]
 _PYARROW_NAMES = {"lz4_frame": "lz4", "zstd": "zstd"}
 
 
-@functools.cache
+_inflaters = SharedPool("pystrom-inflate", io_threads)
+
+
 def _pool() -> cf.ThreadPoolExecutor:
-    return cf.ThreadPoolExecutor(io_threads(), thread_name_prefix="pystrom-inflate")
+    return _inflaters.get()
 
 
 @functools.cache

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import functools
 import os
 import threading
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 
 from .... import _core
 from ...._dist import require
+from ...._pools import SharedPool
 from ...._settings import defaults
 from ....errors import FileFormatError
 
@@ -100,9 +100,11 @@ def kvikio_settings(kd: Any = None) -> dict[str, Any]:
     return out
 
 
-@functools.cache
+_reads = SharedPool("pystrom-io", io_threads)
+
+
 def _host_pool() -> cf.ThreadPoolExecutor:
-    return cf.ThreadPoolExecutor(io_threads(), thread_name_prefix="pystrom-io")
+    return _reads.get()
 
 
 if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: a pool of its own
