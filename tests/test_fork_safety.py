@@ -119,3 +119,27 @@ def test_a_child_runs_what_it_hands_a_pool(arrow_file):
         return str(got.shape[0])
 
     assert _in_child(many_pieces) == str(3000 * 8)
+
+
+def test_a_failing_task_returns_only_after_the_others(monkeypatch, tmp_path):
+    """read_pieces' tasks write through raw addresses into its output: when one raises, the call must not
+    return (and free the output) while another still writes (Executor.map raised at once)."""
+    from pystrom import _core
+
+    path = tmp_path / "p.bin"
+    path.write_bytes(bytes(range(256)) * 200)
+    real = _core.pread_runs
+    finished = []
+
+    def pread_runs(fd, offsets, sizes, addresses, first, max_call, got):
+        if int(first[0]) == 0:
+            raise OSError("the first task fails at once")
+        time.sleep(0.5)
+        real(fd, offsets, sizes, addresses, first, max_call, got)
+        finished.append(True)
+
+    monkeypatch.setattr(_core, "pread_runs", pread_runs)
+    offsets = np.arange(0, 3000 * 16, 16, dtype=np.int64)
+    with open(path, "rb") as f, pytest.raises(OSError, match="fails at once"):
+        ranges.read_pieces(f.fileno(), offsets, np.full(3000, 8, dtype=np.int64), str(path), max_gap=0)
+    assert finished  # the other task had finished before the error came out

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._pools import SharedPool
+from .._pools import SharedPool, run_all
 from .._settings import defaults
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def host_copy(pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         for d, s, start, size in batch:
             d[start : start + size] = s[start : start + size]
 
-    list(_executor().map(run, _deal(chunks, worker_threads())))
+    run_all(_executor(), run, _deal(chunks, worker_threads()))
 
 
 class DeviceTransfer:
@@ -111,7 +111,7 @@ class DeviceTransfer:
         n = min(worker_threads(), len(chunks))
         with self._lock:
             lanes = self._lanes_for(worker_threads(), chunk)
-            list(_executor().map(job, lanes[:n], _deal(chunks, n)))
+            run_all(_executor(), job, lanes[:n], _deal(chunks, n))
 
     def to_device(self, pieces: Sequence[tuple[int, np.ndarray]]) -> None:
         """Copy host uint8 arrays to device addresses: ``[(device_address, host_bytes), ...]``."""

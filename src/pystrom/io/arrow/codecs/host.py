@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from .... import _core
-from ...._pools import SharedPool
+from ...._pools import SharedPool, run_all
 from ...._settings import defaults
 from ..file.ranges import io_threads
 
@@ -100,7 +100,7 @@ def inflate_host(frames: Any, at: np.ndarray | None = None) -> np.ndarray:
         def run(t: int) -> None:
             decode(*args, order[t::tasks].copy(), produced)
 
-        list(_pool().map(run, range(tasks)) if tasks > 1 else map(run, range(tasks)))
+        run_all(_pool(), run, range(tasks)) if tasks > 1 else [run(t) for t in range(tasks)]
         return produced
     codec = _codec(frames.codec)
     src = frames.src
@@ -121,7 +121,7 @@ def inflate_host(frames: Any, at: np.ndarray | None = None) -> np.ndarray:
     def some(t: int) -> list[int]:
         return [one(i) for i in order[t::tasks].tolist()]
 
-    for t, got in enumerate(_pool().map(some, range(tasks)) if tasks > 1 else map(some, range(tasks))):
+    for t, got in enumerate(run_all(_pool(), some, range(tasks)) if tasks > 1 else map(some, range(tasks))):
         produced[order[t::tasks]] = got
     return produced
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from .... import _core
 from ...._dist import require
-from ...._pools import SharedPool
+from ...._pools import SharedPool, run_all
 from ...._settings import defaults
 from ....errors import FileFormatError
 
@@ -321,7 +321,7 @@ def read_pieces(fd: int, offsets: np.ndarray, sizes: np.ndarray, path: str, max_
         _core.pread_runs(fd, o, n, addresses, first[lo : hi + 1], 0, got[lo:hi])
 
     if tasks > 1:  # 16,384 prefixes took ~10 ms in one thread
-        list(_host_pool().map(some, range(tasks)))
+        run_all(_host_pool(), some, range(tasks))
     else:
         _core.pread_runs(fd, o, n, addresses, first, 0, got)
     if (got < 0).any():

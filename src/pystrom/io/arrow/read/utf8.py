@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .... import _core
+from ...._pools import run_all
 from ....errors import FileFormatError
 from ....kernels import kernel, sm_count
 from ..file.ranges import _host_pool, io_threads
@@ -94,7 +95,7 @@ def _first_bad_rows_host(columns: Sequence[StringColumn]) -> list[int]:
         row = _core.utf8_first_bad_row(col.data, col.offsets[lo : hi + 1], col.validity, lo)
         return -1 if row < 0 else lo + row
 
-    found = list(_host_pool().map(run, tasks)) if len(tasks) > 1 else [run(t) for t in tasks]
+    found = run_all(_host_pool(), run, tasks) if len(tasks) > 1 else [run(t) for t in tasks]
     out = [-1] * len(columns)
     for (c, _, _), row in zip(tasks, found):  # tasks are in row order within a column: the first found wins
         if row >= 0 and out[c] < 0:
