@@ -16,7 +16,6 @@ import ctypes
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import functools
 import os
 import threading
 from typing import Any
@@ -105,10 +106,6 @@ _reads = SharedPool("pystrom-io", io_threads)
 
 def _host_pool() -> cf.ThreadPoolExecutor:
     return _reads.get()
-
-
-if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: a pool of its own
-    os.register_at_fork(after_in_child=_host_pool.cache_clear)
 
 
 class RangeReader:
