@@ -24,11 +24,10 @@ once read (:mod:`.read.offsets`); the footer statistics are trusted only with th
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ...._types import ColumnType, Layout, column_type
-from ....errors import ColumnNotFoundError, Error, FileFormatError, SchemaMismatchError, UnsupportedTypeError
+from ....errors import ColumnNotFoundError, FileFormatError, SchemaMismatchError, UnsupportedTypeError
+from .boundary import check_columns_argument, path_name
 from .format import MAX_FOOTER_BYTES, FooterError, read_footer
 from .ranges import read_pieces
 from .stats import FINGERPRINT_KEY, FOOTER_MAX_KEY, FOOTER_MIN_KEY, BlocksFingerprint
@@ -53,9 +53,6 @@ __all__ = [
     "ARROW_ERRORS",
     "check_types",
     "direct_type",
-    "named_errors",
-    "path_name",
-    "check_columns_argument",
 ]
 
 _FILE_MAGIC = b"ARROW1"
@@ -71,30 +68,6 @@ def corrupt(path: str, what: str, exc: BaseException | None = None) -> FileForma
     """The FileFormatError for a corrupt ``path``; ``what`` names the record batch and column."""
     why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
     return FileFormatError(f"{path!r}: {what} is corrupt{why}")
-
-
-# what passes the read path's boundary unchanged: pystrom's errors (they name what they are about), the
-# operating system's (a missing or unreadable file, a failed read: they name the file), memory running
-# out, and warnings raised as errors (-W error)
-_OWN = (Error, OSError, MemoryError, Warning)
-
-
-@contextlib.contextmanager
-def named_errors(path: str) -> Iterator[None]:
-    """The boundary of the Arrow read path (read_arrow, scan_arrow, a Dask task's group): any other
-    exception raised while reading ``path`` (a pyarrow error no check caught, a raw ValueError or
-    IndexError of a step a corrupt file led astray, a CUDA error) surfaces as a FileFormatError naming
-    the file, the original chained. A check of its own names the record batch and column where it
-    can; this net cannot, and says so."""
-    try:
-        yield
-    except _OWN:
-        raise
-    except Exception as exc:
-        raise FileFormatError(
-            f"{path!r} could not be read: {type(exc).__name__}: {exc} (a corrupt file that no check of pystrom "
-            "recognised, or a pystrom bug: please report it with the file)"
-        ) from exc
 
 
 @dataclass(frozen=True)
@@ -443,22 +416,6 @@ def _without_footer_stats(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields, metadata=schema.metadata)
 
 
-def check_columns_argument(columns: Any) -> list[str] | None:
-    """``columns=`` as given, checked before any file is opened (a TypeError is the caller's, never the file's)."""
-    if columns is None:
-        return None
-    if isinstance(columns, str):
-        raise TypeError(f"columns must be a list of names, not the string {columns!r}")
-    try:
-        columns = list(columns)
-    except TypeError:
-        raise TypeError(f"columns must be a list of names; got {type(columns).__name__}") from None
-    for c in columns:
-        if not isinstance(c, str):
-            raise TypeError(f"column names must be strings; got {c!r}")
-    return columns
-
-
 def resolve_columns(schema: pa.Schema, columns: Sequence[str] | None, path: str) -> list[str]:
     names = schema.names
     if len(set(names)) != len(names):
@@ -511,13 +468,6 @@ def check_types(schema: pa.Schema, columns: Sequence[str], path: str) -> None:
             column_type(_held_type(t), name)
         except UnsupportedTypeError as exc:
             raise UnsupportedTypeError(f"{path!r}: {exc}") from None
-
-
-def path_name(path: Any) -> str:
-    """``path`` as a str; a TypeError for what is not a file name."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file name; got {type(path).__name__}")
-    return os.fspath(path)
 
 
 def open_arrow_file(path: Any) -> ArrowFile:

@@ -28,16 +28,8 @@ from ...._udf._where import compile_where_udf
 from ....errors import FileFormatError, PerformanceWarning, SchemaMismatchError
 from ....memory.backend import resolve_device, stream_group_bytes
 from ....table import Table
-from ..file.metadata import (
-    ArrowFile,
-    check_columns_argument,
-    check_types,
-    direct_types,
-    named_errors,
-    open_arrow_file,
-    path_name,
-    resolve_columns,
-)
+from ..file.boundary import check_columns_argument, named_errors, path_name
+from ..file.metadata import ArrowFile, check_types, direct_types, open_arrow_file, resolve_columns
 from ..file.stats import StatsReader
 from ..read.batches import batch_layouts
 from ..read.direct import read_batches
