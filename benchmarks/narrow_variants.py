@@ -16,7 +16,7 @@ from importlib import resources
 import cupy
 import numpy as np
 
-from pystrom.ml._narrow import _resident, layout_size
+from pystrom.ml._narrow import _resident_blocks, layout_size
 
 VARIANTS = {
     "default": (),
@@ -74,7 +74,7 @@ def main() -> None:
     for name, options in VARIANTS.items():
         module = cupy.RawModule(code=code, options=("--std=c++17", *options))
         fn = module.get_function("logit_pass_f32_k4")
-        blocks = max(1, min((n + 127) // 128, sms * _resident(int(fn.ptr), 4)))
+        blocks = max(1, min((n + 127) // 128, sms * _resident_blocks(fn, 4)))
         partials = cupy.empty((blocks, m), dtype=np.float64)
         done = cupy.zeros(1, dtype=np.uint32)
         res = cupy.empty(m + 32, dtype=np.float64)

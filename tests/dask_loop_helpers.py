@@ -182,7 +182,7 @@ def process_cluster(n: int, gpu: bool, env: dict | None = None, nthreads: int = 
                     p.wait()
 
 
-def nccl_pair(rank: int, uid: tuple, out) -> None:
+def nccl_pair(rank: int, uid: bytes, out) -> None:
     """In a process of its own: rank ``rank`` of two forms an NCCL communicator on GPU ``rank`` and
     all-gathers three vectors; puts what it received (or the error) on queue ``out``."""
     import threading

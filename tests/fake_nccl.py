@@ -100,7 +100,9 @@ CREATED: list[FakeNcclCommunicator] = []  # every communicator formed, for the t
 
 
 class FakeNcclCommunicator:
-    def __init__(self, ndev: int, commId: tuple, rank: int):
+    def __init__(self, ndev: int, commId: bytes, rank: int):
+        if not isinstance(commId, bytes):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(commId).__name__})")
         assert len(commId) == 128 and 0 <= rank < ndev
         with _FABRICS_LOCK:
             fabric = _FABRICS.setdefault(tuple(commId), _Fabric(ndev))
@@ -149,8 +151,10 @@ class FakeNcclCommunicator:
         self.destroyed = True
 
 
-def _unique_id() -> tuple:
-    return tuple(int(v) for v in np.random.default_rng().integers(-128, 128, size=128))
+def _unique_id() -> bytes:
+    # CuPy 14's type (a tuple of ints before): the communicator takes exactly what this returned, so a rank
+    # that converts it on the way (tuple(uid) broke CuPy 14 on the GPU machine) fails here too
+    return np.random.default_rng().integers(0, 256, size=128, dtype=np.uint8).tobytes()
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ def test_nccl_alone_between_two_processes():
     print("NCCL version:", nccl_module().get_version(), "| NCCL env:",
           {k: v for k, v in os.environ.items() if k.startswith("NCCL_")})  # fmt: skip
     print(subprocess.run(["df", "-h", "/dev/shm"], capture_output=True, text=True).stdout.strip())
-    uid = tuple(nccl_module().get_unique_id())
+    uid = nccl_module().get_unique_id()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=nccl_pair, args=(r, uid, out)) for r in range(2)]

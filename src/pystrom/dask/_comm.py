@@ -142,7 +142,7 @@ class NcclComm(Comm):
 
     kind = "nccl"
 
-    def __init__(self, uid: Sequence[int], rank: int, world: int, peers: Sequence[str], ordinal: int,
+    def __init__(self, uid: Any, rank: int, world: int, peers: Sequence[str], ordinal: int,
                  timeout: float, cancel: threading.Event):  # fmt: skip
         import cupy
 
@@ -152,7 +152,7 @@ class NcclComm(Comm):
         with cupy.cuda.Device(self.ordinal):
             self._stream = cupy.cuda.Stream(non_blocking=True)
         self._buffers: dict[int, tuple[Any, Any]] = {}
-        self._comm = _form_in_thread(lambda: self._nccl.NcclCommunicator(world, tuple(uid), rank), self)
+        self._comm = _form_in_thread(lambda: self._nccl.NcclCommunicator(world, uid, rank), self)
 
     def allgather(self, vec: np.ndarray) -> np.ndarray:
         import cupy
@@ -421,7 +421,7 @@ class TcpComm(Comm):
 def make_unique_id(kind: str, cid: str, host: str) -> Any:
     """What every rank of communicator ``cid`` forms it from, made on rank 0's worker (``host``: its address)."""
     if kind == "nccl":
-        return tuple(nccl_module().get_unique_id())
+        return nccl_module().get_unique_id()  # as CuPy made it: bytes in CuPy 14, a tuple of ints before
     if kind == "tcp":
         return tcp_rendezvous(cid, host)
     return None
