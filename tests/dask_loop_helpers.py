@@ -196,3 +196,18 @@ def nccl_pair(rank: int, uid: bytes, out) -> None:
         out.put((rank, got))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
         out.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+def persist_spread(client, collection):
+    """``collection`` persisted with its partitions alternately on the client's workers (a preference, so a
+    partition lost with its worker is recomputed on another). Left to the scheduler, a loaded machine put
+    them all on one worker now and then, and the fit then ran on one rank where a test asked for several."""
+    import dask
+    import distributed
+
+    workers = sorted(client.scheduler_info()["workers"])
+    place = {k: [workers[i % len(workers)]] for i, k in enumerate(collection.__dask_keys__())}
+    with client.as_current(), dask.annotate(workers=lambda k: place.get(k, workers), allow_other_workers=True):
+        parts = collection.persist()
+    distributed.wait(parts)
+    return parts

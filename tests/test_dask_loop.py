@@ -16,11 +16,17 @@ import pytest
 import pystrom
 from pystrom.errors import ClusterError, CollectiveTimeoutError, DataError, PostgresError
 
-from dask_loop_helpers import assert_same_model, kill_when, logreg_data, process_cluster, slow_passes, stall_rank
+from dask_loop_helpers import (
+    assert_same_model,
+    kill_when,
+    logreg_data,
+    persist_spread,
+    process_cluster,
+    slow_passes,
+    stall_rank,
+)
 
 distributed = pytest.importorskip("distributed")
-
-import dask  # noqa: E402  (installed with distributed)
 
 import pystrom.dask as pdask  # noqa: E402
 from pystrom.ml import ConvergenceWarning, LogisticRegression, PerfectSeparationWarning, logregr_train  # noqa: E402
@@ -49,17 +55,8 @@ def on_workers():
 
 
 def _persisted(client, path, batch_rows=1000, **kw):
-    """The partitions persisted alternately on the workers: left to the scheduler, a loaded machine put them
-    all on one worker now and then (the fit then ran on one rank, and the tests asked for two)."""
-    workers = sorted(client.scheduler_info()["workers"])
     with client.as_current():
-        coll = pdask.scan_arrow(str(path), batch_rows=batch_rows, device="cpu", **kw)
-        place = {k: [workers[i % len(workers)]] for i, k in enumerate(coll.__dask_keys__())}
-        # a preference, not a restriction: a partition lost with its worker is recomputed on another
-        with dask.annotate(workers=lambda k: place.get(k, workers), allow_other_workers=True):
-            parts = coll.persist()
-        distributed.wait(parts)
-    return parts
+        return persist_spread(client, pdask.scan_arrow(str(path), batch_rows=batch_rows, device="cpu", **kw))
 
 
 def _write(tmp_path, data, name="data.arrow", batch_rows=500):

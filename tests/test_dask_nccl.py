@@ -31,6 +31,7 @@ from dask_loop_helpers import (
     kill_when,
     logreg_data,
     nccl_pair,
+    persist_spread,
     process_cluster,
     slow_passes,
     stall_rank,
@@ -78,6 +79,7 @@ def client():
 
     cluster = LocalCUDACluster(n_workers=2, threads_per_worker=2, dashboard_address=":0")
     c = distributed.Client(cluster, set_as_default=False)
+    c.wait_for_workers(2)
     try:
         yield c
     finally:
@@ -93,9 +95,7 @@ def timeout():
 
 def _persisted(client, path, batch_rows=ROWS // 8):
     with client.as_current():
-        parts = pdask.scan_arrow(str(path), batch_rows=batch_rows).persist()
-        distributed.wait(parts)
-    return parts
+        return persist_spread(client, pdask.scan_arrow(str(path), batch_rows=batch_rows))
 
 
 def _fit(client, X, **kw):

@@ -122,7 +122,7 @@ def test_lengths_are_checked_naming_the_column_and_both_lengths(device, xp):
     with pytest.raises(SchemaMismatchError, match=r"with_columns\(p=\.\.\.\): 2 values, but the table has 3 rows"):
         t.with_columns(p=xp.asarray([1.0, 2.0]))
     with pytest.raises(SchemaMismatchError, match=r"with_columns\(q=\.\.\.\): 4 values, but the table has 3 rows"):
-        t.with_columns(q=[1, 2, 3, 4])
+        t.with_columns(q=xp.asarray([1, 2, 3, 4]))  # a list is host memory: a GPU table refuses it as such
     with pytest.raises(SchemaMismatchError, match=r"with_columns\(c=\.\.\.\): 2 values, but the table has 3 rows"):
         t.with_columns(c=t.slice(1).column("x"))
     with pytest.raises(UnsupportedTypeError, match=r"with_columns\(n=None\): a bare None has no type"):
