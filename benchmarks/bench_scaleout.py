@@ -231,6 +231,8 @@ def _fits(client: Any, parts: Any, repeat: int) -> dict:
                 allgather=max(r.get("allgather_s", float("nan")) for r in ranks),
                 loop_pass=ranks[0].get("loop_s", float("nan")) / max(1, model.n_passes_),
                 formed=max(r.get("formed_s", 0.0) for r in ranks),
+                prepare=max(r.get("prepare_s", 0.0) for r in ranks),
+                outside=times[-1] - ranks[0].get("loop_s", float("nan")),  # the last fit's time outside its loop
             )
         else:
             out["fit_client"] = statistics.median(times[1:])
@@ -297,7 +299,8 @@ def _print_table(rows_out: list[dict], big: dict | None) -> None:
     for r in rows_out:
         print(f"read breakdown {r['rows']} on {r['gpus']} GPU(s): {r['breakdown']}; server CPU {r['srv_read']:.3f} "
               f"s/Mrow in the read, {r['srv_copy']:.3f} in the COPY; first fit {r['fit_first']:.3f} s "
-              f"(communicator formed in {r['formed']:.3f} s); split: {r.get('split_cpus', 'not run')}")  # fmt: skip
+              f"(communicator formed in {r['formed']:.3f} s); last fit outside the loop {r['outside']:.4f} s "
+              f"(the ranks' preparing {r['prepare']:.4f} s); split: {r.get('split_cpus', 'not run')}")  # fmt: skip
 
 
 def _write_block(path: str, rows: int, batches: int) -> Any:

@@ -586,18 +586,20 @@ def test_partitions_live_on_their_workers_gpu(client, dev, pg, logreg):
     name, data = logreg
     parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=8, device=dev).persist()
     distributed.wait(parts)
+    keys = {f.key for f in distributed.futures_of(parts)}
 
-    def placement(dask_worker):
+    def placement(keys, dask_worker):
         import cupy
 
-        tables = [v for v in dask_worker.data.values() if isinstance(v, pystrom.Table)]
+        # this collection's partitions only: the module's cluster may still hold an earlier test's
+        tables = [v for k, v in dask_worker.data.items() if k in keys and isinstance(v, pystrom.Table)]
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         pci = cupy.cuda.Device(0).pci_bus_id
         return visible, pci, sorted({t.device for t in tables}), {t["x1"].device.id for t in tables}, len(tables)
 
-    seen = client.run(placement)
+    seen = client.run(placement, keys)
     workers = len(client.scheduler_info()["workers"])
-    assert sum(n for *_, n in seen.values()) == 8
+    assert len(keys) == 8 and sum(n for *_, n in seen.values()) == 8, seen
     for _, _, devices, ids, n in seen.values():
         if n:
             assert devices == ["cuda:0"] and ids == {0}, seen

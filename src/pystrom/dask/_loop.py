@@ -264,13 +264,13 @@ class _WorkerFit:
 
     def _judge(self, futures: dict, ranks: list[str], lost: set[str]) -> _Outcome:
         """What the ranks' ends say: rank 0's result, or the error to raise, and whether a restart may help."""
-        results, errors = {}, {}
-        for r, f in futures.items():
-            if f.status == "finished":
-                results[r] = f.result()
-            elif f.status == "error":
-                errors[r] = f.exception()
-        self.client.cancel([f for f in futures.values() if not f.done()])
+        finished = [r for r, f in futures.items() if f.status == "finished"]
+        # one gather for every rank's result (one round trip, not one a rank)
+        results = dict(zip(finished, self.client.gather([futures[r] for r in finished]))) if finished else {}
+        errors = {r: f.exception() for r, f in futures.items() if f.status == "error"}
+        running = [f for f in futures.values() if not f.done()]
+        if running:
+            self.client.cancel(running)
         if len(results) == len(ranks) and not errors and not any("deferred" in v for v in results.values()):
             return _Outcome(result=results[0], ranks=[results[r] for r in sorted(results)])
         theirs = [e for _, e in sorted(errors.items()) if not _of_the_cluster(e)]
@@ -347,6 +347,7 @@ class _WorkerFit:
                     "allgather_s": r["comm_s"] / passes,
                     "loop_s": r["loop_s"],
                     "formed_s": r["formed_s"],
+                    "prepare_s": r["prepare_s"],
                 }
                 for r in outcome.ranks
             ],
