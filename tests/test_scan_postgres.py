@@ -280,13 +280,22 @@ def test_abandoning_a_pass_closes_its_connections_and_threads(pg, device, connec
     assert _sessions(pg) == 0 and _reader_threads() == base_threads
     assert device_memory_in_use(device) <= base_mem
 
-    # abandoned while a slow range is still being read: the server is asked to stop, not waited out
-    slow = f"select id, x, pg_sleep(case when id = 75000 then 30 else 0 end) is null as z from {name}"
+    # abandoned while a slow range is still being read: the server is asked to stop, not waited out.
+    # The sleep is in a function declared immutable so that each range's id condition reaches the scan
+    # below it: a volatile call in the select list keeps the condition above it, and then every range
+    # (the first one too) would evaluate id 75000 and sleep.
+    slow_fn = pg.name("slow")
+    pg.execute(f"create function {slow_fn}(i int8) returns boolean language plpgsql immutable as $$ begin "
+               f"perform pg_sleep(case when i = 75000 then 30 else 0 end); return true; end $$")  # fmt: skip
+    slow = f"select id, x, {slow_fn}(id) as z from {name}"
     scan = pystrom.scan_postgres(pg.conninfo, slow, partition_on="id", partitions=4, connections=connections,
                                  device=device)  # fmt: skip
     it = iter(scan)
+    start = time.monotonic()
     assert next(it).num_rows == 50_000  # ids 1..50000; the range of 75000 is in flight, sleeping
+    assert time.monotonic() - start < 10  # the first range did not wait for the sleep
     time.sleep(0.5)
+    assert pg.fetch("select count(*) from pg_stat_activity where wait_event = 'PgSleep'")[0][0] >= 1
     start = time.monotonic()
     it.close()
     assert time.monotonic() - start < 10

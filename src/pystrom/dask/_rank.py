@@ -75,8 +75,9 @@ class LocalPasses:
     whole fit; each pass launches every batch's kernel, round robin over a few streams (one after
     another, each kernel's ramp and last-block reduction left the GPU idle: 16 partitions of 40M rows
     took 0.89 ms on one stream, 0.66 on four, the whole array in one launch 0.66, on an H200), stacks
-    the results on the GPU and brings them to the host in one copy. Other batches take :func:`~pystrom.ml._pass.batch_pass`,
-    as the client's loop does (a wide batch's scratch, up to 1 GiB, is not held between passes).
+    the results on the GPU and brings them to the host in one copy. Other batches take
+    :func:`~pystrom.ml._pass.batch_pass`, as the client's loop does (a wide batch's scratch, up to
+    1 GiB, is not held between passes).
     """
 
     def __init__(self, batches: list[Any], k: int):
