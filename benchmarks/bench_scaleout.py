@@ -233,6 +233,12 @@ def _fits(client: Any, parts: Any, repeat: int) -> dict:
                 formed=max(r.get("formed_s", 0.0) for r in ranks),
                 prepare=max(r.get("prepare_s", 0.0) for r in ranks),
                 outside=times[-1] - ranks[0].get("loop_s", float("nan")),  # the last fit's time outside its loop
+                # per rank: partitions/rows and its own pass (an uneven placement shows as the slowest pass)
+                per_rank="; ".join(
+                    f"rank {r.get('rank')}: {r.get('partitions')} partitions, {r.get('rows', 0) / 1e6:.1f}M rows, "
+                    f"pass {1e3 * r.get('pass_s', float('nan')):.2f} ms"
+                    for r in ranks
+                ),
             )
         else:
             out["fit_client"] = statistics.median(times[1:])
@@ -300,7 +306,8 @@ def _print_table(rows_out: list[dict], big: dict | None) -> None:
         print(f"read breakdown {r['rows']} on {r['gpus']} GPU(s): {r['breakdown']}; server CPU {r['srv_read']:.3f} "
               f"s/Mrow in the read, {r['srv_copy']:.3f} in the COPY; first fit {r['fit_first']:.3f} s "
               f"(communicator formed in {r['formed']:.3f} s); last fit outside the loop {r['outside']:.4f} s "
-              f"(the ranks' preparing {r['prepare']:.4f} s); split: {r.get('split_cpus', 'not run')}")  # fmt: skip
+              f"(the ranks' preparing {r['prepare']:.4f} s); {r['per_rank']}; "
+              f"split: {r.get('split_cpus', 'not run')}")  # fmt: skip
 
 
 def _write_block(path: str, rows: int, batches: int) -> Any:
