@@ -289,6 +289,32 @@ def test_each_user_has_a_byte_quota_and_the_daemon_a_total(users, top):
 # -- without other users ---------------------------------------------------------------------------------
 
 
+def test_quotas_count_the_pages_a_table_takes_not_the_bytes_asked(tmp_path):
+    """Many tiny tables each hold a whole page of the daemon's memory: counting the bytes asked let a
+    quota of 3 pages hold thousands of them."""
+    import mmap
+
+    page = mmap.PAGESIZE
+    d = Daemon(str(tmp_path / "run" / "s.sock"), "cpu", "--max-bytes", str(3 * page))
+    try:
+        with d.store() as s:
+            held = [s.reserve(f"t{i}", 1) for i in range(3)]
+            assert s.stats()["uid_bytes"] == 3 * page
+            over = rf"1 bytes \({page:,} in whole pages\) would take the store daemon past its limit"
+            with pytest.raises(StoreQuotaError, match=over):
+                s.reserve("t3", 1)
+            held[0].abort()
+            del held[0]
+            gc.collect()
+            wait_for(s, lambda st: st["uid_bytes"] == 2 * page)
+            with pytest.raises(StoreQuotaError, match=rf"{page + 1:,} bytes \({2 * page:,} in whole pages\)"):
+                s.reserve("t3", page + 1)  # two pages, one left
+            with s.reserve("t3", page) as r:  # one page: fits
+                assert r.nbytes == page
+    finally:
+        assert d.stop() == 0
+
+
 def test_absurd_reservations_are_refused_by_default(tmp_path):
     """Finding 5 of issue 36: reserves of 1 TiB, 32 TiB and 2**50 - 1 bytes were accepted on a 23 GB machine."""
     d = Daemon(str(tmp_path / "run" / "s.sock"), "cpu")

@@ -225,17 +225,19 @@ class Quota:
     def limit(self, uid: int) -> int:
         return self.max_bytes if uid == self.owner else self.max_per_uid
 
-    def charge(self, uid: int, nbytes: int, name: str) -> None:
-        """Count ``nbytes`` for ``uid``, or raise StoreQuotaError naming the sizes."""
+    def charge(self, uid: int, nbytes: int, name: str, asked: int | None = None) -> None:
+        """Count ``nbytes`` (the memory's footprint of the ``asked`` bytes) for ``uid``, or raise
+        StoreQuotaError naming the sizes."""
         mine, cap = self.per_uid[uid], self.limit(uid)
+        size = f"{nbytes:,} bytes" if asked in (None, nbytes) else f"{asked:,} bytes ({nbytes:,} in whole pages)"
         if uid != self.owner and mine + nbytes > cap:
             raise StoreQuotaError(
-                f"reserve {name!r}: {nbytes:,} bytes would take uid {uid} past its quota: it holds {mine:,} of "
+                f"reserve {name!r}: {size} would take uid {uid} past its quota: it holds {mine:,} of "
                 f"{cap:,} bytes (drop tables, or ask for a higher `pystrom serve --max-bytes-per-uid`)"
             )
         if self.used + nbytes > self.max_bytes:
             raise StoreQuotaError(
-                f"reserve {name!r}: {nbytes:,} bytes would take the store daemon past its limit: it holds "
+                f"reserve {name!r}: {size} would take the store daemon past its limit: it holds "
                 f"{self.used:,} of {self.max_bytes:,} bytes (drop tables, or restart it with a higher --max-bytes)"
             )
         self.used += nbytes

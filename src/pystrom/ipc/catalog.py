@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import mmap
 import os
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,15 @@ class DaemonMemory:
             elif memory == "vmm":
                 raise StoreError(f"CUDA VMM with file descriptors does not work here: {self.vmm_problem}")
         self.kind = "vmm" if self.vmm is not None else "cuda_ipc"
+
+    def footprint(self, nbytes: int) -> int:
+        """The bytes an allocation of ``nbytes`` takes, as quotas count it: whole pages of a memfd, whole
+        granules of VMM memory (2 MiB on current GPUs: a 1-byte table holds 2 MiB of the GPU)."""
+        if self.kind == "memfd":
+            return -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        if self.kind == "vmm":
+            return self.vmm.rounded(nbytes)
+        return max(nbytes, 1)  # cudaMalloc's own rounding is not documented beyond its alignment
 
     def allocate(self, nbytes: int) -> Allocation:
         return Allocation(self, nbytes)

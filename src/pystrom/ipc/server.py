@@ -230,15 +230,18 @@ class StoreServer:
                     f"in use and pending puts included), as many as its descriptor limit ({self.fd_limit}) allows: "
                     "each holds one descriptor; drop tables, or restart the daemon with a higher `ulimit -n`"
                 )
-            self.quota.charge(peer.uid, nbytes, name)  # before allocating: concurrent reserves see it
+            # what the memory will take (pages, granules), not what was asked: else many small tables
+            # could hold far more than the quota; charged before allocating, so concurrent reserves see it
+            charged = self.memory.footprint(nbytes)
+            self.quota.charge(peer.uid, charged, name, asked=nbytes)
         try:
             alloc = self.memory.allocate(nbytes)  # outside the lock: may take a while
         except BaseException:
             with self.lock:
-                self.quota.refund(peer.uid, nbytes)
+                self.quota.refund(peer.uid, charged)
             raise
         with self.lock:
-            entry = self.catalog.add(name, alloc, peer.cid, peer.uid, nbytes, sharing)
+            entry = self.catalog.add(name, alloc, peer.cid, peer.uid, charged, sharing)
         desc, fds = alloc.descriptor(writable=True)
         return {"id": entry.id, "memory": desc}, fds
 
