@@ -125,6 +125,31 @@ def kill_when(client, rank: int, passes: int, found: dict, timeout: float = 60.0
     return thread
 
 
+def fit_on(client, X, **kw):
+    """``LogisticRegression(**kw).fit(X, ...)`` with ``client`` current (``columns``, ``target`` and
+    ``sample_weight`` go to fit, the rest to the estimator)."""
+    from pystrom.ml import LogisticRegression
+
+    fit_kw = {k: kw.pop(k) for k in ("columns", "target", "sample_weight") if k in kw}
+    with client.as_current():
+        return LogisticRegression(**kw).fit(X, **fit_kw)
+
+
+@contextlib.contextmanager
+def rank_killed_mid_fit(client, passes: int, rank: int = 1, pause: float = 0.05):
+    """Around a fit: every rank's passes slowed by ``pause`` s, and the worker of ``rank`` SIGKILLed
+    once the fit has made ``passes`` passes (:func:`kill_when`); yields the dict of what was killed.
+    Passes run at full speed again afterwards, whatever happened."""
+    client.run(slow_passes, pause)
+    killed: dict = {}
+    try:
+        watcher = kill_when(client, rank=rank, passes=passes, found=killed)
+        yield killed
+        watcher.join(5)
+    finally:
+        client.run(slow_passes, 0.0)
+
+
 @contextlib.contextmanager
 def process_cluster(n: int, gpu: bool, env: dict | None = None, nthreads: int = 1):
     """A scheduler and ``n`` workers, each a process started from the command line (``dask-cuda-worker``

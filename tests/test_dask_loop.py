@@ -18,10 +18,11 @@ from pystrom.errors import ClusterError, CollectiveTimeoutError, DataError, Post
 
 from dask_loop_helpers import (
     assert_same_model,
-    kill_when,
+    fit_on,
     logreg_data,
     persist_spread,
     process_cluster,
+    rank_killed_mid_fit,
     slow_passes,
     stall_rank,
 )
@@ -65,12 +66,6 @@ def _write(tmp_path, data, name="data.arrow", batch_rows=500):
     return path
 
 
-def _fit(client, X, **kw):
-    fit_kw = {k: kw.pop(k) for k in ("columns", "target", "sample_weight") if k in kw}
-    with client.as_current():
-        return LogisticRegression(**kw).fit(X, **fit_kw)
-
-
 CONFIGS = {
     "plain": dict(),
     "weights": dict(sample_weight="w"),
@@ -95,7 +90,7 @@ def test_the_loop_on_the_workers_equals_the_in_memory_fit(client, on_workers, tm
         want = LogisticRegression(**kw).fit(table, columns=FEATURES, target="y", sample_weight=weight)
     with warnings.catch_warnings(record=True) as got_warned:
         warnings.simplefilter("always")
-        got = _fit(client, parts, columns=FEATURES, target="y", sample_weight=weight, **kw)
+        got = fit_on(client, parts, columns=FEATURES, target="y", sample_weight=weight, **kw)
     info = got.fit_info_
     assert (info["path"], info["comm"], info["workers"], info["restarts"]) == ("workers", "tcp", 2, 0), info
     assert info["partitions"] == parts.npartitions and sum(r["rows"] for r in info["ranks"]) == want.num_rows_processed_
@@ -115,7 +110,7 @@ def test_wide_fit_madlib_rule_and_dask_arrays_on_the_workers(client, on_workers,
     cols = [f"x{j}" for j in range(1, 13)]
     with pystrom.defaults.set(logit_hessian="float64"):  # the workers' passes are float64 (so the fit's)
         want = LogisticRegression(tol=1e-10).fit(table, columns=cols, target="y")
-    got = _fit(client, parts, columns=cols, target="y", tol=1e-10)
+    got = fit_on(client, parts, columns=cols, target="y", tol=1e-10)
     assert got.fit_info_["path"] == "workers"
     assert_same_model(got, want)
 
@@ -149,7 +144,7 @@ def test_separation_is_judged_on_the_workers_as_in_memory(client, on_workers, tm
     with pytest.warns(PerfectSeparationWarning):
         want = LogisticRegression().fit(table, columns=["x1", "x2"], target="y")
     with pytest.warns(PerfectSeparationWarning):
-        got = _fit(client, parts, columns=["x1", "x2"], target="y")
+        got = fit_on(client, parts, columns=["x1", "x2"], target="y")
     assert got.separation_ == want.separation_ == "complete" and got.fit_info_["path"] == "workers"
     assert (got.n_iter_, got.n_passes_) == (want.n_iter_, want.n_passes_)
     np.testing.assert_allclose(got.coefficients_, want.coefficients_, rtol=1e-9)
@@ -163,11 +158,11 @@ def test_a_nan_is_named_from_its_worker_and_the_communicator_survives(client, on
     parts = _persisted(client, path)
     t0 = time.monotonic()
     with pytest.raises(DataError, match="'x2'"):
-        _fit(client, parts, columns=FEATURES, target="y")
+        fit_on(client, parts, columns=FEATURES, target="y")
     assert time.monotonic() - t0 < 10  # every rank stopped at the same exchange: nobody waited for a timeout
     good = _persisted(client, _write(tmp_path, logreg_data(4000), "good.arrow"))
-    first = _fit(client, good, columns=FEATURES, target="y")
-    again = _fit(client, good, columns=FEATURES, target="y")
+    first = fit_on(client, good, columns=FEATURES, target="y")
+    again = fit_on(client, good, columns=FEATURES, target="y")
     assert again.fit_info_["comm_reused"] and again.fit_info_["ranks"][1]["formed_s"] == 0.0
     np.testing.assert_array_equal(again.coefficients_, first.coefficients_)
 
@@ -177,20 +172,20 @@ def test_one_class_and_no_rows_are_the_in_memory_errors(client, on_workers, tmp_
     one = data.set_column(data.schema.get_field_index("y"), "y", pa.array(np.zeros(2000, dtype=bool)))
     parts = _persisted(client, _write(tmp_path, one))
     with pytest.raises(DataError, match="one class"):
-        _fit(client, parts, columns=FEATURES, target="y")
+        fit_on(client, parts, columns=FEATURES, target="y")
 
 
 def test_the_path_is_chosen_and_said(client, tmp_path):
     path = _write(tmp_path, logreg_data(3000))
     parts = _persisted(client, path)
-    got = _fit(client, parts, columns=FEATURES, target="y")  # auto: CPU workers keep the client's loop
+    got = fit_on(client, parts, columns=FEATURES, target="y")  # auto: CPU workers keep the client's loop
     assert got.fit_info_["path"] == "client" and "CPU workers" in got.fit_info_["reason"]
     with pystrom.defaults.set(dask_fit_loop="workers"):
         lazy = pdask.scan_arrow(str(path), batch_rows=1000, device="cpu")
-        got = _fit(client, lazy, columns=FEATURES, target="y")
+        got = fit_on(client, lazy, columns=FEATURES, target="y")
         assert got.fit_info_["path"] == "client" and "persist" in got.fit_info_["reason"]
     with pystrom.defaults.set(dask_fit_loop="client"):
-        got = _fit(client, parts, columns=FEATURES, target="y")
+        got = fit_on(client, parts, columns=FEATURES, target="y")
         assert got.fit_info_["path"] == "client" and "'client'" in got.fit_info_["reason"]
     want = LogisticRegression().fit(pystrom.read_arrow(path, device="cpu"), columns=FEATURES, target="y")
     assert want.fit_info_["path"] == "memory"
@@ -210,7 +205,7 @@ def test_passes_do_not_go_through_the_scheduler(client, on_workers, tmp_path):
         before = client.run_on_scheduler(transitions)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            model = _fit(client, parts, columns=FEATURES, target="y", max_iter=max_iter, tol=0.0)
+            model = fit_on(client, parts, columns=FEATURES, target="y", max_iter=max_iter, tol=0.0)
         counts.append(client.run_on_scheduler(transitions) - before)
         passes.append(model.n_passes_)
     assert passes[1] >= passes[0] + 20 and counts[1] <= counts[0] + 4, (passes, counts)  # more passes, no more tasks
@@ -223,18 +218,12 @@ def test_a_worker_killed_mid_fit_restarts_the_fit(client, on_workers, tmp_path):
         warnings.simplefilter("ignore", ConvergenceWarning)
         want = LogisticRegression(max_iter=30, tol=0.0).fit(pystrom.read_arrow(path, device="cpu"),
                                                              columns=FEATURES, target="y")  # fmt: skip
-    client.run(slow_passes, 0.05)
-    killed: dict = {}
-    try:
-        watcher = kill_when(client, rank=1, passes=4, found=killed)
+    with rank_killed_mid_fit(client, passes=4) as killed:
         t0 = time.monotonic()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            got = _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
+            got = fit_on(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
         took = time.monotonic() - t0
-        watcher.join(5)
-    finally:
-        client.run(slow_passes, 0.0)
     assert killed, "the fit ended before a worker could be killed"
     assert got.fit_info_["restarts"] == 1, got.fit_info_
     assert_same_model(got, want)
@@ -244,17 +233,11 @@ def test_a_worker_killed_mid_fit_restarts_the_fit(client, on_workers, tmp_path):
 
 def test_a_worker_killed_mid_fit_without_restarts_is_a_clear_error(client, on_workers, tmp_path):
     parts = _persisted(client, _write(tmp_path, logreg_data(4000)))
-    client.run(slow_passes, 0.05)
-    killed: dict = {}
-    try:
-        watcher = kill_when(client, rank=1, passes=3, found=killed)
+    with rank_killed_mid_fit(client, passes=3) as killed:
         t0 = time.monotonic()
         with pystrom.defaults.set(dask_fit_restarts=0), pytest.raises(ClusterError) as info:
-            _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
+            fit_on(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
         took = time.monotonic() - t0
-        watcher.join(5)
-    finally:
-        client.run(slow_passes, 0.0)
     assert killed
     assert killed["address"] in str(info.value) and "dask_fit_restarts=0" in str(info.value)
     assert took < 20, took  # the timeout (20 s) is the bound; a lost TCP peer is seen at once
@@ -268,15 +251,9 @@ def test_a_lost_postgres_partition_cannot_be_read_again_and_says_so(client, on_w
     with client.as_current():
         parts = pdask.read_postgres(pg.conninfo, table=name, npartitions=4, device="cpu").persist()
         distributed.wait(parts)
-    client.run(slow_passes, 0.05)
-    killed: dict = {}
-    try:
-        watcher = kill_when(client, rank=1, passes=3, found=killed)
+    with rank_killed_mid_fit(client, passes=3) as killed:
         with pytest.raises(ClusterError, match="snapshot") as info:
-            _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
-        watcher.join(5)
-    finally:
-        client.run(slow_passes, 0.0)
+            fit_on(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
     assert isinstance(info.value.__cause__, PostgresError) and killed["address"] in str(info.value)
     client.wait_for_workers(2, timeout=60)
 
@@ -288,13 +265,13 @@ def test_a_stalled_worker_times_out_and_the_next_fit_works(client, tmp_path):
         t0 = time.monotonic()
         with pystrom.defaults.set(dask_fit_loop="workers", dask_fit_timeout=3.0, dask_fit_restarts=0):
             with pytest.raises(CollectiveTimeoutError, match="dask_fit_timeout"):
-                _fit(client, parts, columns=FEATURES, target="y")
+                fit_on(client, parts, columns=FEATURES, target="y")
         took = time.monotonic() - t0
     finally:
         client.run(slow_passes, 0.0)
     assert took < 3.0 + 10, took
     with pystrom.defaults.set(dask_fit_loop="workers", dask_fit_timeout=20.0):
-        got = _fit(client, parts, columns=FEATURES, target="y")
+        got = fit_on(client, parts, columns=FEATURES, target="y")
     assert got.fit_info_["path"] == "workers" and not got.fit_info_["comm_reused"]  # the failed one was dropped
 
 
@@ -305,7 +282,7 @@ def test_a_timed_out_exchange_restarts_the_fit_on_the_same_workers(client, tmp_p
     client.run(stall_rank, 1, 2, 0)  # rank 1 hangs in the first attempt only
     try:
         with pystrom.defaults.set(dask_fit_loop="workers", dask_fit_timeout=3.0, dask_fit_restarts=1):
-            got = _fit(client, parts, columns=FEATURES, target="y")
+            got = fit_on(client, parts, columns=FEATURES, target="y")
     finally:
         client.run(slow_passes, 0.0)
     info = got.fit_info_
@@ -318,7 +295,7 @@ def test_workers_started_as_separate_processes_over_tcp(tmp_path):
     want = LogisticRegression().fit(pystrom.read_arrow(path, device="cpu"), columns=FEATURES, target="y")
     with process_cluster(2, gpu=False) as c, pystrom.defaults.set(dask_fit_loop="workers"):
         parts = _persisted(c, path)
-        got = _fit(c, parts, columns=FEATURES, target="y")
+        got = fit_on(c, parts, columns=FEATURES, target="y")
         assert got.fit_info_["path"] == "workers" and got.fit_info_["workers"] == 2
         assert {a.split(":")[0] for a in c.scheduler_info()["workers"]} == {"tcp"}
     assert_same_model(got, want)

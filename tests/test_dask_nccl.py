@@ -28,11 +28,12 @@ from pystrom.memory.backend import cuda_device_count
 
 from dask_loop_helpers import (
     assert_same_model,
-    kill_when,
+    fit_on,
     logreg_data,
     nccl_pair,
     persist_spread,
     process_cluster,
+    rank_killed_mid_fit,
     slow_passes,
     stall_rank,
 )
@@ -98,12 +99,6 @@ def _persisted(client, path, batch_rows=ROWS // 8):
         return persist_spread(client, pdask.scan_arrow(str(path), batch_rows=batch_rows))
 
 
-def _fit(client, X, **kw):
-    fit_kw = {k: kw.pop(k) for k in ("columns", "target", "sample_weight") if k in kw}
-    with client.as_current():
-        return LogisticRegression(**kw).fit(X, **fit_kw)
-
-
 @pytest.fixture(scope="module")
 def _arrow_data():
     return logreg_data(ROWS, nulls=True)
@@ -136,7 +131,7 @@ def test_the_nccl_fit_equals_the_in_memory_fit(client, timeout, arrow_file, conf
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         want = LogisticRegression(**kw).fit(table, columns=FEATURES, target="y", sample_weight=weight)
-        got = _fit(client, parts, columns=FEATURES, target="y", sample_weight=weight, **kw)
+        got = fit_on(client, parts, columns=FEATURES, target="y", sample_weight=weight, **kw)
     info = got.fit_info_
     assert (info["path"], info["comm"], info["workers"]) == ("workers", "nccl", 2), info
     assert all(r["rows"] > 0 for r in info["ranks"]), info  # the partitions are on both GPUs
@@ -151,7 +146,7 @@ def test_wide_float32_and_separated_fits_over_nccl(client, timeout, tmp_path):
     parts = _persisted(client, path, batch_rows=ROWS // 8)
     with pystrom.defaults.set(logit_hessian="float64"):  # the workers' passes are float64
         want = LogisticRegression(tol=1e-10).fit(pystrom.read_arrow(path, device="cuda"), columns=cols, target="y")
-    got = _fit(client, parts, columns=cols, target="y", tol=1e-10)
+    got = fit_on(client, parts, columns=cols, target="y", tol=1e-10)
     assert got.fit_info_["comm"] == "nccl"
     assert_same_model(got, want)
 
@@ -160,7 +155,7 @@ def test_wide_float32_and_separated_fits_over_nccl(client, timeout, tmp_path):
     pystrom.write_arrow(f32, path32, batch_rows=ROWS // 16)
     parts32 = _persisted(client, path32)
     want = LogisticRegression().fit(pystrom.read_arrow(path32, device="cuda"), columns=FEATURES, target="y")
-    got = _fit(client, parts32, columns=FEATURES, target="y")
+    got = fit_on(client, parts32, columns=FEATURES, target="y")
     assert got.fit_info_["comm"] == "nccl"
     # float32 sigmoids and logs: the passes' sums in another order round apart, and the stopping rule
     # reads changes at that rounding, so the iterations may differ by one; the fit agrees to its precision
@@ -176,7 +171,7 @@ def test_wide_float32_and_separated_fits_over_nccl(client, timeout, tmp_path):
     with pytest.warns(PerfectSeparationWarning):
         want = LogisticRegression().fit(pystrom.read_arrow(sep, device="cuda"), columns=["x1", "x2"], target="y")
     with pytest.warns(PerfectSeparationWarning):
-        got = _fit(client, parts_sep, columns=["x1", "x2"], target="y")
+        got = fit_on(client, parts_sep, columns=["x1", "x2"], target="y")
     assert got.separation_ == want.separation_ == "complete" and got.fit_info_["comm"] == "nccl"
 
 
@@ -189,13 +184,13 @@ def test_a_nan_is_named_and_the_communicator_is_kept(client, timeout, tmp_path):
     good = tmp_path / "good.arrow"
     pystrom.write_arrow(data, good, batch_rows=12_500)
     parts_good = _persisted(client, good, batch_rows=12_500)
-    first = _fit(client, parts_good, columns=FEATURES, target="y")
+    first = fit_on(client, parts_good, columns=FEATURES, target="y")
     assert first.fit_info_["comm"] == "nccl", first.fit_info_
     t0 = time.monotonic()
     with pytest.raises(DataError, match="'x2'"):
-        _fit(client, _persisted(client, bad, batch_rows=12_500), columns=FEATURES, target="y")
+        fit_on(client, _persisted(client, bad, batch_rows=12_500), columns=FEATURES, target="y")
     assert time.monotonic() - t0 < 10
-    again = _fit(client, parts_good, columns=FEATURES, target="y")
+    again = fit_on(client, parts_good, columns=FEATURES, target="y")
     # over NCCL the rank that found the NaN leaves the other inside its all-gather, which only an abort of the
     # communicator ends (on the H200s it was not reused); the TCP twin keeps it (test_dask_loop.py)
     assert again.fit_info_["comm"] == "nccl", again.fit_info_
@@ -210,18 +205,12 @@ def test_a_worker_killed_mid_fit_restarts_the_nccl_fit(client, timeout, arrow_fi
         warnings.simplefilter("ignore", ConvergenceWarning)
         want = LogisticRegression(max_iter=30, tol=0.0).fit(pystrom.read_arrow(arrow_file, device="cuda"),
                                                              columns=FEATURES, target="y")  # fmt: skip
-    client.run(slow_passes, 0.05)
-    killed: dict = {}
-    try:
-        watcher = kill_when(client, rank=1, passes=4, found=killed)
+    with rank_killed_mid_fit(client, passes=4) as killed:
         t0 = time.monotonic()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            got = _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
+            got = fit_on(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
         took = time.monotonic() - t0
-        watcher.join(5)
-    finally:
-        client.run(slow_passes, 0.0)
     assert killed, "the fit ended before a worker could be killed"
     assert got.fit_info_["restarts"] == 1, got.fit_info_
     assert_same_model(got, want)
@@ -231,17 +220,11 @@ def test_a_worker_killed_mid_fit_restarts_the_nccl_fit(client, timeout, arrow_fi
 
 def test_a_worker_killed_mid_fit_without_restarts_is_a_clear_error(client, timeout, arrow_file):
     parts = _persisted(client, arrow_file)
-    client.run(slow_passes, 0.05)
-    killed: dict = {}
-    try:
-        watcher = kill_when(client, rank=1, passes=3, found=killed)
+    with rank_killed_mid_fit(client, passes=3) as killed:
         t0 = time.monotonic()
         with pystrom.defaults.set(dask_fit_restarts=0), pytest.raises(ClusterError) as info:
-            _fit(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
+            fit_on(client, parts, columns=FEATURES, target="y", max_iter=30, tol=0.0)
         took = time.monotonic() - t0
-        watcher.join(5)
-    finally:
-        client.run(slow_passes, 0.0)
     assert killed and killed["address"] in str(info.value)
     assert took < 30, took  # within the timeout: the client cancels the survivor's all-gather
     client.wait_for_workers(2, timeout=120)
@@ -254,12 +237,12 @@ def test_a_stalled_gpu_worker_times_out_and_the_next_fit_works(client, arrow_fil
         t0 = time.monotonic()
         with pystrom.defaults.set(dask_fit_timeout=5.0, dask_fit_restarts=0):
             with pytest.raises(CollectiveTimeoutError, match="dask_fit_timeout"):
-                _fit(client, parts, columns=FEATURES, target="y")
+                fit_on(client, parts, columns=FEATURES, target="y")
         took = time.monotonic() - t0
     finally:
         client.run(slow_passes, 0.0)
     assert took < 5 + 15, took
-    got = _fit(client, parts, columns=FEATURES, target="y")
+    got = fit_on(client, parts, columns=FEATURES, target="y")
     assert got.fit_info_["comm"] == "nccl" and not got.fit_info_["comm_reused"]
 
 
@@ -269,7 +252,7 @@ def test_a_timed_out_exchange_restarts_the_nccl_fit_on_the_same_workers(client, 
     client.run(stall_rank, 1, 2, 0)  # rank 1 hangs in the first attempt only
     try:
         with pystrom.defaults.set(dask_fit_timeout=5.0, dask_fit_restarts=1):
-            got = _fit(client, parts, columns=FEATURES, target="y")
+            got = fit_on(client, parts, columns=FEATURES, target="y")
     finally:
         client.run(slow_passes, 0.0)
     info = got.fit_info_
@@ -281,7 +264,7 @@ def test_workers_sharing_a_gpu_keep_the_clients_loop(arrow_file):
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
     with distributed.Client(cluster, set_as_default=False) as c:
         parts = _persisted(c, arrow_file)
-        got = _fit(c, parts, columns=FEATURES, target="y")
+        got = fit_on(c, parts, columns=FEATURES, target="y")
     cluster.close()
     assert got.fit_info_["path"] == "client" and "share a GPU" in got.fit_info_["reason"], got.fit_info_
 
@@ -295,7 +278,7 @@ def test_nccl_fit_with_dask_cuda_workers_started_as_processes_over_tcp(arrow_fil
     want = LogisticRegression().fit(pystrom.read_arrow(arrow_file, device="cuda"), columns=FEATURES, target="y")
     with process_cluster(n, gpu=True, env=env, nthreads=2) as c:
         parts = _persisted(c, arrow_file, batch_rows=ROWS // 16)
-        got = _fit(c, parts, columns=FEATURES, target="y")
+        got = fit_on(c, parts, columns=FEATURES, target="y")
         pids = c.run(os.getpid)
     assert len(set(pids.values())) == n and all(a.startswith("tcp://") for a in pids)
     assert (got.fit_info_["path"], got.fit_info_["comm"], got.fit_info_["workers"]) == ("workers", "nccl", n)

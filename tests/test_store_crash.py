@@ -8,6 +8,7 @@ next request (at once, not after a timeout), and views already mapped keep their
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -76,28 +77,35 @@ def test_the_daemon_listens_with_the_systems_largest_backlog():
     assert protocol.listen_backlog() == max(system, socket.SOMAXCONN)
 
 
-def _full_listener(path: str) -> tuple[socket.socket, list[socket.socket]]:
-    """A socket listening at ``path`` whose backlog is full (nothing accepts): connects get EAGAIN."""
+@contextlib.contextmanager
+def _full_listener(path: str):
+    """A socket listening at ``path`` whose backlog is full (nothing accepts): connects get EAGAIN.
+    Yields (listener, the connections that fill its backlog); closes them all on exit."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(1)
     queued = []
-    while True:
-        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        c.setblocking(False)
-        try:
-            c.connect(path)
-        except BlockingIOError:
+    try:
+        while True:
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect(path)
+            except BlockingIOError:
+                c.close()
+                break
+            queued.append(c)
+        yield listener, queued
+    finally:
+        for c in queued:
             c.close()
-            return listener, queued
-        queued.append(c)
+        listener.close()
 
 
 def test_a_full_backlog_is_tried_again_until_there_is_room(tmp_path):
     path = str(tmp_path / "s.sock")
-    listener, queued = _full_listener(path)
     got: list = []
-    try:
+    with _full_listener(path) as (listener, queued):
         thread = threading.Thread(target=lambda: got.append(protocol.connect(path, timeout=10, retry=10)))
         thread.start()
         time.sleep(0.5)  # the client is refused with EAGAIN meanwhile, and tries again
@@ -108,25 +116,16 @@ def test_a_full_backlog_is_tried_again_until_there_is_room(tmp_path):
         got[0].close()
         for c in accepted:
             c.close()
-    finally:
-        for c in queued:
-            c.close()
-        listener.close()
 
 
 def test_a_full_backlog_that_stays_full_is_store_unavailable(tmp_path):
     path = str(tmp_path / "s.sock")
-    listener, queued = _full_listener(path)
-    try:
+    with _full_listener(path):
         start = time.monotonic()
         with pystrom.defaults.set(store_connect_retry=0.5):
             with pytest.raises(StoreUnavailableError, match="listen backlog stayed full for 0.[45] s"):
                 pystrom.Store(path)
         assert 0.4 < time.monotonic() - start < 5
-    finally:
-        for c in queued:
-            c.close()
-        listener.close()
 
 
 def test_nobody_listening_is_tried_again_then_store_unavailable(tmp_path):
