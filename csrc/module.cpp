@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "bits.hpp"
 #include "gather.hpp"
 #include "lz4_size.hpp"
+#include "pg_arrays.hpp"
 #include "pg_copy_in.hpp"
 #include "pg_encode.hpp"
 #include "pg_decode.hpp"
@@ -127,6 +129,59 @@ void check_pieces(const int64_t* offsets, const int64_t* sizes, std::size_t n, c
                               ") is negative or ends past int64");
     }
   }
+}
+
+// An optional LSB bitmap (None: no NULLs) that must hold bits [bit_offset, bit_offset + count).
+Bytes optional_bits(const py::object& obj, bool writable, int64_t bit_offset, int64_t count, const char* what) {
+  if (obj.is_none()) return {nullptr, 0};
+  Bytes b = request(obj.cast<py::buffer>(), writable, what);
+  if (bit_offset < 0) throw std::invalid_argument(std::string(what) + ": negative bit offset");
+  check_range(b, static_cast<uint64_t>(bit_offset), static_cast<uint64_t>(count), what);
+  return b;
+}
+
+// The decode passes' rows: offsets (int32, n + 1) ascending inside data, checked here (O(n)) so that a
+// caller's bad offsets raise instead of reading as a malformed array; the C++ checks each row again.
+pystrom::pg::BinaryRows binary_rows(const py::buffer& offsets, const py::buffer& data, const py::object& validity,
+                                    int64_t bit_offset, const char* name) {
+  Bytes o = request_i32(offsets, false, "offsets");
+  Bytes d = request(data, false, "data");
+  const int64_t n = static_cast<int64_t>(o.size / sizeof(int32_t)) - 1;
+  if (n < 0) throw std::invalid_argument(std::string(name) + ": offsets must hold n + 1 entries");
+  const int32_t* off = reinterpret_cast<const int32_t*>(o.ptr);
+  for (int64_t i = 0; i < n; ++i) {
+    if (off[i] < 0 || off[i + 1] < off[i] || static_cast<uint64_t>(off[i + 1]) > d.size) {
+      throw std::invalid_argument(std::string(name) + ": row " + std::to_string(i) +
+                                  "'s offsets are negative, decrease or reach past data");
+    }
+  }
+  Bytes v = optional_bits(validity, false, bit_offset, n, "validity");
+  return {off, n, d.ptr, d.size, v.ptr, bit_offset};
+}
+
+// The encoder's list<string> input (str_data: None for the sizes pass).
+pystrom::pg::ListStrings list_strings(const py::buffer& list_offsets, const py::object& row_validity,
+                                      int64_t row_bit_offset, const py::buffer& str_offsets, const py::object& str_data,
+                                      const py::object& elem_validity, int64_t n, const char* name) {
+  Bytes lo = request_i32(list_offsets, false, "list_offsets");
+  Bytes so = request_i32(str_offsets, false, "str_offsets");
+  if (n < 0 || static_cast<uint64_t>(n) + 1 > lo.size / sizeof(int32_t)) {
+    throw std::invalid_argument(std::string(name) + ": list_offsets must hold n + 1 entries");
+  }
+  Bytes rv = optional_bits(row_validity, false, row_bit_offset, n, "row_validity");
+  Bytes ev = optional_bits(elem_validity, false, 0, 0, "elem_validity");
+  Bytes sd{nullptr, 0};
+  if (!str_data.is_none()) sd = request(str_data.cast<py::buffer>(), false, "str_data");
+  return {reinterpret_cast<const int32_t*>(lo.ptr),
+          n,
+          rv.ptr,
+          row_bit_offset,
+          reinterpret_cast<const int32_t*>(so.ptr),
+          static_cast<int64_t>(so.size / sizeof(int32_t)),
+          sd.ptr,
+          sd.size,
+          ev.ptr,
+          static_cast<int64_t>(std::min<std::size_t>(ev.size, std::size_t{1} << 40) * 8)};
 }
 
 }  // namespace
@@ -572,6 +627,84 @@ PYBIND11_MODULE(_core, m) {
     }
     if (n < 0) throw std::out_of_range("pg_encode_rows: the rows do not fit the buffer (size it with pg_encode_sizes)");
     return n;
+  });
+
+  // -- PostgreSQL text-like arrays <-> list<string> (csrc/pg_arrays.hpp; io/postgres/text_arrays.py wraps
+  // these). Malformed arrays are results (failure, row), not exceptions: they come from the server.
+  m.def("pg_text_arrays_measure", [](py::buffer offsets, py::buffer data, py::object validity, int64_t bit_offset,
+                                     uint32_t element_oid) {
+    const pystrom::pg::BinaryRows rows = binary_rows(offsets, data, validity, bit_offset, "pg_text_arrays_measure");
+    pystrom::pg::TextArraysMeasure r;
+    {
+      py::gil_scoped_release nogil;
+      r = pystrom::pg::text_arrays_measure(rows, element_oid);
+    }
+    return py::make_tuple(r.elements, r.nbytes, r.null_elements, r.bad_row, r.failure);
+  });
+
+  m.def("pg_text_arrays_fill", [](py::buffer offsets, py::buffer data, py::object validity, int64_t bit_offset,
+                                  py::buffer list_offsets, py::buffer str_offsets, py::buffer str_data,
+                                  py::object elem_validity) {
+    const pystrom::pg::BinaryRows rows = binary_rows(offsets, data, validity, bit_offset, "pg_text_arrays_fill");
+    Bytes lo = request_i32(list_offsets, true, "list_offsets");
+    Bytes so = request_i32(str_offsets, true, "str_offsets");
+    Bytes sd = request(str_data, true, "str_data");
+    Bytes ev = optional_bits(elem_validity, true, 0, 0, "elem_validity");
+    if (lo.size / sizeof(int32_t) < static_cast<uint64_t>(rows.n) + 1) {
+      throw std::invalid_argument("pg_text_arrays_fill: list_offsets holds fewer than n + 1 entries");
+    }
+    if (so.size < sizeof(int32_t)) throw std::invalid_argument("pg_text_arrays_fill: str_offsets is empty");
+    const pystrom::pg::ListStringsOut out{reinterpret_cast<int32_t*>(lo.ptr), reinterpret_cast<int32_t*>(so.ptr),
+                                          so.size / sizeof(int32_t), sd.ptr, sd.size, ev.ptr, ev.size};
+    pystrom::pg::TextArraysFill r;
+    {
+      py::gil_scoped_release nogil;
+      r = pystrom::pg::text_arrays_fill(rows, out);
+    }
+    if (r.short_buffer != nullptr) {
+      const std::string buffer(r.short_buffer);
+      throw std::invalid_argument(
+          "pg_text_arrays_fill: row " + std::to_string(r.bad_row) + " needs more than " + buffer +
+          (buffer == "elem_validity" && ev.ptr == nullptr ? " (None: it holds a NULL element)" : " holds") +
+          " (size the outputs with pg_text_arrays_measure, over the same bytes)");
+    }
+    return py::make_tuple(r.failure, r.bad_row);
+  });
+
+  m.def("pg_text_arrays_encode_sizes", [](py::buffer list_offsets, py::object row_validity, int64_t row_bit_offset,
+                                          py::buffer str_offsets, py::object elem_validity, int64_t n) {
+    const pystrom::pg::ListStrings in = list_strings(list_offsets, row_validity, row_bit_offset, str_offsets,
+                                                     py::none(), elem_validity, n, "pg_text_arrays_encode_sizes");
+    pystrom::pg::TextArraysEncode r;
+    {
+      py::gil_scoped_release nogil;
+      r = pystrom::pg::text_arrays_encode_sizes(in);
+    }
+    if (r.reason != nullptr) {
+      throw std::invalid_argument("pg_text_arrays_encode_sizes: row " + std::to_string(r.bad_row) + ": " + r.reason);
+    }
+    return r.total;
+  });
+
+  m.def("pg_text_arrays_encode", [](py::buffer list_offsets, py::object row_validity, int64_t row_bit_offset,
+                                    py::buffer str_offsets, py::buffer str_data, py::object elem_validity, int64_t n,
+                                    uint32_t element_oid, py::buffer out_offsets, py::buffer out_data) {
+    const pystrom::pg::ListStrings in = list_strings(list_offsets, row_validity, row_bit_offset, str_offsets,
+                                                     str_data, elem_validity, n, "pg_text_arrays_encode");
+    Bytes oo = request_i32(out_offsets, true, "out_offsets");
+    Bytes od = request(out_data, true, "out_data");
+    if (oo.size / sizeof(int32_t) < static_cast<uint64_t>(n) + 1) {
+      throw std::invalid_argument("pg_text_arrays_encode: out_offsets holds fewer than n + 1 entries");
+    }
+    pystrom::pg::TextArraysEncode r;
+    {
+      py::gil_scoped_release nogil;
+      r = pystrom::pg::text_arrays_encode(in, element_oid, reinterpret_cast<int32_t*>(oo.ptr), od.ptr, od.size);
+    }
+    if (r.reason != nullptr) {
+      throw std::invalid_argument("pg_text_arrays_encode: row " + std::to_string(r.bad_row) + ": " + r.reason);
+    }
+    return r.total;
   });
 
   py::class_<pystrom::pg::CopyInSender>(m, "CopyInSender")

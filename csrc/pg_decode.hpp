@@ -58,6 +58,7 @@ enum Failure : int64_t {
   ARRAY_ELEMENT = 9,     // an array whose element type is not the column's
   ARRAY_LENGTH = 10,     // an array whose length is not the fixed_size_list's d, or past the counted elements
   ARRAY_BAD = 11,        // an array whose dimensions, NULL flag or element lengths do not match its bytes
+  ARRAY_TOO_LARGE = 12,  // text arrays (pg_arrays.hpp): more elements or bytes than int32 Arrow offsets hold
 };
 
 // What an array's header says (array_header): its element count and first element, or a failure.
