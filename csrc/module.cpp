@@ -662,10 +662,11 @@ PYBIND11_MODULE(_core, m) {
       r = pystrom::pg::text_arrays_fill(rows, out);
     }
     if (r.short_buffer != nullptr) {
-      const std::string buffer(r.short_buffer);
+      const std::string buffer(r.short_buffer), row = std::to_string(r.bad_row);
       throw std::invalid_argument(
-          "pg_text_arrays_fill: row " + std::to_string(r.bad_row) + " needs more than " + buffer +
-          (buffer == "elem_validity" && ev.ptr == nullptr ? " (None: it holds a NULL element)" : " holds") +
+          "pg_text_arrays_fill: " +
+          (buffer == "elem_validity" && ev.ptr == nullptr ? "row " + row + " holds a NULL element but elem_validity is None"
+                                                          : "row " + row + " needs more than " + buffer + " holds") +
           " (size the outputs with pg_text_arrays_measure, over the same bytes)");
     }
     return py::make_tuple(r.failure, r.bad_row);

@@ -119,6 +119,55 @@ def pg_encode_sizes(desc: Buffer, begin: int, end: int, sizes: Buffer) -> tuple[
 def pg_encode_rows(desc: Buffer, begin: int, end: int, out: Buffer) -> int:
     """Encode rows [begin, end) as binary COPY rows into ``out``; the bytes written."""
 
+# -- PostgreSQL text-like arrays <-> list<string> (csrc/pg_arrays.cpp; wrapped by io/postgres/text_arrays.py) --
+
+def pg_text_arrays_measure(
+    offsets: Buffer, data: Buffer, validity: Buffer | None, bit_offset: int, element_oid: int
+) -> tuple[int, int, int, int, int]:
+    """Check the binary arrays ``data[offsets[i]:offsets[i + 1]]`` (int32 offsets; rows whose ``validity`` bit
+    ``bit_offset + i`` is clear skipped) and count what list<string> needs: ``(elements, nbytes,
+    null_elements, bad_row, failure)``, failure 0 or a csrc/pg_decode.hpp Failure (8, 9, 11, 12) at ``bad_row``."""
+
+def pg_text_arrays_fill(
+    offsets: Buffer,
+    data: Buffer,
+    validity: Buffer | None,
+    bit_offset: int,
+    list_offsets: Buffer,
+    str_offsets: Buffer,
+    str_data: Buffer,
+    elem_validity: Buffer | None,
+) -> tuple[int, int]:
+    """Decode the rows :func:`pg_text_arrays_measure` checked into list<string> buffers (int32 ``list_offsets``
+    n + 1, int32 ``str_offsets`` elements + 1, ``str_data``, ``elem_validity`` bitmap or None); every byte is
+    checked again: ``(failure, bad_row)``. ValueError where an output is too small for the rows."""
+
+def pg_text_arrays_encode_sizes(
+    list_offsets: Buffer,
+    row_validity: Buffer | None,
+    row_bit_offset: int,
+    str_offsets: Buffer,
+    elem_validity: Buffer | None,
+    n: int,
+) -> int:
+    """Bytes :func:`pg_text_arrays_encode` writes for the ``n`` list<string> rows (may exceed 2**31 - 1, which
+    encode refuses); ValueError naming the row whose offsets are bad."""
+
+def pg_text_arrays_encode(
+    list_offsets: Buffer,
+    row_validity: Buffer | None,
+    row_bit_offset: int,
+    str_offsets: Buffer,
+    str_data: Buffer,
+    elem_validity: Buffer | None,
+    n: int,
+    element_oid: int,
+    out_offsets: Buffer,
+    out_data: Buffer,
+) -> int:
+    """Each row's array as ``array_send`` writes it into ``out_data`` at int32 ``out_offsets`` (NULL rows: empty);
+    the bytes written. ValueError naming the row for bad offsets, a small ``out_data`` or a total past 2**31 - 1."""
+
 class CopyInSender:
     def __init__(self, pgconn: int) -> None: ...
     def start(self, sql: str) -> None: ...
