@@ -84,8 +84,9 @@ TextArraysMeasure text_arrays_measure(const BinaryRows& rows, uint32_t element_o
       r.elements += count;
       r.nbytes += bytes;
       r.null_elements += nulls;
-      // Arrow's int32 offsets index elements and bytes; the sums stay far from int64's end (each row
-      // adds less than 2^31)
+      // Arrow's int32 offsets index elements and bytes. While the rows' own offsets are int32 the input
+      // bounds both sums below 2^31 and this never fires; it keeps the outputs' limit stated here, not
+      // inherited from the input's type (the sums cannot wrap int64: each row adds less than 2^31)
       if (r.elements > kInt32Max || r.nbytes > kInt32Max) f = ARRAY_TOO_LARGE;
     }
     if (f != OK) {
