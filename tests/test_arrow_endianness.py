@@ -57,6 +57,10 @@ def _as_read(expected: pa.ChunkedArray, got_type: pa.DataType) -> pa.ChunkedArra
     try:
         return expected.cast(got_type)
     except (pa.ArrowNotImplementedError, KeyError):
+        pass
+    try:  # dictionaries inside lists and structs (pyarrow casts none of them): decoded through Python values
+        return pa.chunked_array([pa.array(expected.to_pylist(), type=got_type)])
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
         return None
 
 

@@ -279,7 +279,7 @@ def test_bad_columns(tmp_path, device):
 
 
 def test_unsupported_type_names_the_column(tmp_path, device):
-    table = pa.table({"ok": [1, 2], "nested": pa.array([{"a": 1}, {"a": 2}])})
+    table = pa.table({"ok": [1, 2], "nested": pa.array([[("a", 1)], [("b", 2)]], pa.map_(pa.string(), pa.int64()))})
     path = tmp_path / "n.arrow"
     with ipc.new_file(path, table.schema) as w:
         w.write_table(table)

@@ -40,8 +40,8 @@ def test_unknown_column(device):
 @pytest.mark.parametrize(
     "arrow_type,fragment",
     [
-        (pa.list_(pa.string()), "elements pystrom cannot hold"),
-        (pa.struct([("a", pa.int32())]), "nested"),
+        (pa.list_(pa.map_(pa.string(), pa.int32())), "nested"),  # a list of a type not held
+        (pa.struct([("a", pa.int32()), ("m", pa.map_(pa.string(), pa.int32()))]), "nested"),
         (pa.decimal256(50, 2), "decimal128"),
         (pa.null(), "only NULLs"),
         (pa.map_(pa.string(), pa.int32()), "nested"),
@@ -54,10 +54,16 @@ def test_unsupported_type_names_column_and_type(device, arrow_type, fragment):
 
 
 def test_unsupported_type_inside_dictionary(device):
-    values = pa.array([["a"], ["b"]], pa.list_(pa.string()))
+    values = pa.array([[("k", 1)], [("j", 2)]], pa.map_(pa.string(), pa.int32()))
     source = pa.table({"d": pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int8()), values)})
     with pytest.raises(pystrom.UnsupportedTypeError, match="column 'd'"):
         Table.from_arrow(source, device=device)
+    held = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int8()), pa.array([["a"], ["b"]]))
+    assert Table.from_arrow(pa.table({"d": held}), device=device).to_arrow().column("d").to_pylist() == [
+        ["a"],
+        ["b"],
+        ["a"],
+    ]  # a dictionary of list<string>: decoded
 
 
 def test_mismatched_lengths(device):

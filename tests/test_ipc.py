@@ -310,10 +310,13 @@ def test_offsets_past_the_end(good_handle):
 
 def test_unknown_types_and_garbage_schema(good_handle):
     decoded = fmt.decode(good_handle)
-    schema = pa.schema([pa.field("bool", pa.struct([("a", pa.int8())]))] + list(decoded.layout.arrow_schema("x"))[1:])
-    layout = fmt.TableLayout(decoded.layout.nbytes, decoded.layout.num_rows, decoded.layout.columns, schema.serialize())
-    with pytest.raises(InvalidHandleError, match="column 'bool'.*nested"):
-        pystrom.ipc_import(fmt.encode(dataclasses.replace(decoded, layout=layout)))
+    rest = list(decoded.layout.arrow_schema("x"))[1:]
+    for forged, message in [(pa.map_(pa.utf8(), pa.int8()), "nested"), (pa.struct([("a", pa.int8())]), "not shared")]:
+        schema = pa.schema([pa.field("bool", forged)] + rest)  # a struct: held by tables, never written in a handle
+        layout = fmt.TableLayout(decoded.layout.nbytes, decoded.layout.num_rows, decoded.layout.columns,
+                                 schema.serialize())  # fmt: skip
+        with pytest.raises(InvalidHandleError, match=f"column 'bool'.*{message}"):
+            pystrom.ipc_import(fmt.encode(dataclasses.replace(decoded, layout=layout)))
     # a list type over a bool column's buffers: the sizes do not add up
     schema = pa.schema([pa.field("bool", pa.list_(pa.int8()))] + list(decoded.layout.arrow_schema("x"))[1:])
     layout = fmt.TableLayout(decoded.layout.nbytes, decoded.layout.num_rows, decoded.layout.columns, schema.serialize())

@@ -121,8 +121,10 @@ def _value_parts(xp: Any, col: Column, descending: bool, invalid: Any) -> tuple[
 
     ctype = col.column_type
     layout = ctype.layout
-    if layout in Layout.NESTED:
+    if layout in Layout.NESTED or layout == Layout.LIST_OF:
         raise _refuse(col, "has no order: its rows are lists")
+    if layout == Layout.STRUCT:
+        raise _refuse(col, "has no order: its rows are structs (sort by a field: with_columns(k=column.field(...)))")
     if layout == Layout.BOOL:
         part = col.values.view(np.uint8)
         return [part ^ np.uint8(1) if descending else part.copy()], None

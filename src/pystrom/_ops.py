@@ -41,7 +41,7 @@ def _row_ranges(xp: Any, col: Column, rows: Any) -> tuple[Any, Any]:
         if bool(bad.any()):
             i = int(xp.argmax(bad))
             row, a, b = int(rows[i]), int(starts[i]), int(ends[i])
-            is_list = col.column_type.layout == Layout.LIST
+            is_list = col.column_type.layout in (Layout.LIST, Layout.LIST_OF)
             where, unit = ("child values", "element") if is_list else ("data buffer", "byte")
             raise DataError(
                 f"column {col.name!r}: its {'list' if is_list else 'string'} offsets no longer lie inside its "
@@ -130,7 +130,6 @@ def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec
     """One new block laid out for ``slots`` in order: columns (their ``rows`` are gathered into the
     block), :class:`Take` slots (their own rows, under their own name) and specs of columns the
     caller fills itself (``Table.with_columns``). Every slot must have ``len(rows)`` rows."""
-    xp = backend.xp
     m = int(rows.shape[0])
     specs, prepared, sources = [], [], []
     for slot in slots:
@@ -146,30 +145,9 @@ def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec
         elif int(col_rows.shape[0]) != m:
             raise AssertionError(f"slot {name!r} gathers {int(col_rows.shape[0])} rows, the others {m}")
         sources.append((col, col_rows))
-        ctype = col.column_type
-        valid = None
-        null_count = 0
-        if col.null_count:
-            valid = col.is_valid()[col_rows]
-            null_count = m - int(xp.count_nonzero(valid))
-        lengths = data_size = None
-        child_nulls = 0
-        if ctype.layout == Layout.VARBINARY:
-            ranges = _row_ranges(xp, col, col_rows)
-            lengths = (ranges[1] - ranges[0], ranges)
-            data_size = int(lengths[0].sum()) if m else 0
-        elif ctype.layout in Layout.NESTED:  # lengths: (element indices, new offsets, element validity)
-            idx, new_offsets = _list_elements(xp, col, col_rows)
-            child_valid = None
-            if col.child_validity is not None:
-                bits = col.child_validity
-                child_valid = bitmap.unpack(backend, bits, 0, bits.shape[0] * 8)[idx]
-                child_nulls = int(idx.shape[0]) - int(xp.count_nonzero(child_valid))
-            lengths = (idx, new_offsets, child_valid)
-            if new_offsets is not None:
-                data_size = int(idx.shape[0]) * ctype.storage.itemsize
-        specs.append(ColumnSpec(name, ctype, m, null_count, data_size or 0, child_nulls))
-        prepared.append((valid if null_count else None, lengths))
+        spec, prep = _prepare(backend, col, col_rows, name)
+        specs.append(spec)
+        prepared.append(prep)
     plan = plan_table(specs)
     new_block = backend.allocate(plan.nbytes)
     for source, cplan, prep in zip(sources, plan.columns, prepared):
@@ -178,12 +156,59 @@ def gather_into(backend: Backend, rows: Any, slots: Sequence[Column | ColumnSpec
     return new_block, plan
 
 
-def _write_gathered(block: Block, plan: ColumnPlan, col: Column, rows: Any, valid: Any, lengths: Any) -> None:
+def _prepare(backend: Backend, col: Column, rows: Any, name: str) -> tuple[ColumnSpec, tuple]:
+    """What gathering ``rows`` of ``col`` takes: its spec in the new block and what :func:`_write_gathered`
+    needs (the rows' validity, their string/list extents, and the same for each child column)."""
+    xp = backend.xp
+    m = int(rows.shape[0])
+    ctype = col.column_type
+    valid = None
+    null_count = 0
+    if col.null_count:
+        valid = col.is_valid()[rows]
+        null_count = m - int(xp.count_nonzero(valid))
+    lengths = data_size = None
+    child_nulls = 0
+    children: list[tuple[ColumnSpec, tuple]] = []
+    if ctype.layout == Layout.VARBINARY:
+        ranges = _row_ranges(xp, col, rows)
+        lengths = (ranges[1] - ranges[0], ranges)
+        data_size = int(lengths[0].sum()) if m else 0
+    elif ctype.layout in Layout.NESTED:  # lengths: (element indices, new offsets, element validity)
+        idx, new_offsets = _list_elements(xp, col, rows)
+        child_valid = None
+        if col.child_validity is not None:
+            bits = col.child_validity
+            child_valid = bitmap.unpack(backend, bits, 0, bits.shape[0] * 8)[idx]
+            child_nulls = int(idx.shape[0]) - int(xp.count_nonzero(child_valid))
+        lengths = (idx, new_offsets, child_valid)
+        if new_offsets is not None:
+            data_size = int(idx.shape[0]) * ctype.storage.itemsize
+    elif ctype.layout == Layout.STRUCT:  # the fields' views share the struct's rows
+        children = [_prepare(backend, c, rows, c.name) for c in col.children]
+    elif ctype.layout == Layout.LIST_OF:  # lengths: (new offsets, the elements the element column gathers)
+        idx, new_offsets = _list_elements(xp, col, rows)
+        lengths = (new_offsets, idx)
+        children = [_prepare(backend, col.elements, idx, col.elements.name)]
+    spec = ColumnSpec(name, ctype, m, null_count, data_size or 0, child_nulls, tuple(s for s, _ in children))
+    return spec, (valid if null_count else None, lengths, [p for _, p in children])
+
+
+def _write_gathered(
+    block: Block, plan: ColumnPlan, col: Column, rows: Any, valid: Any, lengths: Any, children: list
+) -> None:
     backend = block.backend
     xp = backend.xp
     m = plan.length
     ctype = plan.type
-    if ctype.layout == Layout.VARBINARY:
+    if ctype.layout == Layout.STRUCT:
+        for child_plan, child, prep in zip(plan.children, col.children, children):
+            _write_gathered(block, child_plan, child, rows, *prep)
+    elif ctype.layout == Layout.LIST_OF:
+        new_offsets, idx = lengths
+        block.write_device(plan.values.offset, new_offsets)
+        _write_gathered(block, plan.children[0], col.elements, idx, *children[0])
+    elif ctype.layout == Layout.VARBINARY:
         row_lengths, ranges = lengths
         offsets = block.array(plan.values.offset, np.int32, (m + 1,))
         offsets[0] = 0
@@ -308,7 +333,9 @@ def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dty
     cols = [table.column(n) for n in names]
     for c in cols:
         layout = c.column_type.layout
-        if layout in (Layout.VARBINARY, Layout.LIST) or (layout == Layout.BYTES and not _is_decimal(c)):
+        if layout in (Layout.VARBINARY, Layout.LIST, *Layout.COMPOSED) or (
+            layout == Layout.BYTES and not _is_decimal(c)
+        ):
             raise UnsupportedTypeError(
                 f"column {c.name!r} has type {c.type}, which cannot be part of a 2-D numeric array"
             )

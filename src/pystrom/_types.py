@@ -20,6 +20,11 @@ list<T>                int32 offsets + child     none: ``column(name).offsets`` 
                        values                    ``column(name).child_values``
 month_day_nano_        16 bytes: int32 months,   ``uint8``, shape (n, 16); ``.view("<i4")``
 interval               int32 days, int64 nanos   gives months/days, ``.view("<i8")[:, 1]`` ns
+list<C> (C: any other  int32 offsets; the        none: ``column(name).offsets`` and
+held type: strings,    elements a child column   ``column(name).elements`` (a Column)
+structs, lists)
+struct<...>            none (validity only);     none: ``column(name).field(f)``
+                       a child column per field
 =====================  ========================  =======================================
 
 ``T`` of a list is bool, int8..64, uint8..64 or float16/32/64. How list buffers sit in the table's
@@ -79,8 +84,12 @@ class Layout:
     VARBINARY = "varbinary"  # int32 offsets (n + 1) + data bytes
     FIXED_LIST = "fixed_list"  # fixed_size_list<T>[d]: n * d child values (`storage` dtype), d = list_size
     LIST = "list"  # list<T>: int32 offsets (n + 1) in `values`, child values in `data`
+    # Columns made of columns (children planned after every top-level buffer; see memory/layout.py):
+    LIST_OF = "list_of"  # list<C> of any other held type C (strings, structs): int32 offsets, one child column
+    STRUCT = "struct"  # struct<...>: a validity bitmap only; one child column per field, row i = their row i
 
-    NESTED = (FIXED_LIST, LIST)
+    NESTED = (FIXED_LIST, LIST)  # lists of numbers: their elements are a plain buffer of the column
+    COMPOSED = (LIST_OF, STRUCT)  # columns whose elements are child columns (ColumnType.children)
 
 
 @dataclass(frozen=True)
@@ -92,14 +101,29 @@ class ColumnType:
     width: int  # bytes per value in the values buffer (offsets: 4)
     storage: np.dtype  # dtype of the values buffer; uint8 for BYTES; int32 offsets for VARBINARY; child dtype for lists
     list_size: int = 0  # d of a fixed_size_list (FIXED_LIST); 0 otherwise
+    children: tuple[ColumnType, ...] = ()  # LIST_OF: the element type; STRUCT: one per field, in order
 
     @classmethod
-    def _of(cls, arrow: pa.DataType, layout: str, width: int, storage: np.dtype, list_size: int = 0) -> ColumnType:
+    def _of(
+        cls, arrow: pa.DataType, layout: str, width: int, storage: np.dtype, list_size: int = 0, children: tuple = ()
+    ) -> ColumnType:
         """The constructor's result without its cost (~1.5 us: a frozen dataclass sets each field through
         ``object.__setattr__``), for :func:`column_type`, which a file read calls a few times per field."""
         self = object.__new__(cls)
-        self.__dict__.update(arrow=arrow, layout=layout, width=width, storage=storage, list_size=list_size)
+        self.__dict__.update(
+            arrow=arrow, layout=layout, width=width, storage=storage, list_size=list_size, children=children
+        )
         return self
+
+    @property
+    def child_names(self) -> tuple[str, ...]:
+        """The names of :attr:`children`: a struct's field names; ``("item",)``-like for a list."""
+        storage = self.storage_arrow
+        if self.layout == Layout.STRUCT:
+            return tuple(storage.field(i).name for i in range(storage.num_fields))
+        if self.layout == Layout.LIST_OF:
+            return (storage.value_field.name,)
+        return ()
 
     @property
     def name(self) -> str:
@@ -117,7 +141,7 @@ SUPPORTED_TYPES_TEXT = (
     "bool, int8/16/32/64, uint8/16/32/64, float16/32/64, date32/64, time32/64, timestamp (any unit, "
     "with or without time zone), duration, decimal128 (precision <= 38), string, binary, "
     "fixed_size_binary (uuid), month_day_nano_interval, fixed_size_list and list (32-bit offsets) of "
-    "bool/int/uint/float"
+    "bool/int/uint/float, list of any other of these types, and struct of any of them"
 )
 
 
@@ -149,6 +173,8 @@ def column_type(arrow: pa.DataType, column: str) -> ColumnType:
     held = _held_parts(arrow)
     if held is None:
         return _column_type(arrow, column)  # raises, naming the column
+    if held[0] in Layout.COMPOSED:  # the children keep their own (logical) Arrow types
+        return _column_type(arrow, column)
     return ColumnType._of(arrow, *held)
 
 
@@ -161,6 +187,17 @@ def _held_parts(arrow: pa.DataType) -> tuple | None:
     except UnsupportedTypeError:
         return None
     return t.layout, t.width, t.storage, t.list_size
+
+
+def _part_type(outer: pa.DataType, part: pa.DataType, column: str, what: str) -> ColumnType:
+    """A struct field's or a list's element type, or a refusal naming the column, its whole type and the part."""
+    try:
+        return _column_type(part, column)
+    except UnsupportedTypeError as exc:
+        why = str(exc).split(", which pystrom cannot hold", 1)[-1]
+        raise UnsupportedTypeError(
+            f"column {column!r} has type {outer}, whose {what} ({part}) pystrom cannot hold{why}"
+        ) from None
 
 
 def _column_type(arrow: pa.DataType, column: str) -> ColumnType:
@@ -186,14 +223,28 @@ def _column_type(arrow: pa.DataType, column: str) -> ColumnType:
         child = _list_child(arrow, storage.value_type, column)
         return ColumnType(arrow, Layout.FIXED_LIST, storage.list_size * child.itemsize, child, storage.list_size)
     if pt.is_list(storage):
-        return ColumnType(arrow, Layout.LIST, 4, _list_child(arrow, storage.value_type, column))
+        element = storage.value_type
+        if pt.is_boolean(element) or pt.is_integer(element) or pt.is_floating(element):
+            return ColumnType(arrow, Layout.LIST, 4, _list_child(arrow, element, column))
+        child = _part_type(arrow, element, column, "elements")
+        return ColumnType(arrow, Layout.LIST_OF, 4, np.dtype(np.int32), children=(child,))
+    if pt.is_struct(storage):
+        if storage.num_fields == 0:
+            raise UnsupportedTypeError(
+                f"column {column!r} has type {arrow}, a struct without fields, which holds nothing"
+            )
+        fields = tuple(
+            _part_type(arrow, storage.field(i).type, column, f"field {storage.field(i).name!r}")
+            for i in range(storage.num_fields)
+        )
+        return ColumnType(arrow, Layout.STRUCT, 0, np.dtype(np.uint8), children=fields)
     if storage == pa.month_day_nano_interval():
         return ColumnType(arrow, Layout.BYTES, 16, np.dtype(np.uint8))
     hint = ""
     if pt.is_decimal(storage):
         hint = " (cast it to decimal128 with precision <= 38, or to float64)"
     elif pt.is_nested(storage):
-        hint = " (nested types are not supported: flatten it into columns first)"
+        hint = " (nested types other than struct, list and fixed_size_list are not supported: flatten it first)"
     elif pt.is_null(storage):
         hint = " (a column of only NULLs has no value type: cast it to the type it should have)"
     raise UnsupportedTypeError(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._types import ColumnType, Layout
-from .errors import ClosedError, DataError, NullValuesError, UnsupportedTypeError
+from .errors import ClosedError, ColumnNotFoundError, DataError, NullValuesError, UnsupportedTypeError
 from .memory import bitmap
 from .memory import offsets as _offsets
 from .memory.backend import Block
@@ -30,7 +30,9 @@ class Column:
     - ``validity``: the LSB-ordered validity bitmap, or None when the column stores no NULLs,
     - ``offsets`` and ``data``: int32 offsets and bytes for string and binary columns,
     - ``offsets``, ``child_values`` and ``child_validity`` for list columns (``values`` is the (n, d)
-      matrix of a fixed_size_list); the layout is defined in :mod:`pystrom.interop.lists`.
+      matrix of a fixed_size_list); the layout is defined in :mod:`pystrom.interop.lists`,
+    - ``children`` (``field(name)``) of a struct column: one Column per field, row i of each is
+      row i of the struct; ``offsets`` and ``elements`` (a Column) of a list of strings or structs.
 
     A column obtained from a slice keeps Arrow's convention: its rows start at element ``offset`` of
     the underlying buffers. Everything here is a view: nothing is copied unless a method says so.
@@ -123,10 +125,15 @@ class Column:
                 f"column {self.name!r} has type {ctype.name}, whose values are variable-length: "
                 "use column.offsets and column.data, or column.to_arrow()"
             )
-        if ctype.layout == Layout.LIST:
+        if ctype.layout in (Layout.LIST, Layout.LIST_OF):
             raise UnsupportedTypeError(
-                f"column {self.name!r} has type {ctype.name}, whose rows have different lengths: "
-                "use column.offsets and column.child_values, or column.to_arrow()"
+                f"column {self.name!r} has type {ctype.name}, whose rows have different lengths: use column.offsets "
+                f"and column.{'child_values' if ctype.layout == Layout.LIST else 'elements'}, or column.to_arrow()"
+            )
+        if ctype.layout == Layout.STRUCT:
+            raise UnsupportedTypeError(
+                f"column {self.name!r} has type {ctype.name}, whose values are its fields: use "
+                f"column.field(name) (fields: {list(ctype.child_names)}), or column.to_arrow()"
             )
         block = self._live_block()
         start = self._plan.values.offset + self._offset * ctype.width
@@ -147,6 +154,50 @@ class Column:
             raise UnsupportedTypeError(f"column {self.name!r} has type {ctype.name}, which has no child values")
         span = self._plan.data if ctype.layout == Layout.LIST else self._plan.values
         return self._live_block().array(span.offset, ctype.storage, (span.size // ctype.storage.itemsize,))
+
+    @property
+    def children(self) -> tuple[Column, ...]:
+        """A struct's fields as Columns (row i of each is this column's row i; a NULL struct row's
+        fields hold unspecified values), or a list<C>'s one :attr:`elements` column."""
+        ctype = self._plan.type
+        block = self._live_block()
+        if ctype.layout == Layout.STRUCT:
+            return tuple(
+                Column._view(block, p, self._offset, self._length, None if p.null_count else 0)
+                for p in self._plan.children
+            )
+        if ctype.layout == Layout.LIST_OF:
+            (p,) = self._plan.children
+            return (Column._view(block, p, 0, p.length, None if p.null_count else 0),)
+        raise UnsupportedTypeError(f"column {self.name!r} has type {ctype.name}, which has no child columns")
+
+    def _element_rows(self, first: int, count: int) -> Column:
+        """Elements ``[first, first + count)`` of a list<C> column, as a Column view."""
+        (p,) = self._plan.children
+        return Column._view(self._live_block(), p, first, count, None if p.null_count else 0)
+
+    def field(self, name: str) -> Column:
+        """A struct column's field ``name`` as a Column (see :attr:`children`)."""
+        ctype = self._plan.type
+        if ctype.layout != Layout.STRUCT:
+            raise UnsupportedTypeError(f"column {self.name!r} has type {ctype.name}, which has no fields")
+        names = ctype.child_names
+        if name not in names:
+            raise ColumnNotFoundError(
+                f"column {self.name!r} ({ctype.name}) has no field {name!r}; fields: {list(names)}"
+            )
+        return self.children[names.index(name)]
+
+    @property
+    def elements(self) -> Column:
+        """The elements of a list of strings or structs (list<C>), all of them, as one Column: row i of
+        this column is elements ``[offsets[i], offsets[i + 1])``."""
+        if self._plan.type.layout != Layout.LIST_OF:
+            hint = ": use column.child_values" if self._plan.type.layout in Layout.NESTED else ""
+            raise UnsupportedTypeError(
+                f"column {self.name!r} has type {self._plan.type.name}, which has no element column{hint}"
+            )
+        return self.children[0]
 
     @property
     def child_validity(self) -> Any | None:
@@ -191,6 +242,8 @@ class Column:
     def _offsets_limit(self) -> int:
         """What the last offset may reach: data bytes (strings) or child elements (lists)."""
         plan = self._plan
+        if plan.type.layout == Layout.LIST_OF:
+            return plan.children[0].length
         return plan.data.size if plan.type.layout == Layout.VARBINARY else plan.data.size // plan.type.storage.itemsize
 
     def _offsets_in_bounds(self) -> Any:
@@ -222,7 +275,7 @@ class Column:
             return
         base = max(bad - 1, 0)
         window = backend.to_host(offsets[base : bad + 2])
-        is_list = self._plan.type.layout == Layout.LIST
+        is_list = self._plan.type.layout in (Layout.LIST, Layout.LIST_OF)
         reason = _offsets.describe(
             window, bad, base, self._length, limit, "element child values" if is_list else "byte data"
         )
@@ -234,7 +287,7 @@ class Column:
 
     def _require_varbinary(self, what: str) -> None:
         if self._plan.type.layout != Layout.VARBINARY and not (
-            what == "offsets" and self._plan.type.layout == Layout.LIST
+            what == "offsets" and self._plan.type.layout in (Layout.LIST, Layout.LIST_OF)
         ):
             raise UnsupportedTypeError(
                 f"column {self.name!r} has type {self._plan.type.name}, which has no {what} buffer"

@@ -155,16 +155,7 @@ class Table(TableOps):
     def nbytes(self) -> int:
         """Bytes of the buffers this table's rows use (a view counts the parts it references)."""
         self._live()
-        total = 0
-        for c in self._columns:
-            plan = c._plan
-            n = len(c)
-            total += (n + 1) * 4 + plan.data.size if plan.data is not None else n * plan.type.width
-            if plan.validity is not None:
-                total += (c.offset % 8 + n + 7) // 8
-            if plan.child_validity is not None:
-                total += plan.child_validity.size
-        return total
+        return sum(_column_bytes(c) for c in self._columns)
 
     @property
     def closed(self) -> bool:
@@ -490,3 +481,20 @@ def _check_capsule_kwargs(kwargs: dict) -> None:
     unknown = {k: v for k, v in kwargs.items() if v is not None}
     if unknown:
         raise NotImplementedError(f"unsupported Arrow capsule keyword(s): {', '.join(unknown)}")
+
+
+def _column_bytes(c: Column) -> int:
+    """Bytes of the buffers a column's rows use (a list<C>'s elements: all of its element column's)."""
+    plan = c._plan
+    n = len(c)
+    if plan.type.layout == Layout.LIST_OF:
+        total = (n + 1) * 4 + _column_bytes(c.elements)
+    elif plan.data is not None:
+        total = (n + 1) * 4 + plan.data.size
+    else:
+        total = n * plan.type.width + (sum(_column_bytes(f) for f in c.children) if plan.children else 0)
+    if plan.validity is not None:
+        total += (c.offset % 8 + n + 7) // 8
+    if plan.child_validity is not None:
+        total += plan.child_validity.size
+    return total

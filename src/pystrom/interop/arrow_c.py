@@ -127,8 +127,8 @@ _release_array = _ReleaseArray(_core.arrow_release_address())
 
 
 def _fill(out: ArrowArray, length: int, null_count: int, offset: int, buffers: list, keep: list,
-          child: ArrowArray | None = None) -> None:  # fmt: skip
-    """Fill ``out``; ``keep`` (and ``child``, whose release the C++ callback calls first) live until release."""
+          child: ArrowArray | list[ArrowArray] | None = None) -> None:  # fmt: skip
+    """Fill ``out``; ``keep`` (and the children, whose release the C++ callback calls first) live until release."""
     pointers = (ctypes.c_void_p * len(buffers))(*buffers)
     keep.append(pointers)
     out.length = length
@@ -136,13 +136,14 @@ def _fill(out: ArrowArray, length: int, null_count: int, offset: int, buffers: l
     out.offset = offset
     out.n_buffers = len(buffers)
     out.buffers = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
-    if child is None:
+    kids = [] if child is None else [child] if isinstance(child, ArrowArray) else child
+    if not kids:
         out.n_children = 0
         out.children = None
     else:
-        children = (ctypes.POINTER(ArrowArray) * 1)(ctypes.pointer(child))
-        keep += [child, children]
-        out.n_children = 1
+        children = (ctypes.POINTER(ArrowArray) * len(kids))(*[ctypes.pointer(k) for k in kids])
+        keep += [*kids, children]
+        out.n_children = len(kids)
         out.children = ctypes.cast(children, ctypes.POINTER(ctypes.POINTER(ArrowArray)))
     out.dictionary = None
     out.private_data = _core.arrow_keep(keep)
@@ -191,6 +192,13 @@ def _column_array(out: ArrowArray, col: Column) -> None:
         buffers, child = [validity], _elements_array(col)
     elif ctype.layout == Layout.LIST:
         buffers, child = [validity, _offsets_address(col, keep)], _elements_array(col)
+    elif ctype.layout in Layout.COMPOSED:  # children: the base child columns (the parent's offset picks the rows)
+        child = []
+        for p in plan.children:
+            child.append(ArrowArray())
+            _column_array(child[-1], type(col)._view(block, p, 0, p.length, None if p.null_count else 0))
+        offsets = [_offsets_address(col, keep)] if ctype.layout == Layout.LIST_OF else []
+        buffers = [validity, *offsets]
     else:
         buffers = [validity, block.ptr + plan.values.offset]
     _fill(out, len(col), col.null_count, col.offset, buffers, keep, child)

@@ -111,11 +111,32 @@ def _cpu_list(col: Column, validity: np.ndarray | None) -> pa.Array:
     return _list_array(col, validity, offsets, child, bits, first % 8, count)
 
 
+def _composed(col: Column, validity: np.ndarray | None, export: Any, host: Any) -> pa.Array:
+    """A struct or list<C> array: its children exported by ``export`` (a list of Columns -> arrays),
+    its offsets fetched by ``host`` (a device array -> NumPy)."""
+    ctype = col.column_type
+    storage = ctype.storage_arrow
+    parent = [_buffer(validity) if validity is not None else None]
+    if ctype.layout == Layout.STRUCT:
+        children = export(list(col.children))
+    else:
+        offsets = host(col._offsets_in_bounds()).astype(np.int32, copy=False)
+        first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
+        children = export([col._element_rows(first, count)])
+        parent.append(_buffer(offsets - first))
+    array = pa.Array.from_buffers(storage, len(col), parent, null_count=col.null_count, children=children)
+    if isinstance(ctype.arrow, pa.BaseExtensionType):
+        return pa.ExtensionArray.from_storage(ctype.arrow, array)
+    return array
+
+
 def _cpu_column(col: Column) -> pa.Array:
     ctype = col.column_type
     validity = None
     if col.validity is not None and col.null_count:
         validity = _aligned_validity(col.validity, col.validity_offset, len(col))
+    if ctype.layout in Layout.COMPOSED:
+        return _composed(col, validity, lambda cols: [_cpu_column(c) for c in cols], np.asarray)
     if ctype.layout in Layout.NESTED:
         return _cpu_list(col, validity)
     if ctype.layout == Layout.BOOL:
@@ -207,4 +228,20 @@ def columns_to_arrow(cols: Sequence[Column]) -> list[pa.Array]:
     if backend.kind == "cpu":
         return [_cpu_column(c) for c in cols]
     with backend.activate():
-        return _gpu_columns(backend, cols)
+        return _device_columns(backend, cols)
+
+
+def _device_columns(backend: Backend, cols: Sequence[Column]) -> list[pa.Array]:
+    """Flat columns in one bulk transfer; struct and list<C> columns each from their children's."""
+    flat = [c for c in cols if c.column_type.layout not in Layout.COMPOSED]
+    arrays = iter(_gpu_columns(backend, flat) if flat else [])
+    out = []
+    for col in cols:
+        if col.column_type.layout not in Layout.COMPOSED:
+            out.append(next(arrays))
+            continue
+        validity = None
+        if col.validity is not None and col.null_count:
+            validity = _aligned_validity(backend.to_host(col.validity), col.validity_offset, len(col))
+        out.append(_composed(col, validity, lambda cs: _device_columns(backend, cs), backend.to_host))
+    return out

@@ -112,9 +112,60 @@ def _list_children(name: str, layout: str, list_size: int, chunks: list[pa.Array
     return out
 
 
+def _composed(name: str, field: pa.Field, logical: pa.DataType, chunks: list[pa.Array]) -> HostColumn:
+    """A struct or list<C> column: its own buffers and its children, each prepared by :func:`host_column`."""
+    storage = logical.storage_type if isinstance(logical, pa.BaseExtensionType) else logical
+    length = sum(len(c) for c in chunks)
+    null_count = sum(c.null_count for c in chunks)
+    if pt.is_struct(storage):
+        children = []
+        for i in range(storage.num_fields):
+            child_field = storage.field(i)
+            parts = pa.chunked_array([c.field(i) for c in chunks], type=child_field.type)  # field() applies c.offset
+            children.append(_part(name, logical, f"field {child_field.name!r}", child_field, parts))
+        fields = [pa.field(f.name, c.field.type, f.nullable, f.metadata) for f, c in zip(storage, children)]
+        new_storage = pa.struct(fields)
+    else:
+        elements = _list_children(name, Layout.LIST, 0, chunks)
+        count = sum(len(c) for c in elements)
+        if count > _INT32_MAX:
+            raise CapacityError(f"column {name!r} holds {count:,} list elements; 32-bit offsets address 2**31 - 1")
+        value_field = storage.value_field
+        child = _part(name, logical, "elements", value_field, pa.chunked_array(elements, type=value_field.type))
+        children = [child]
+        new_storage = pa.list_(pa.field(value_field.name, child.field.type, value_field.nullable, value_field.metadata))
+    if new_storage != storage:  # a child's dictionary decoded or strings narrowed: the logical type follows
+        if isinstance(logical, pa.BaseExtensionType):
+            raise UnsupportedTypeError(
+                f"column {name!r} has extension type {logical} over {storage}, which pystrom cannot hold without "
+                "changing it"
+            )
+        logical = new_storage
+    ctype = column_type(logical, name)
+    out_field = pa.field(field.name, logical, nullable=field.nullable, metadata=field.metadata)
+    return HostColumn(out_field, ctype, chunks, length, null_count, 0, 0, None, children)
+
+
+def _part(name: str, outer: pa.DataType, what: str, field: pa.Field, chunked: pa.ChunkedArray) -> HostColumn:
+    """A struct's field or a list's elements prepared; a refusal names the column, its whole type and the part."""
+    try:
+        return host_column(name, field, chunked)
+    except UnsupportedTypeError as exc:
+        if f"has type {outer}," in str(exc):  # already said of the whole column, deeper down
+            raise
+        why = str(exc).split(", which pystrom cannot hold", 1)[-1]
+        raise UnsupportedTypeError(
+            f"column {name!r} has type {outer}, whose {what} ({field.type}) pystrom cannot hold{why}"
+        ) from None
+
+
 def host_column(name: str, field: pa.Field, chunked: pa.ChunkedArray) -> HostColumn:
-    """One Arrow column prepared for copying into a table's allocation."""
+    """One Arrow column prepared for copying into a table's allocation (``name``: the top-level column's
+    name, for messages; the fields of its children keep their own names)."""
     logical, chunks = _normalize(name, field.type, list(chunked.chunks))
+    storage = logical.storage_type if isinstance(logical, pa.BaseExtensionType) else logical
+    if pt.is_struct(storage) or (pt.is_list(storage) and not _numeric(storage.value_type)):
+        return _composed(name, field, logical, chunks)
     ctype = column_type(logical, name)
     length = sum(len(c) for c in chunks)
     null_count = sum(c.null_count for c in chunks)
@@ -136,8 +187,12 @@ def host_column(name: str, field: pa.Field, chunked: pa.ChunkedArray) -> HostCol
             raise CapacityError(
                 f"column {name!r} holds {data_size:,} bytes of {logical} data; one column holds at most 2 GiB"
             )
-    out_field = pa.field(name, logical, nullable=field.nullable, metadata=field.metadata)
+    out_field = pa.field(field.name, logical, nullable=field.nullable, metadata=field.metadata)
     return HostColumn(out_field, ctype, chunks, length, null_count, data_size, child_nulls, children)
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return pt.is_boolean(t) or pt.is_integer(t) or pt.is_floating(t)
 
 
 def columns_of(table: pa.Table) -> list[HostColumn]:

@@ -40,10 +40,12 @@ class HostColumn:
     data_size: int
     child_null_count: int = 0
     child_chunks: list | None = None  # list columns: each chunk's child values (storage arrays), sliced to its rows
+    children: list[HostColumn] | None = None  # struct and list<C> columns: their child columns, prepared alike
 
     def spec(self) -> ColumnSpec:
+        children = tuple(c.spec() for c in self.children) if self.children else ()
         return ColumnSpec(
-            self.field.name, self.type, self.length, self.null_count, self.data_size, self.child_null_count
+            self.field.name, self.type, self.length, self.null_count, self.data_size, self.child_null_count, children
         )
 
 
@@ -121,7 +123,12 @@ def _fill_validity(w: _Writer, span: Any, chunks: list) -> None:
 def _fill_host(w: _Writer, plan: ColumnPlan, col: HostColumn) -> None:
     layout, width = col.type.layout, col.type.width
     chunks = [c for c in col.chunks if len(c)]
-    if layout in (Layout.FIXED, Layout.BYTES, Layout.BOOL):
+    if layout in Layout.COMPOSED:
+        if layout == Layout.LIST_OF:
+            _fill_offsets(w, plan.values, col.chunks, [len(c) for c in col.children[0].chunks])
+        for child_plan, child in zip(plan.children, col.children):
+            _fill_host(w, child_plan, child)
+    elif layout in (Layout.FIXED, Layout.BYTES, Layout.BOOL):
         _fill_values(w, plan.values.offset, layout, width, chunks)
     elif layout in Layout.NESTED:
         children = [c for c in col.child_chunks if len(c)]
@@ -131,18 +138,7 @@ def _fill_host(w: _Writer, plan: ColumnPlan, col: HostColumn) -> None:
         if plan.child_validity is not None:
             _fill_validity(w, plan.child_validity, children)
         if layout == Layout.LIST:  # offsets rebased onto the one child buffer
-            with w.region(plan.values.offset, plan.values.size) as dst:
-                offsets = dst.view(np.int32)
-                offsets[0] = 0
-                pos = base = 0
-                for c, child in zip(col.chunks, col.child_chunks):
-                    if not len(c):
-                        continue
-                    n = len(c)
-                    src = np.frombuffer(c.buffers()[1], dtype=np.int32, count=n + 1, offset=c.offset * 4)
-                    offsets[pos : pos + n + 1] = src - src[0] + base
-                    pos += n
-                    base += len(child)
+            _fill_offsets(w, plan.values, col.chunks, [len(c) for c in col.child_chunks])
     else:  # VARBINARY: rebase each chunk's offsets onto one data buffer
         with w.region(plan.values.offset, plan.values.size) as dst:
             offsets = dst.view(np.int32)
@@ -160,6 +156,22 @@ def _fill_host(w: _Writer, plan: ColumnPlan, col: HostColumn) -> None:
                 data_pos += nbytes
     if plan.validity is not None:
         _fill_validity(w, plan.validity, chunks)
+
+
+def _fill_offsets(w: _Writer, span: Any, chunks: list, elements: list[int]) -> None:
+    """A list column's offsets, each chunk's rebased onto the one child (chunk i has ``elements[i]``)."""
+    with w.region(span.offset, span.size) as dst:
+        offsets = dst.view(np.int32)
+        offsets[0] = 0
+        pos = base = 0
+        for c, count in zip(chunks, elements):
+            if not len(c):
+                continue
+            n = len(c)
+            src = np.frombuffer(c.buffers()[1], dtype=np.int32, count=n + 1, offset=c.offset * 4)
+            offsets[pos : pos + n + 1] = src - src[0] + base
+            pos += n
+            base += count
 
 
 def _fill_device(block: Block, plan: ColumnPlan, col: DeviceColumn) -> None:

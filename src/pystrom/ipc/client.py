@@ -303,9 +303,10 @@ class Store:
 
         source = table if table._is_whole() else _ops.gather(table, None)  # a view: compact it first
         src = source._live()
+        layout = TableLayout.of(source)  # refuses what a handle cannot describe before anything is reserved
         with self.reserve(name, src.nbytes, replace, share_with) as res:
             _copy_block(src, res.block)
-            res.commit(layout=TableLayout.of(source))
+            res.commit(layout=layout)
 
     def put_arrow(self, name: str, data: Any, replace: bool = False, share_with: Any = None) -> None:
         """Load Arrow data (as ``Table.from_arrow`` takes) straight into daemon memory under ``name``

@@ -83,6 +83,12 @@ class TableLayout:
         cols = []
         for c in table._columns:
             p = c._plan
+            if p.type.layout in Layout.COMPOSED:
+                raise UnsupportedTypeError(
+                    f"column {c.name!r} has type {p.type.name}: tables with struct columns or lists of strings or "
+                    "structs cannot be shared by handle yet; share the other columns (table.drop(...)), or the "
+                    "struct's fields as columns of their own"
+                )
             cols.append(
                 {
                     "length": p.length,
@@ -155,6 +161,8 @@ class TableLayout:
             ctype = column_type(field.type, field.name)
         except UnsupportedTypeError as exc:
             raise InvalidHandleError(f"{where}: {exc}") from None
+        if ctype.layout in Layout.COMPOSED:  # TableLayout.of never writes one: their children have no record
+            raise InvalidHandleError(f"{where}: type {ctype.name} is not shared by handle")
         length = _int(rec.get("length"), f"{where}: length")
         null_count = _int(rec.get("null_count"), f"{where}: null count")
         if null_count > length:

@@ -146,6 +146,8 @@ def direct_type(arrow_type: pa.DataType, name: str) -> ColumnType | None:
         return None
     if ctype.layout in Layout.NESTED and ctype.storage.kind == "b":
         return None  # bit-packed elements: read on the host (validated there)
+    if ctype.layout in Layout.COMPOSED:
+        return None  # structs and lists of strings or structs: assembled on the host from pyarrow's batches
     return ctype
 
 
@@ -456,6 +458,10 @@ def _held_type(t: pa.DataType) -> pa.DataType:
         return _held_type(t.value_type)
     if isinstance(t, pa.BaseExtensionType):
         return t  # its storage type is checked by column_type
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_held_type(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_held_type(t.value_type)))
     return _NARROWED.get(str(t), t)
 
 

@@ -42,8 +42,11 @@ def _unsupported(name: str, t: pa.DataType) -> UnsupportedTypeError:
     hint = ""
     if pt.is_dictionary(t):
         hint = " (decode it first: arr.dictionary_decode())"
-    elif pt.is_list(t) or pt.is_fixed_size_list(t):
-        hint = " (lists are written with elements of bool, int8..64, uint8..64 or float16/32/64)"
+    elif pt.is_list(t) or pt.is_fixed_size_list(t) or pt.is_struct(t):
+        hint = (
+            " (write_arrow writes lists of bool, int8..64, uint8..64 or float16/32/64 and no structs; a Table holds"
+            " them, and pyarrow writes them: pyarrow.feather.write_feather(table.to_arrow(), path))"
+        )
     elif pt.is_nested(t):
         hint = " (nested types are not supported: flatten it into columns first)"
     elif pt.is_decimal(t):
