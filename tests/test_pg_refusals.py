@@ -21,12 +21,12 @@ pytestmark = pytest.mark.postgres
 @pytest.mark.parametrize(
     ("alias", "expr", "spelled"),
     [
-        ("Weird Col", "'[1,5)'::int4range", '"Weird Col"'),
+        ("Weird Col", "'{[1,5)}'::int4multirange", '"Weird Col"'),
         ('we"ird', "point(1, 2)", '"we""ird"'),
         ("select", "'12:00+02'::timetz", '"select"'),
         ("Upper", "'a b'::tsvector", '"Upper"'),
         ("plain_name", "'x'::\"char\"", "plain_name"),
-        ("Mixed", "ARRAY['a', 'b']", '"Mixed"'),
+        ("Mixed", "ARRAY['a'::bytea]", '"Mixed"'),
     ],
 )
 def test_cast_hints_spell_the_column_as_sql_must(pg, alias, expr, spelled):

@@ -328,11 +328,8 @@ def test_scan_where_in_sql_points_at_sql_where(pg, where):
 @pytest.mark.parametrize(
     ("expr", "what"),
     [
-        ("ARRAY['a', NULL]::text[]", "an array of strings"),
-        ("ARRAY['a']::varchar[]", "an array of strings"),
-        ("'[2024-01-01,2024-02-01)'::tsrange", "a range"),
-        ("'{[1,2)}'::int4multirange", "a multirange"),
-        ("ROW(1, 'a')::{composite}", "a composite type"),
+        ("'{[1,2)}'::int4multirange", "a multirange"),  # text arrays, ranges, composites: test_pg_struct_types.py
+        ("ROW(1, ARRAY[2])::{composite}", "field 'b' is an array"),
         ("'12:00+02'::timetz", "time zone offset"),
         ("'a b'::tsvector", "text search vector"),
         ("ARRAY[[1, 2], [3, 4]]", None),  # int4[]: decoded, and its second dimension refused naming the row
@@ -340,7 +337,7 @@ def test_scan_where_in_sql_points_at_sql_where(pg, where):
 )
 def test_what_is_still_refused_says_how_to_read_it(pg, expr, what):
     composite = pg.name("pair")
-    pg.execute(f'CREATE TYPE "{composite}" AS (a int, b text)')
+    pg.execute(f'CREATE TYPE "{composite}" AS (a int, b int[])')
     try:
         _refused_and_read(pg, f"SELECT {expr.replace('{composite}', chr(34) + composite + chr(34))} AS c", expr, what)
     finally:
@@ -357,7 +354,7 @@ def _refused_and_read(pg, q, expr, what):
     with pytest.raises(UnsupportedTypeError, match=what) as info:
         pystrom.read_postgres(pg.conninfo, q, device="cpu")
     hint = str(info.value).split("e.g. ", 1)[1]
-    if what == "a composite type":  # (c).* expands into the fields' columns
+    if what.startswith("field"):  # (c).* expands into the fields' columns
         got = pystrom.read_postgres(pg.conninfo, f"SELECT (c).* FROM ({q}) q", device="cpu")
         assert got.num_columns == 2
         return

@@ -54,7 +54,7 @@ def read_pg_range(
     from ..io.postgres.assemble import assemble
     from ..io.postgres.session import connect, join_snapshot, run_sql
     from ..io.postgres.stream import read_all
-    from ..io.postgres.types import array_columns
+    from ..io.postgres.types import array_columns, leaf_columns
 
     snapshot_id = getattr(snapshot, "id", snapshot)
     backend = resolve_device(device)
@@ -71,7 +71,8 @@ def read_pg_range(
                 f"worker cannot be read again on it: read the table again ({exc})"
             ) from exc
         try:
-            chunks = read_all(backend, len(cols), ([conn], [statement], [hint]), False, arrays=array_columns(cols))
+            leaves = len(leaf_columns(cols))
+            chunks = read_all(backend, leaves, ([conn], [statement], [hint]), False, arrays=array_columns(cols))
         except PostgresError as exc:
             raise PostgresError(f"{what}: {exc}") from exc
         with backend.activate():

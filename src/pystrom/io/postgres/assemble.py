@@ -12,37 +12,113 @@ allocation tried once more, the decoder then copying from the pinned host buffer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ..._types import Layout
+from ..._types import Layout, column_type
 from ...errors import CapacityError, OutOfMemoryError, PostgresError
 from ...interop.build import build_table_in_place
-from ...memory.layout import ColumnSpec, TablePlan
+from ...memory import bitmap
+from ...memory.layout import ColumnPlan, ColumnSpec, Span, TablePlan
 from .chunks import ChunkLayout, layout_chunks
 from .decode import decode_into
 from .pump import Kind, Staged, drop_device_copies
-from .types import PgColumn, settle_arrays
+from .types import PgColumn, field_of, leaf_columns, settle_arrays
 
 __all__ = ["assemble"]
 
 _INT32_MAX = 2**31 - 1
 
 
+def pa_array_from_buffers(count: int, offsets: Any, data: Any, validity: Any) -> Any:
+    import pyarrow as pa
+
+    bits = None if validity is None else pa.py_buffer(validity)
+    nulls = -1 if validity is not None else 0
+    return pa.Array.from_buffers(pa.utf8(), count, [bits, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
+
+
+def _list_array(arrow: Any, n: int, offsets: Any, values: Any, validity: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(arrow, n, [validity, pa.py_buffer(offsets)], children=[values], null_count=-1)
+
+
 def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged]]) -> Any:
-    """One Table from all partitions' staged chunks, decoded in place."""
-    lay = layout_chunks(parts, len(cols))
-    cols = settle_arrays(cols, lay.shape[:, 1], lay.shape[:, 2])
+    """One Table from all partitions' staged chunks, decoded in place (``cols``: the described columns;
+    the chunks hold their leaves, :func:`.types.leaf_columns`)."""
+    leaves = leaf_columns(cols)
+    lay = layout_chunks(parts, len(leaves))
+    leaves = settle_arrays(leaves, lay.shape[:, 1], lay.shape[:, 2])
     try:
         try:
-            return _build(backend, cols, lay)
+            table = _build(backend, leaves, lay)
         except OutOfMemoryError:
             if not drop_device_copies(lay.chunks):
                 raise
-            return _build(backend, cols, lay)
+            table = _build(backend, leaves, lay)
     finally:  # the decoder has dropped them on success; after a failure they go back now
         drop_device_copies(lay.chunks)
+    if len(leaves) != len(cols):
+        table = fold_structs(backend, table, cols)
+    if any(c.text_array for c in cols):
+        table = _text_arrays_to_lists(table, cols)
+    return table
+
+
+def _text_arrays_to_lists(table: Any, cols: Sequence[PgColumn]) -> Any:
+    """``table`` with each text-array column (read as the arrays' binary form) made list<string>, on the
+    host (the C++ parser, text_arrays.py); a new table (one copy), the read one closed."""
+    from .text_arrays import decode_text_arrays
+
+    lists = {}
+    for c in cols:
+        if not c.text_array:
+            continue
+        raw = table.column(c.name).to_arrow()  # binary, offset 0 (exported arrays start at their row 0)
+        bufs = raw.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(raw) + 1)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        validity = np.frombuffer(bufs[0], dtype=np.uint8) if bufs[0] is not None and raw.null_count else None
+        list_offsets, str_offsets, str_data, elements_valid = decode_text_arrays(
+            offsets, data, validity, 0, c.text_array, c.name
+        )
+        count = len(str_offsets) - 1
+        strings = pa_array_from_buffers(count, str_offsets, str_data, elements_valid)
+        valid = bufs[0] if validity is not None else None
+        lists[c.name] = _list_array(c.type.arrow, len(raw), list_offsets, strings, valid)
+    with table, type(table).from_arrays(lists, device=table.device) as placed:  # on the table's device first
+        return table.with_columns(**{name: placed.column(name) for name in lists})
+
+
+def fold_structs(backend: Any, table: Any, cols: Sequence[PgColumn]) -> Any:
+    """``table`` (the leaves, in order) with each struct's leaves taken back into it, without a copy:
+    the fields become its children and its validity flags (one byte each) are packed into a bitmap in
+    their own buffer."""
+    import pyarrow as pa
+
+    leaves = iter([c._plan for c in table._columns])
+    n = table.num_rows
+    with backend.activate():
+        plans = [_fold(backend, table._block, c, leaves, n) for c in cols]
+    schema = pa.schema([field_of(c) for c in cols])
+    return type(table)._wrap(table._block, TablePlan(tuple(plans), table._block.nbytes), schema, n)
+
+
+def _fold(backend: Any, block: Any, col: PgColumn, leaves: Any, n: int) -> ColumnPlan:
+    if not col.parts:
+        return replace(next(leaves), name=col.name)
+    children = tuple(_fold(backend, block, p, leaves, n) for p in col.parts[:-1])
+    flags = next(leaves).values  # the validity part: bool, never NULL
+    valid = block.array(flags.offset, np.bool_, (n,))
+    nulls = n - int(backend.xp.count_nonzero(valid))
+    validity = None
+    if nulls:
+        block.write_device(flags.offset, bitmap.pack(backend, valid))  # packed first, then written over the flags
+        validity = Span(flags.offset, (n + 7) // 8)
+    return ColumnPlan(col.name, col.type, n, nulls, Span(flags.offset, 0), validity, None, None, 0, children)
 
 
 def _build(backend: Any, cols: Sequence[PgColumn], lay: ChunkLayout) -> Any:
@@ -50,7 +126,9 @@ def _build(backend: Any, cols: Sequence[PgColumn], lay: ChunkLayout) -> Any:
 
     specs = []
     for i, col in enumerate(cols):
-        size = int(lay.nbytes[i]) if col.type.layout == Layout.VARBINARY else 0
+        # text arrays are read as their binary form first (_text_arrays_to_lists)
+        ctype = column_type(pa.binary(), col.name) if col.text_array else col.type
+        size = int(lay.nbytes[i]) if ctype.layout == Layout.VARBINARY else 0
         if size > _INT32_MAX:
             raise CapacityError(
                 f"column {col.name!r} ({col.pg_type}) holds {size:,} bytes of strings, more than the 2 GiB "
@@ -67,8 +145,8 @@ def _build(backend: Any, cols: Sequence[PgColumn], lay: ChunkLayout) -> Any:
                         f"{_INT32_MAX:,} that 32-bit list offsets address: read it in parts (where=) or leave it out"
                     )
                 size = elements * col.type.storage.itemsize
-        specs.append(ColumnSpec(col.name, col.type, lay.nrows, int(lay.nulls[i]), size, child_nulls))
-    fields = [pa.field(c.name, c.type.arrow, nullable=True) for c in cols]
+        specs.append(ColumnSpec(col.name, ctype, lay.nrows, int(lay.nulls[i]), size, child_nulls))
+    fields = [field_of(c) if not c.text_array else pa.field(c.name, pa.binary()) for c in cols]
 
     def fill(block: Any, plan: TablePlan) -> None:
         for cp in plan.columns:  # NULLs clear their bit; a column of strings starts at byte 0

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..._types import Layout
 from ...errors import ColumnNotFoundError, InvalidArgumentError, SchemaMismatchError, UnsupportedTypeError
+from .encode_composed import composed_column
 from .statement import check_identifier_length
 
 __all__ = [
@@ -201,6 +202,9 @@ def _map(name: str, ctype: Any) -> WriteColumn:
     if ctype.layout in Layout.NESTED:
         kind, element = _ELEMENTS[ctype.storage.name]
         return WriteColumn(name, f"{element}[]", EncodeKind.ARRAY, kind, ctype.list_size)
+    composed = composed_column(name, ctype)
+    if composed is not None:
+        return WriteColumn(name, composed[0], EncodeKind.VARLEN, composed[1])
     raise UnsupportedTypeError(f"column {name!r} has type {ctype.arrow}, which write_postgres cannot send")
 
 

@@ -22,7 +22,7 @@ from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import check_read_arguments, compose
 from .stream import read_all
-from .types import PgColumn, array_columns, check_partition_key, describe_read
+from .types import PgColumn, array_columns, check_partition_key, describe_read, leaf_columns
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
 
@@ -120,7 +120,7 @@ def read_postgres(
             plan = compose(conninfo, query, table, columns, where, params)
             plan, cols = describe_read(conninfo, plan, numeric, run_sql)
             jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
-            chunks = read_all(backend, len(cols), jobs, progress, _strings(cols), array_columns(cols))
+            chunks = read_all(backend, len(leaf_columns(cols)), jobs, progress, _strings(cols), array_columns(cols))
         return assemble(backend, cols, chunks)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
@@ -140,7 +140,7 @@ def read_postgres(
             jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
         elif partitions != 1 and partition_on is not None:
             jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = read_all(backend, len(cols), jobs, progress, _strings(cols), array_columns(cols))
+        chunks = read_all(backend, len(leaf_columns(cols)), jobs, progress, _strings(cols), array_columns(cols))
         return assemble(backend, cols, chunks)
     finally:
         for conn in [*extra, main]:
@@ -149,7 +149,7 @@ def read_postgres(
 
 def _strings(cols: Sequence[PgColumn]) -> dict[int, str]:
     """The string columns by index, named for messages (the streams count their bytes)."""
-    return {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(cols) if c.kind == Kind.VARLEN}
+    return {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(leaf_columns(cols)) if c.kind == Kind.VARLEN}
 
 
 def postgres_to_arrow(

@@ -52,7 +52,7 @@ from .session import (
 )
 from .statement import check_read_arguments, compose
 from .stream import CopyReader
-from .types import PgColumn, array_columns, check_partition_key, describe, describe_read
+from .types import PgColumn, array_columns, check_partition_key, describe, describe_read, field_of, leaf_columns
 
 __all__ = ["scan_postgres", "PostgresScan", "PostgresScanStats"]
 
@@ -163,7 +163,7 @@ class PostgresScan:
             check_partition_key(self._cols, partition_on)
         import pyarrow as pa
 
-        self._schema = pa.schema([pa.field(c.name, c.type.arrow) for c in self._cols])
+        self._schema = pa.schema([field_of(c) for c in self._cols])
         names = [c.name for c in self._cols]
         self.columns = list(columns) if columns is not None else names
         self.predicate = None
@@ -256,9 +256,10 @@ class PostgresScan:
 
     def _load(self, conns: list[Any], batch: tuple, report: Callable[[int], None] | None) -> Any:
         statements, hints = batch
-        strings = {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(self._cols) if c.kind == Kind.VARLEN}
+        leaves = leaf_columns(self._cols)
+        strings = {i: f"{c.name!r} ({c.pg_type})" for i, c in enumerate(leaves) if c.kind == Kind.VARLEN}
         with self.backend.activate():
-            reader = CopyReader(self.backend, len(self._cols), report, strings, array_columns(self._cols))
+            reader = CopyReader(self.backend, len(leaves), report, strings, array_columns(self._cols))
             chunks = reader.read_all(conns[: len(statements)], statements, hints)
             nbytes = sum(c.nbytes for part in chunks for c in part)
             table = assemble(self.backend, self._cols, chunks)

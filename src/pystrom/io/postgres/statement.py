@@ -7,6 +7,7 @@ the statement in ``COPY (...) TO STDOUT (FORMAT BINARY)``, once per partition ra
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,8 @@ __all__ = [
     "check_identifier_length",
     "check_query_text",
     "compose",
-    "cast_to_text",
+    "rewrite_columns",
+    "cast_item",
     "sql_name_parts",
 ]
 
@@ -272,32 +274,34 @@ def _token_end(text: str, i: int) -> int:
 _DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$")
 
 
-def cast_to_text(plan: Plan, names: list[str], cast: list[bool]) -> Plan:
-    """``plan`` reading the result columns ``names`` as their text where ``cast`` says so (the same
-    names, so partition predicates and the described schema still apply); ``plan`` itself when none is."""
+def rewrite_columns(plan: Plan, names: list[str], rewrites: list[Callable[[Any], list[Any]] | None]) -> Plan:
+    """``plan`` reading, for each result column ``names[i]`` whose ``rewrites[i]`` is given, the select
+    items ``rewrites[i](expr)`` return for the column's expression instead of the column (casts, or the
+    parts a struct is read as); the other columns as they are, under their names (partition predicates
+    name them). ``plan`` itself when nothing is rewritten."""
     from psycopg import sql
 
-    if not any(cast):
+    if not any(r is not None for r in rewrites):
         return plan
+
+    def items(expr_of: Callable[[str], Any]) -> Any:
+        out = []
+        for n, r in zip(names, rewrites):
+            out.extend([expr_of(n)] if r is None else r(expr_of(n)))
+        return sql.SQL(", ").join(out)
+
     if plan.table is not None:  # table= reads: ctid ranges select the columns from the table itself
-        cols = sql.SQL(", ").join(
-            _as_text(sql.Identifier(n), n) if c else sql.Identifier(n) for n, c in zip(names, cast)
-        )
+        cols = items(sql.Identifier)
         select = sql.SQL("SELECT {} FROM {}").format(cols, plan.table)
         if plan.where is not None:
             select = sql.SQL("{} WHERE ({}\n)").format(select, plan.where)
         return Plan(select, plan.table, cols, plan.where)
     q = sql.Identifier("_pystrom_t")
-    cols = sql.SQL(", ").join(
-        _as_text(sql.SQL("{}.{}").format(q, sql.Identifier(n)), n)
-        if c
-        else sql.SQL("{}.{}").format(q, sql.Identifier(n))
-        for n, c in zip(names, cast)
-    )
+    cols = items(lambda n: sql.SQL("{}.{}").format(q, sql.Identifier(n)))
     return Plan(sql.SQL("SELECT {} FROM ({}) AS {}").format(cols, plan.select, q))
 
 
-def _as_text(expr: Any, name: str) -> Any:
+def cast_item(expr: Any, name: str) -> Any:
     """``expr`` as the type's output text, named ``name``: format('%s') calls the output function (an
     inet host address without its /32, as psql and psycopg show it, where ``::text`` adds it), and the
     CASE keeps NULL a NULL (format gives '' for it)."""

@@ -15,15 +15,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..._types import ColumnType, column_type
 from ...errors import ColumnNotFoundError, PostgresError, SchemaMismatchError, UnsupportedTypeError
 from .pump import Kind
-from .statement import Plan, cast_to_text
+from .statement import Plan, cast_item, rewrite_columns
 
-__all__ = ["PgColumn", "describe", "describe_read", "check_partition_key", "array_columns", "settle_arrays"]
+__all__ = [
+    "PgColumn",
+    "describe",
+    "field_of",
+    "leaf_columns",
+    "describe_read",
+    "check_partition_key",
+    "array_columns",
+    "settle_arrays",
+]
 
 
 @dataclass(frozen=True)
@@ -33,9 +42,58 @@ class PgColumn:
     kind: int
     type: ColumnType
     scale: int = 0
-    text_cast: bool = False  # read through ``::text`` in the SELECT (statement.cast_to_text)
+    text_cast: bool = False  # read as its text in the SELECT (statement.cast_item)
     dim: int = 0  # elements of a pgvector vector/halfvec column, or d of an array read as fixed_size_list
     lengths_open: bool = False  # an array column whose list/fixed_size_list choice waits for the rows
+    # A range or composite read as a struct: its fields, then its validity (a bool, last); each part's
+    # ``part_of`` says how its SQL follows from the struct's (_part_sql). Only leaves reach the decoders.
+    parts: tuple[PgColumn, ...] = ()
+    part_of: tuple[str, str] | None = None  # ("call", function) or ("field", name)
+    text_array: int = 0  # text[] and the like: their element type's OID; read as binary, then made list<string>
+
+
+STRUCT_KIND = -1  # the kind of a struct column: never decoded itself (its leaves are)
+PG_TYPE_KEY = b"pystrom.pg_type"  # field metadata of a struct read from a range or composite: its type
+
+
+def leaf_columns(cols: Sequence[PgColumn]) -> list[PgColumn]:
+    """The columns the COPY carries, in order: each struct's parts in its place (recursively), each
+    named by its path so that no two are alike (the struct takes the names back: assemble.fold_structs)."""
+    out: list[PgColumn] = []
+    for c in cols:
+        if c.parts:
+            out.extend(leaf_columns([replace(p, name=f"{c.name}\x00{i}") for i, p in enumerate(c.parts)]))
+        else:
+            out.append(c)
+    return out
+
+
+def field_of(col: PgColumn) -> Any:
+    """The Arrow field of a read column; a struct read from a range or composite says which in its metadata."""
+    import pyarrow as pa
+
+    metadata = {PG_TYPE_KEY: col.pg_type.encode()} if col.parts else None
+    return pa.field(col.name, col.type.arrow, nullable=True, metadata=metadata)
+
+
+def _part_items(col: PgColumn, expr: Any, alias: list[int]) -> list[Any]:
+    """The select items of ``col``'s leaves, ``expr`` being ``col``'s SQL; aliases numbered by ``alias``."""
+    from psycopg import sql
+
+    if not col.parts:
+        alias[0] += 1
+        name = f"_pystrom_{alias[0]}"
+        return [cast_item(expr, name) if col.text_cast else sql.SQL("{} AS {}").format(expr, sql.Identifier(name))]
+    return [item for p in col.parts for item in _part_items(p, _part_sql(p.part_of, expr), alias)]
+
+
+def _part_sql(part_of: tuple[str, str], expr: Any) -> Any:
+    from psycopg import sql
+
+    how, what = part_of
+    if how == "field":
+        return sql.SQL("({}).{}").format(expr, sql.Identifier(what))
+    return sql.SQL(what + "({})").format(expr)  # what: one of this module's function names, never user text
 
 
 # One-dimensional arrays the decoders read: array type OID -> (kind, element type). Any lower bound.
@@ -179,8 +237,15 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
             )
         elif oid in _ARRAYS:
             cols.append(_array_column(name, oid, pg_type))
+        elif oid in _TEXT_ARRAYS:
+            import pyarrow as pa
+
+            arrow = pa.list_(pa.utf8())
+            cols.append(PgColumn(name, pg_type, Kind.VARLEN, column_type(arrow, name), text_array=_TEXT_ARRAYS[oid]))
         elif category in ("A", b"A"):
             raise UnsupportedTypeError(_array_refusal(name, oid, pg_type, element))
+        elif typtype in ("r", b"r", "c", b"c"):
+            cols.append(_struct_column(conn, select, name, pg_type, typtype in ("r", b"r"), numeric, run))
         else:
             if oid == 790 and money_scale is None:
                 money_scale = _money_scale(conn, run)
@@ -188,24 +253,63 @@ def describe(conn: Any, select: Any, numeric: str, run: Callable[..., Any]) -> l
     return cols
 
 
+_RANGE_PARTS = (("lower", "lower"), ("upper", "upper"), ("lower_inc", "lower_inc"), ("upper_inc", "upper_inc"),
+                ("empty", "isempty"))  # fmt: skip
+
+
+def _struct_column(
+    conn: Any, select: Any, name: str, pg_type: str, is_range: bool, numeric: str, run: Callable[..., Any]
+) -> PgColumn:
+    """A range (struct<lower, upper, lower_inc, upper_inc, empty>) or composite (struct of its fields)
+    column: its parts are described by the server as the columns of a SELECT of them, and read as such."""
+    import pyarrow as pa
+    from psycopg import sql
+
+    x = sql.SQL("_pystrom_q.{}").format(sql.Identifier(name))
+    if is_range:
+        part_of = [("call", f) for _, f in _RANGE_PARTS]
+        items = sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(_part_sql(p, x), sql.Identifier(n)) for p, (n, _) in zip(part_of, _RANGE_PARTS)
+        )
+    else:
+        items = sql.SQL("({}).*").format(x)
+    try:
+        parts = describe(conn, sql.SQL("SELECT {} FROM ({}) AS _pystrom_q").format(items, select), numeric, run)
+    except UnsupportedTypeError as exc:
+        raise UnsupportedTypeError(
+            f"column {name!r} has PostgreSQL type {pg_type}, read as a struct of its "
+            f"{'bounds' if is_range else 'fields'}, and one of them is not read: {exc} (in SQL, the field is "
+            f"({_quoted(name)}).field)"
+        ) from None
+    for p in parts:
+        if p.kind in Kind.ARRAYS or p.kind in (Kind.VECTOR_F4, Kind.VECTOR_F2) or p.text_array:
+            raise UnsupportedTypeError(
+                f"column {name!r} has PostgreSQL type {pg_type}, whose field {p.name!r} is an array or vector "
+                f"({p.pg_type}): read the fields as columns of their own, e.g. ({_quoted(name)}).*"
+            )
+    if not is_range:
+        part_of = [("field", p.name) for p in parts]
+    parts = [replace(p, part_of=f) for p, f in zip(parts, part_of)]
+    valid = PgColumn(
+        "valid", "boolean", Kind.BOOL, column_type(pa.bool_(), name),
+        part_of=("call", "0 = num_nulls"),  # a composite of NULL fields is not NULL; num_nulls sees the value
+    )  # fmt: skip
+    arrow = pa.struct([pa.field(p.name, p.type.arrow) for p in parts])
+    return PgColumn(name, pg_type, STRUCT_KIND, column_type(arrow, name), parts=(*parts, valid))
+
+
 def _money_scale(conn: Any, run: Callable[..., Any]) -> int:
     """The fraction digits money has in this session (lc_monetary's; the server's own fallback is 2)."""
     return int(run(conn, "asking money's fraction digits", "SELECT scale('0'::money::numeric)").fetchone()[0])
 
 
-# Arrays whose elements are text: their lists would be list<string>, which pystrom's tables do not hold.
-_TEXT_ARRAYS = {1009, 1015, 1014, 1003}  # text[], varchar[], bpchar[], name[]
+# Arrays whose elements are text -> list<string>: array type OID -> element type OID (text_arrays.py)
+_TEXT_ARRAYS = {1009: 25, 1015: 1043, 1014: 1042, 1003: 19}  # text[], varchar[], bpchar[], name[]
 
 
 def _array_refusal(name: str, oid: int, pg_type: str, element_typtype: Any) -> str:
     ident = _quoted(name)
     head = f"column {name!r} has PostgreSQL type {pg_type} (oid {oid}), "
-    if oid in _TEXT_ARRAYS:
-        return (
-            head + "an array of strings: pystrom's tables hold lists of numbers and booleans, not list<string>; "
-            f"read its text (array_to_json({ident})::text for JSON) or its elements as rows (unnest({ident})), "
-            f"e.g. {ident}::text"
-        )
     if element_typtype in ("r", b"r", "c", b"c"):
         return head + f"an array of ranges or composites, which pystrom's tables cannot hold: e.g. {ident}::text"
     return (
@@ -224,8 +328,8 @@ def _array_column(name: str, oid: int, pg_type: str) -> PgColumn:
 
 
 def array_columns(cols: Sequence[PgColumn]) -> list[int]:
-    """The indices of the array columns (the COPY pump counts their elements)."""
-    return [i for i, c in enumerate(cols) if c.kind in Kind.ARRAYS]
+    """The indices of the array columns among the leaves (the COPY pump counts their elements)."""
+    return [i for i, c in enumerate(leaf_columns(cols)) if c.kind in Kind.ARRAYS]
 
 
 def _settled(col: PgColumn, least: int | None, greatest: int | None) -> PgColumn:
@@ -320,7 +424,13 @@ def describe_read(
     cols = describe(conn, plan.select, numeric, run)
     if arrays == "server":
         cols = _server_lengths(conn, plan.select, cols, run)
-    return cast_to_text(plan, [c.name for c in cols], [c.text_cast for c in cols]), cols
+    alias = [0]
+    rewrites = [
+        (lambda e, c=c: _part_items(c, e, alias)) if c.parts else (lambda e, n=c.name: [cast_item(e, n)]) if c.text_cast
+        else None
+        for c in cols
+    ]  # fmt: skip
+    return rewrite_columns(plan, [c.name for c in cols], rewrites), cols
 
 
 def _map(
@@ -358,21 +468,10 @@ def _map(
             f"column {name!r} has PostgreSQL type {pg_type}, {why.format(c=_quoted(name))}, e.g. "
             + how.format(c=_quoted(name))
         )
-    if typtype in ("r", b"r", "m", b"m"):
-        ident = _quoted(name)
-        multi = typtype in ("m", b"m")
+    if typtype in ("m", b"m"):
         raise UnsupportedTypeError(
-            f"column {name!r} has PostgreSQL type {pg_type}, a {'multi' if multi else ''}range: pystrom's tables "
-            "hold no structs, so read its parts as columns, e.g. "
-            + (f"{ident}::text" if multi else
-               f"lower({ident}) AS {_quoted(name + '_lower')}, upper({ident}) AS {_quoted(name + '_upper')}, "
-               f"lower_inc({ident}), upper_inc({ident}), isempty({ident})")
-        )  # fmt: skip
-    if typtype in ("c", b"c"):
-        raise UnsupportedTypeError(
-            f"column {name!r} has PostgreSQL type {pg_type}, a composite type: pystrom's tables hold no structs, "
-            f"so read its fields as columns, e.g. ({_quoted(name)}).* in the SELECT list (or "
-            f"({_quoted(name)}).field AS name for each field)"
+            f"column {name!r} has PostgreSQL type {pg_type}, a multirange, which is not read: read its ranges as rows "
+            f"with unnest({_quoted(name)}) (each a struct), or its text, e.g. {_quoted(name)}::text"
         )
     mapped = _arrow_for(oid)
     if mapped is None:

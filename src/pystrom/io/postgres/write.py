@@ -42,6 +42,7 @@ from .ddl import (
     target_name,
 )
 from .encode import Chunk, HostEncoder
+from .encode_composed import PRE_ENCODED, pre_encode
 from .pump import CopyInStream
 from .session import auto_partitions, connect, psycopg_module, run_sql
 
@@ -153,7 +154,18 @@ def write_postgres(
             return write_postgres(converted, conninfo, name, if_exists=if_exists, columns=columns,
                                   partitions=partitions, progress=progress, vector=vector)  # fmt: skip
     cols = target_columns(table, columns, vector)
+    composed = [c.name for c in cols if c.kind == EncodeKind.VARLEN and c.param == PRE_ENCODED]
+    encoded = pre_encode(table, composed)  # text arrays and ranges in their binary form (a copy of the table)
+    if encoded is not None:
+        with encoded:
+            return _write_encoded(encoded, conninfo, schema, rel, cols, if_exists, partitions, progress, user_conn)
+    return _write_encoded(table, conninfo, schema, rel, cols, if_exists, partitions, progress, user_conn)
 
+
+def _write_encoded(
+    table: Any, conninfo: Any, schema: Any, rel: str, cols: list[WriteColumn], if_exists: str, partitions: Any,
+    progress: Any, user_conn: bool,
+) -> int:  # fmt: skip
     if table._backend.kind == "cuda":
         from .encode_device import DeviceEncoder
 
