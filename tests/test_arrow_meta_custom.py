@@ -160,3 +160,21 @@ def test_hostile_custom_metadata_is_never_accepted_natively(tmp_path, name):
             pystrom.read_arrow(mutated, device="cpu")
     else:
         assert to_host(pystrom.read_arrow(mutated, device="cpu")).equals(want)
+
+
+def test_batch_metadata_is_built_when_asked(tmp_path):
+    """``file.batch_metadata`` builds a batch's KeyValueMetadata on first access (read_arrow never asks) and
+    behaves as the list it replaced; over a buffer it does not own (the file's mapping) it builds all at once."""
+    path = _file(tmp_path)
+    with open_arrow_file(path) as f:
+        assert batches.parse_batches(f, f.schema.names) is not None
+        meta = f.batch_metadata
+        assert isinstance(meta, batches._BatchMetadata) and not meta._built
+        assert meta[-1][b"k"] == b"3" and list(meta._built) == [3]
+        assert len(meta) == 4 and meta[1:3] == [meta[1], meta[2]] and f.custom_metadata(0)[b"k"] == b"0"
+        with pytest.raises(IndexError):
+            meta[4]
+        want = [dict(m) for m in meta]
+        src = np.frombuffer(meta._src.tobytes(), np.uint8)  # not owned: as the file's mapping
+        eager = batches._BatchMetadata(src, meta._custom, meta._pairs.tobytes())
+        assert eager._src is None and [dict(m) for m in eager] == want and eager == meta
