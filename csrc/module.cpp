@@ -309,11 +309,12 @@ PYBIND11_MODULE(_core, m) {
     {
       py::gil_scoped_release nogil;
       pystrom::arrow_batch_meta(s.ptr, s.size, footer_start, reinterpret_cast<const int64_t*>(o.ptr),
-                              reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr),
-                              reinterpret_cast<const int64_t*>(ma.ptr), n, num_fields, num_buffers, reinterpret_cast<int64_t*>(r.ptr),
-                              reinterpret_cast<int64_t*>(b.ptr), reinterpret_cast<int64_t*>(nd.ptr),
-                              reinterpret_cast<int64_t*>(bf.ptr), reinterpret_cast<int64_t*>(c.ptr),
-                              reinterpret_cast<int32_t*>(st.ptr), reinterpret_cast<int64_t*>(cm.ptr), &pairs);
+                                reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr),
+                                reinterpret_cast<const int64_t*>(ma.ptr), n, num_fields, num_buffers,
+                                reinterpret_cast<int64_t*>(r.ptr), reinterpret_cast<int64_t*>(b.ptr),
+                                reinterpret_cast<int64_t*>(nd.ptr), reinterpret_cast<int64_t*>(bf.ptr),
+                                reinterpret_cast<int64_t*>(c.ptr), reinterpret_cast<int32_t*>(st.ptr),
+                                reinterpret_cast<int64_t*>(cm.ptr), &pairs);
     }
     // the custom metadata's (key at, key length, value at, value length) in src, as int64 bytes
     return py::bytes(reinterpret_cast<const char*>(pairs.data()), pairs.size() * sizeof(int64_t));
