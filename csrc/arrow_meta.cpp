@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace pystrom {
 
@@ -58,6 +59,9 @@ struct Fb {
     uint16_t vsize;
     if (vt < 0 || !scalar(static_cast<uint64_t>(vt), &vsize)) return false;
     if (vsize < 4 || vsize % 2 || !inside(static_cast<uint64_t>(vt), vsize)) return false;
+    // the table's inline size (the vtable's second entry) inside too, as the Verifier's VerifyTableStart
+    const uint16_t tsize = load<uint16_t>(p + vt + 2);
+    if (!inside(pos, tsize)) return false;
     *t = {pos, static_cast<uint64_t>(vt), vsize};
     return true;
   }
@@ -95,6 +99,21 @@ struct Fb {
     return true;
   }
 
+  // The string whose offset is in slot (absent: *present = false): a uint32 length, the bytes and a NUL
+  // after them, all inside (the Verifier's VerifyString).
+  bool string(const Table& t, unsigned slot, bool* present, uint64_t* first, uint64_t* length) const {
+    const uint64_t at = field(t, slot);
+    *present = at != 0;
+    if (!at) return true;
+    uint64_t vec;
+    uint32_t c;
+    if (!follow(at, &vec) || !scalar(vec, &c) || c >= kMaxBuffer || !inside(vec + 4, uint64_t{c} + 1)) return false;
+    if (p[vec + 4 + c] != 0) return false;
+    *first = vec + 4;
+    *length = c;
+    return true;
+  }
+
   bool sub_table(const Table& t, unsigned slot, bool* present, Table* out) const {
     const uint64_t at = field(t, slot);
     *present = at != 0;
@@ -104,9 +123,37 @@ struct Fb {
   }
 };
 
+constexpr uint64_t kMaxKeyValues = 1 << 16;  // io/arrow/file/format.py's _MAX_KEY_VALUES (more: Python declines)
+
+// Message.custom_metadata ([KeyValue], table KeyValue { key: string; value: string; }): every table and
+// string verified, the pairs with both a key and a value appended to `pairs` as (key at, key length,
+// value at, value length), positions in the flatbuffer plus `base`. False when anything fails verification.
+bool key_values(const Fb& fb, const Fb::Table& message, int64_t base, std::vector<int64_t>* pairs) {
+  bool present;
+  uint64_t first, count;
+  if (!fb.vector(message, 4, 4, 4, &present, &first, &count)) return false;
+  if (!present) return true;
+  if (count > kMaxKeyValues) return false;
+  for (uint64_t k = 0; k < count; ++k) {
+    uint64_t at, key_at, key_len, value_at, value_len;
+    Fb::Table kv;
+    bool has_key, has_value;
+    if (!fb.follow(first + 4 * k, &at) || !fb.table(at, &kv) || !fb.string(kv, 0, &has_key, &key_at, &key_len) ||
+        !fb.string(kv, 1, &has_value, &value_at, &value_len)) {
+      return false;
+    }
+    if (has_key && has_value) {  // as the Python parser: a pair without either is skipped
+      pairs->insert(pairs->end(), {base + static_cast<int64_t>(key_at), static_cast<int64_t>(key_len),
+                                   base + static_cast<int64_t>(value_at), static_cast<int64_t>(value_len)});
+    }
+  }
+  return true;
+}
+
 int32_t one_batch(const uint8_t* src, std::size_t size, int64_t footer_start, int64_t offset, int64_t msg_at,
                   int64_t meta_length, int64_t body_length, std::size_t num_fields, std::size_t num_buffers,
-                  int64_t* rows, int64_t* body, int64_t* nodes, int64_t* buffers, int64_t* codec) {
+                  int64_t* rows, int64_t* body, int64_t* nodes, int64_t* buffers, int64_t* codec,
+                  std::vector<int64_t>* pairs) {
   if (offset < 8 || meta_length < 8 || body_length < 0 || offset > footer_start - meta_length ||
       body_length > footer_start - offset - meta_length) {
     return kMetaBlock;
@@ -133,7 +180,8 @@ int32_t one_batch(const uint8_t* src, std::size_t size, int64_t footer_start, in
   bool present;
   if (!fb.sub_table(message, 2, &present, &batch)) return kMetaVerify;
   if (version != kV5 || header_type != kRecordBatch || !present) return kMetaHeader;
-  if (fb.field(message, 4)) return kMetaCustom;  // verified and read by Python (pyarrow's verifier first)
+  // custom metadata beyond what is verified here (or too many pairs): left to Python, pyarrow's verifier first
+  if (!key_values(fb, message, msg_at + 8, pairs)) return kMetaCustom;
   if (message_body != body_length) return kMetaBodyLength;
 
   int64_t length;
@@ -167,12 +215,17 @@ int32_t one_batch(const uint8_t* src, std::size_t size, int64_t footer_start, in
 void arrow_batch_meta(const uint8_t* src, std::size_t size, int64_t footer_start, const int64_t* offsets,
                       const int64_t* meta_lengths, const int64_t* body_lengths, const int64_t* msg_at,
                       std::size_t count, std::size_t num_fields, std::size_t num_buffers, int64_t* rows,
-                      int64_t* bodies, int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status) {
+                      int64_t* bodies, int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status,
+                      int64_t* custom, std::vector<int64_t>* pairs) {
   if (footer_start < 0) footer_start = 0;  // every Block refused
   for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t before = pairs->size();
     status[i] = one_batch(src, size, footer_start, offsets[i], msg_at[i], meta_lengths[i], body_lengths[i],
                           num_fields, num_buffers, rows + i, bodies + 2 * i, nodes + 2 * num_fields * i,
-                          buffers + 2 * num_buffers * i, codecs + i);
+                          buffers + 2 * num_buffers * i, codecs + i, pairs);
+    if (status[i] != kMetaOk) pairs->resize(before);  // a refused batch hands out no pairs
+    custom[2 * i] = static_cast<int64_t>(before / 4);
+    custom[2 * i + 1] = static_cast<int64_t>((pairs->size() - before) / 4);
   }
 }
 

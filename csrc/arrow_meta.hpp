@@ -5,12 +5,14 @@
 // Every read is bounds-checked against the message's flatbuffer, and the tables read are verified at
 // least as strictly as flatbuffers' Verifier does for pyarrow's ipc.read_message (alignment of every
 // scalar, offset and vector; vtables whole; offsets non-zero and forward; vectors inside the buffer,
-// struct vectors 8-byte aligned; RecordBatch.variadicBufferCounts and the BodyCompression table too),
+// struct vectors 8-byte aligned; tables' inline size inside; RecordBatch.variadicBufferCounts, the
+// BodyCompression table and Message.custom_metadata's KeyValue tables and NUL-terminated strings too),
 // so a batch marked ok here is one the Python parser (verifier included) accepts with the same values.
 // Anything else is marked with a reason and left to the Python parser, which declines or raises.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace pystrom {
 
@@ -24,7 +26,7 @@ enum ArrowMeta : int32_t {
   kMetaBodyLength = 5,   // the message's body length differs from the Block's
   kMetaCounts = 6,       // FieldNodes or Buffers absent or not as many as the schema implies
   kMetaCompression = 7,  // a codec id or method Arrow does not define (Python raises FileFormatError)
-  kMetaCustom = 8,       // the message has custom metadata (Python reads it)
+  kMetaCustom = 8,       // custom metadata not verified here, or more than 65,536 pairs (Python reads it)
 };
 
 // Batches i < count, Block i = (offsets[i], meta_lengths[i], body_lengths[i]) of a file whose footer starts
@@ -32,11 +34,15 @@ enum ArrowMeta : int32_t {
 // and msg_at the offsets, or the messages alone, read one after the other: a Block whose message is not
 // inside src[0, size) is refused). Out: rows[i], bodies[i] = (file offset, length), nodes[i] (num_fields
 // x (length, null count)), buffers[i] (num_buffers x (body offset, length)), codecs[i] (-1: uncompressed,
-// 0: LZ4_FRAME, 1: ZSTD), status[i]. The outputs of a batch whose status is not ok are unspecified.
+// 0: LZ4_FRAME, 1: ZSTD), status[i], and the message's custom metadata: custom[i] = (first pair, pairs) of
+// the (key at, key length, value at, value length) quadruples appended to *pairs (positions in src; pairs
+// lacking a key or a value skipped, as the Python parser does). The other outputs of a batch whose status
+// is not ok are unspecified; it has no pairs.
 void arrow_batch_meta(const uint8_t* src, std::size_t size, int64_t footer_start, const int64_t* offsets,
                       const int64_t* meta_lengths, const int64_t* body_lengths, const int64_t* msg_at,
                       std::size_t count, std::size_t num_fields, std::size_t num_buffers, int64_t* rows,
-                      int64_t* bodies, int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status);
+                      int64_t* bodies, int64_t* nodes, int64_t* buffers, int64_t* codecs, int32_t* status,
+                      int64_t* custom, std::vector<int64_t>* pairs);
 
 // How arrow_flat_layouts checks a field of a flat schema (the numbers are part of the binding): fixed-width
 // values (a validity bitmap and values of `width` bytes each), bit-packed booleans, or int32 offsets and bytes.

@@ -340,7 +340,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("arrow_batch_meta", [](py::buffer src, int64_t footer_start, py::buffer offsets, py::buffer meta_lengths,
                                py::buffer body_lengths, py::buffer msg_at, std::size_t num_fields,
                                std::size_t num_buffers, py::buffer rows, py::buffer bodies, py::buffer nodes,
-                               py::buffer buffers, py::buffer codecs, py::buffer status) {
+                               py::buffer buffers, py::buffer codecs, py::buffer status, py::buffer custom) {
     Bytes s = request(src, false, "src");
     Bytes o = request_i64(offsets, false, "offsets");
     Bytes ml = request_i64(meta_lengths, false, "meta_lengths");
@@ -352,20 +352,27 @@ PYBIND11_MODULE(_core, m) {
     Bytes bf = request_i64(buffers, true, "buffers");
     Bytes c = request_i64(codecs, true, "codecs");
     Bytes st = request_i32(status, true, "status");
+    Bytes cm = request_i64(custom, true, "custom");
     const std::size_t n = o.size / sizeof(int64_t);
     const std::size_t w = sizeof(int64_t);
     if (ml.size != n * w || bl.size != n * w || ma.size != n * w || r.size != n * w || b.size != 2 * n * w ||
         nd.size != 2 * num_fields * n * w || bf.size != 2 * num_buffers * n * w || c.size != n * w ||
-        st.size != n * sizeof(int32_t)) {
+        st.size != n * sizeof(int32_t) || cm.size != 2 * n * w) {
       throw std::invalid_argument("arrow_batch_meta: the arrays' lengths do not match the Blocks' count");
     }
-    py::gil_scoped_release nogil;
-    pystrom::arrow_batch_meta(s.ptr, s.size, footer_start, reinterpret_cast<const int64_t*>(o.ptr),
-                              reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr),
-                              reinterpret_cast<const int64_t*>(ma.ptr), n, num_fields, num_buffers, reinterpret_cast<int64_t*>(r.ptr),
-                              reinterpret_cast<int64_t*>(b.ptr), reinterpret_cast<int64_t*>(nd.ptr),
-                              reinterpret_cast<int64_t*>(bf.ptr), reinterpret_cast<int64_t*>(c.ptr),
-                              reinterpret_cast<int32_t*>(st.ptr));
+    std::vector<int64_t> pairs;
+    {
+      py::gil_scoped_release nogil;
+      pystrom::arrow_batch_meta(s.ptr, s.size, footer_start, reinterpret_cast<const int64_t*>(o.ptr),
+                                reinterpret_cast<const int64_t*>(ml.ptr), reinterpret_cast<const int64_t*>(bl.ptr),
+                                reinterpret_cast<const int64_t*>(ma.ptr), n, num_fields, num_buffers,
+                                reinterpret_cast<int64_t*>(r.ptr), reinterpret_cast<int64_t*>(b.ptr),
+                                reinterpret_cast<int64_t*>(nd.ptr), reinterpret_cast<int64_t*>(bf.ptr),
+                                reinterpret_cast<int64_t*>(c.ptr), reinterpret_cast<int32_t*>(st.ptr),
+                                reinterpret_cast<int64_t*>(cm.ptr), &pairs);
+    }
+    // the custom metadata's (key at, key length, value at, value length) in src, as int64 bytes
+    return py::bytes(reinterpret_cast<const char*>(pairs.data()), pairs.size() * sizeof(int64_t));
   });
 
   m.def("arrow_flat_layouts", [](py::buffer rows, py::buffer bodies, py::buffer nodes, py::buffer buffers,

@@ -1,6 +1,6 @@
 """The C++ record batch metadata parser (csrc/arrow_meta.cpp) against its Python twin
 (:func:`pystrom.io.arrow.read.batches._parse_one`, pyarrow's flatbuffer verifier included): identical arrays on
-every batch it accepts, the batches it leaves (custom metadata) read by Python, and on mutated messages
+every batch it accepts (custom metadata included), and on mutated messages
 never an acceptance where the Python parser or pyarrow refuses (the mutants run in a subprocess: a
 crash fails the test rather than the run). The checks and layouts of flat uncompressed files
 (``arrow_flat_layouts``) against their definition here (:func:`_flat_twin`, Python's integers), on real
@@ -71,8 +71,18 @@ def _files(tmp: Path) -> list[Path]:
     return [*out, tmp / "feather.arrow", tmp / "ours.arrow", tmp / "ours.lz4.arrow"]
 
 
+def _native_pairs(src: np.ndarray, custom: np.ndarray, pairs: bytes) -> list[list[tuple[bytes, bytes]]]:
+    """The C++ parser's custom metadata per batch, as (key, value) pairs read from ``src``."""
+    at = np.frombuffer(pairs, np.int64).reshape(-1, 4).tolist()
+    raw = bytes(src)
+    return [
+        [(raw[k : k + kn], raw[v : v + vn]) for k, kn, v, vn in at[first : first + n]] for first, n in custom.tolist()
+    ]
+
+
 def _both(path: Path):
-    """(native arrays and status, Python arrays or the exception per batch) of every batch of ``path``."""
+    """(native arrays and status, Python arrays or the exception per batch, native custom metadata as pairs
+    per batch) of every batch of ``path``."""
     with open_arrow_file(path) as f:
         raw = f._whole
         whole = memoryview(raw)
@@ -87,30 +97,38 @@ def _both(path: Path):
         native = (np.empty(b, np.int64), np.empty((b, 2), np.int64), np.empty((b, nf, 2), np.int64),
                   np.empty((b, nb, 2), np.int64), np.empty(b, np.int64))  # fmt: skip
         status = np.full(b, -1, np.int32)
+        custom = np.full((b, 2), -1, np.int64)
         block = np.array([(x.offset, x.metadata_length, x.body_length) for x in blocks], np.int64).reshape(b, 3)
-        _core.arrow_batch_meta(np.frombuffer(raw, np.uint8), footer_start, block[:, 0].copy(), block[:, 1].copy(),
-                               block[:, 2].copy(), block[:, 0].copy(), nf, nb, *native, status)  # fmt: skip
+        src = np.frombuffer(raw, np.uint8)
+        pairs = _core.arrow_batch_meta(src, footer_start, block[:, 0].copy(), block[:, 1].copy(), block[:, 2].copy(),
+                                       block[:, 0].copy(), nf, nb, *native, status, custom)  # fmt: skip
+        meta = _native_pairs(src, custom, pairs)
         python = []
         for i, blk in enumerate(blocks):
             try:
                 python.append(batches._parse_one(f, whole, blk, footer_start, i, True, nf, nb))
             except (batches._Decline, FooterError, struct.error, pystrom.FileFormatError, *ARROW_ERRORS) as e:
                 python.append(e)
-        return native, status, python
+        return native, status, python, meta
+
+
+def _py_pairs(meta) -> list[tuple[bytes, bytes]]:
+    return list(meta.items()) if meta else []
 
 
 def test_native_parser_matches_the_python_one(tmp_path):
+    with_metadata = 0
     for path in _files(tmp_path):
-        native, status, python = _both(path)
+        native, status, python, meta = _both(path)
         for i, py in enumerate(python):
             assert not isinstance(py, Exception), (path.name, i, py)
-            if py[5]:  # custom metadata: left to Python
-                assert status[i] == 8, (path.name, i)
-                continue
-            assert status[i] == 0, (path.name, i, status[i])
-            rows, body, nodes, buffers, codec, _ = py
+            assert status[i] == 0, (path.name, i, status[i])  # custom metadata included
+            rows, body, nodes, buffers, codec, custom = py
             assert native[0][i] == rows and tuple(native[1][i]) == body and native[4][i] == codec, (path.name, i)
             assert np.array_equal(native[2][i], nodes) and np.array_equal(native[3][i], buffers), (path.name, i)
+            assert meta[i] == _py_pairs(custom), (path.name, i)
+            with_metadata += bool(custom)
+    assert with_metadata >= 10  # meta.arrow's every third batch, the statistics of ours*.arrow
 
 
 def test_parse_batches_is_the_same_with_every_batch_left_to_python(tmp_path, monkeypatch):
@@ -125,12 +143,13 @@ def test_parse_batches_is_the_same_with_every_batch_left_to_python(tmp_path, mon
 
     native = run()
     assert sum(layouts is not None for layouts, _ in native) >= 6
-    assert any(meta and any(meta) for _, meta in native)  # custom metadata read through Python
+    assert any(meta and any(meta) for _, meta in native)  # custom metadata, read by the C++ parser
 
     class _Python:
         @staticmethod
         def arrow_batch_meta(*args):
-            args[-1][:] = 99  # every status: not ok
+            args[-2][:] = 99  # every status: not ok
+            return b""
 
     monkeypatch.setattr(batches, "_core", _Python)
     assert run() == native
@@ -139,14 +158,14 @@ def test_parse_batches_is_the_same_with_every_batch_left_to_python(tmp_path, mon
 def test_codec_errors_are_the_python_parsers(tmp_path):
     path = _write(tmp_path / "c.arrow", _table(30), 10, "zstd")  # ZSTD: a codec field pyarrow writes (1)
     raw = bytearray(path.read_bytes())
-    _, status, _ = _both(path)
+    _, status, _, _ = _both(path)
     assert (status == 0).all()
     footer_len = struct.unpack_from("<i", raw, len(raw) - 10)[0]
     blk = read_footer(memoryview(raw)[len(raw) - 10 - footer_len : len(raw) - 10])[0][1]
     for bad, why in ((5, "unknown codec id 5"), (-1, "unknown codec id -1")):
         mutated = _set_codec(raw, blk, bad)
         (tmp_path / "bad.arrow").write_bytes(mutated)
-        native, status, python = _both(tmp_path / "bad.arrow")
+        native, status, python, _ = _both(tmp_path / "bad.arrow")
         assert status[1] == 7 and (np.delete(status, 1) == 0).all()
         with open_arrow_file(tmp_path / "bad.arrow") as f, pytest.raises(pystrom.FileFormatError, match=why):
             batches.parse_batches(f, f.schema.names)
@@ -194,7 +213,7 @@ def mutants(folder: str, seed: int, count: int) -> dict:
             mutated = Path(folder) / "mutant.bin"
             mutated.write_bytes(bytes(bad))
             try:
-                native, status, python = _both(mutated)
+                native, status, python, native_meta = _both(mutated)
             except (pystrom.FileFormatError, FooterError, *ARROW_ERRORS):
                 continue  # the file no longer opens
             for i, py in enumerate(python):
@@ -206,7 +225,7 @@ def mutants(folder: str, seed: int, count: int) -> dict:
                 rows, body, nodes, buffers, codec, meta = py
                 assert native[0][i] == rows and tuple(native[1][i]) == body and native[4][i] == codec
                 assert np.array_equal(native[2][i], nodes) and np.array_equal(native[3][i], buffers)
-                assert not meta
+                assert native_meta[i] == _py_pairs(meta), f"{path.name} mutant {k} batch {i}: custom metadata"
     return {"accepted": accepted, "refused": refused}
 
 
@@ -231,7 +250,7 @@ def test_the_messages_read_alone_parse_as_in_the_whole_file(tmp_path):
     the mapping: the same arrays and statuses; Blocks outside the file, or overlapping ones that would add
     up to more than the file, are not read that way."""
     for path in _files(tmp_path):
-        native, status, _ = _both(path)
+        native, status, _, want_meta = _both(path)
         with open_arrow_file(path) as f:
             whole = memoryview(f._whole)
             footer_start = f.size - 10 - struct.unpack_from("<i", whole, f.size - 10)[0]
@@ -243,9 +262,11 @@ def test_the_messages_read_alone_parse_as_in_the_whole_file(tmp_path):
             b, nf, nb = len(block), native[2].shape[1], native[3].shape[1]
             again = (np.empty(b, np.int64), np.empty((b, 2), np.int64), np.empty((b, nf, 2), np.int64),
                      np.empty((b, nb, 2), np.int64), np.empty(b, np.int64))  # fmt: skip
-            status2 = np.full(b, -1, np.int32)
-            _core.arrow_batch_meta(src, footer_start, offset, meta, body, msg_at, nf, nb, *again, status2)
+            status2, custom2 = np.full(b, -1, np.int32), np.full((b, 2), -1, np.int64)
+            pairs = _core.arrow_batch_meta(src, footer_start, offset, meta, body, msg_at, nf, nb, *again, status2,
+                                           custom2)  # fmt: skip
             assert np.array_equal(status, status2), path.name
+            assert _native_pairs(src, custom2, pairs) == want_meta, path.name
             ok = status == 0
             for x, y in zip(native, again):
                 assert np.array_equal(x[ok], y[ok]), path.name

@@ -44,8 +44,13 @@ def _calls(fd: int, wrong):
     outs = [np.zeros(k, I64) for k in (1, 2, 0, 0, 1)]
     yield (
         "arrow_batch_meta",
-        lambda: _core.arrow_batch_meta(buf, 0, *meta, 0, 0, *outs, wrong(1, I32)),
+        lambda: _core.arrow_batch_meta(buf, 0, *meta, 0, 0, *outs, wrong(1, I32), np.zeros(2, I64)),
         "status",
+    )
+    yield (
+        "arrow_batch_meta",
+        lambda: _core.arrow_batch_meta(buf, 0, *meta, 0, 0, *outs, np.zeros(1, I32), wrong(2, I64)),
+        "custom",
     )
 
 

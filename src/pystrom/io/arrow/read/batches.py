@@ -14,10 +14,10 @@ that was a fifth of read_arrow. Here, in order:
    prefix (continuation marker, a flatbuffer length that fills the Block's metadata length), the
    Message and RecordBatch tables: a record batch header, metadata version V5, the Block's body
    length, the FieldNodes and Buffers the schema implies, the compression (a codec id other than
-   LZ4_FRAME/ZSTD or a method other than BUFFER is a FileFormatError) and the batch's custom metadata.
-   All batches at once in C++ (csrc/arrow_meta.cpp, one call: ~1 ms for 2048 batches), which verifies
-   the tables it reads at least as strictly as pyarrow's flatbuffer verifier does. The batches it does
-   not accept (custom metadata, anything unusual) go through :func:`_parse_one`, the Python definition:
+   LZ4_FRAME/ZSTD or a method other than BUFFER is a FileFormatError) and the batch's custom metadata
+   (pystrom's statistics). All batches at once in C++ (csrc/arrow_meta.cpp, one call: ~1 ms for 2048
+   batches), which verifies the tables it reads at least as strictly as pyarrow's flatbuffer verifier
+   does. The batches it does not accept (anything unusual) go through :func:`_parse_one`, the Python definition:
    pyarrow's verifier (``ipc.read_message``: no arrays built, the body untouched), then bounds-checked
    reads (:class:`.file.format._Reader`); it declines or raises as this path always did;
    a file whose batches are all compressed continues in :func:`.read.compressed_layouts.compressed_layouts` (its
@@ -132,13 +132,14 @@ def _parse(file: ArrowFile, columns: Sequence[str], known: Mapping[str, ColumnTy
     buffers = np.empty((count, num_buffers, 2), dtype=np.int64)  # body offset, length
     codecs = np.empty(count, dtype=np.int64)  # index into CODECS, -1: uncompressed
     status = np.empty(count, dtype=np.int32)
+    custom = np.empty((count, 2), dtype=np.int64)  # first pair, pairs
     offset, meta_length, body_length = (block[:, j].copy() for j in range(3))
     src, msg_at = _messages(file, offset, meta_length, footer_start)
-    _core.arrow_batch_meta(src, footer_start, offset, meta_length, body_length, msg_at, num_fields, num_buffers,
-                           rows, bodies, nodes, buffers, codecs, status)  # fmt: skip
-    metadata: list[Mapping[bytes, bytes]] = [{} for _ in range(count)]
-    # the batches the C++ parser left to this one (custom metadata, or anything unusual: declined or
-    # refused here, with the errors this path always raised), in order: the first to fail decides
+    pairs = _core.arrow_batch_meta(src, footer_start, offset, meta_length, body_length, msg_at, num_fields,
+                                   num_buffers, rows, bodies, nodes, buffers, codecs, status, custom)  # fmt: skip
+    metadata = _BatchMetadata(src, custom, pairs)
+    # the batches the C++ parser left to this one (custom metadata it could not verify, or anything
+    # unusual: declined or refused here, with the errors this path always raised), in order: the first to fail decides
     for i in np.flatnonzero((status != 0) | ((codecs < 0) & (not flat))).tolist():
         blk = Block(*block[i].tolist())
         rows[i], bodies[i], nodes[i], buffers[i], codecs[i], metadata[i] = _parse_one(
@@ -167,6 +168,46 @@ def _messages(file: ArrowFile, offset: np.ndarray, meta_length: np.ndarray, foot
     if int(sizes.sum()) > file.size:
         return np.frombuffer(file._whole, dtype=np.uint8), offset
     return file.read_pieces(offset, sizes), np.where(inside, np.cumsum(sizes) - sizes, -1)
+
+
+class _BatchMetadata(Sequence):
+    """Each batch's custom metadata (``file.batch_metadata``) as :func:`_parse_one` hands it out: a
+    KeyValueMetadata in the file's order (a key written twice stays twice), {} without pairs. Built from the
+    C++ parser's pairs (positions in ``src``) when a batch's is first asked for: read_arrow never asks, a
+    scan once a batch; building all of them took ~6 us a batch (0.9 ms of a 153-batch file's read)."""
+
+    def __init__(self, src: np.ndarray, custom: np.ndarray, pairs: bytes):
+        self._count = len(custom)
+        self._built: dict[int, Mapping[bytes, bytes]] = {}
+        self._src, self._custom, self._pairs = src, custom, np.frombuffer(pairs, dtype=np.int64).reshape(-1, 4)
+        if src.base is not None:  # the file's mapping (overlapping Blocks: a hostile footer), not held past its close
+            for i in range(self._count):
+                self[i]
+            self._src = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        i = range(self._count)[index]  # an IndexError past the end, as a list's
+        if i not in self._built:
+            first, n = self._custom[i].tolist()
+            raw = memoryview(self._src) if n else None
+            at = self._pairs[first : first + n].tolist()
+            pairs = [(bytes(raw[k : k + kn]), bytes(raw[v : v + vn])) for k, kn, v, vn in at]
+            self._built[i] = pa.KeyValueMetadata(pairs) if pairs else {}
+        return self._built[i]
+
+    def __setitem__(self, index: int, value: Mapping[bytes, bytes]) -> None:
+        """The metadata of a batch the Python parser read (:func:`_parse_one`)."""
+        self._built[range(self._count)[index]] = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _parse_one(file, whole, blk, footer_start, i, flat, num_fields, num_buffers) -> tuple:
