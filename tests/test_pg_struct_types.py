@@ -91,8 +91,25 @@ def test_composites_nested_and_null_unlike_all_null_fields(pg, device):
     # the same through table= reads split into ranges (the parts read from the table itself)
     again = pystrom.read_postgres(pg.conninfo, table=src, numeric="decimal", device=device, partitions=2)
     assert again.sort_by("id").to_arrow().equals(t.to_arrow())
-    with pytest.raises(UnsupportedTypeError, match="column 'c'.*struct.*fields as columns"):
-        pystrom.write_postgres(t.select(["id", "c"]), pg.conninfo, pg.name("comp_back"))
+    # written back: into a new table (the types named by the fields' metadata), then appended to it
+    out = pg.name("comp_back")
+    assert pystrom.write_postgres(t, pg.conninfo, out) == 3
+    assert pystrom.write_postgres(t.slice(1), pg.conninfo, out, if_exists="append") == 2
+    rows = f'SELECT id, c::text, c2::text FROM "{src}"'
+    _same_rows(
+        pg, f"SELECT * FROM ({rows} UNION ALL {rows} WHERE id > 1) u", f'SELECT id, c::text, c2::text FROM "{out}"'
+    )
+    assert pg.fetch(f"SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = '\"{out}\"'::regclass "
+                    "AND attname = 'c2'") == [(outer,)]  # fmt: skip
+    # a field the target types differently is refused naming it; a struct without a type named has no target
+    other = pg.name("other")
+    pg.execute(f'CREATE TYPE "{other}" AS (x int, y int, z numeric(6,2), w jsonb)')
+    pg.execute(f'CREATE TABLE "{other}_t" (c "{other}")')
+    with pytest.raises(UnsupportedTypeError, match="column 'c': field 'y' \\(string\\) is sent as text.*integer"):
+        pystrom.write_postgres(t.select(["c"]), pg.conninfo, f"{other}_t", if_exists="append")
+    plain = pystrom.Table.from_arrow(pa.table({"s": pa.array([{"a": 1}])}), device=device)
+    with pytest.raises(UnsupportedTypeError, match="column 's'.*composite type: name one"):
+        pystrom.write_postgres(plain, pg.conninfo, pg.name("plain"))
 
 
 def test_what_structs_cannot_hold_is_refused_naming_the_column(pg):
@@ -131,3 +148,27 @@ def test_text_arrays_read_as_lists_of_strings_and_written_back(pg, device):
     _same_rows(pg, f'SELECT id, a FROM "{src}" WHERE id > 2', f'SELECT id, a FROM "{out}"')
     with pytest.raises(pystrom.DataError, match="column 'a'.*multi-dimensional"):
         pystrom.read_postgres(pg.conninfo, "SELECT '{{a,b},{c,d}}'::text[] AS a", device=device)
+
+
+def test_text_arrays_into_existing_varchar_and_name_arrays(pg, device):
+    out = pg.name("vc")
+    pg.execute(f'CREATE TABLE "{out}" (v varchar(8)[], n name[], b bpchar(3)[])')
+    lists = pa.array([["a", None], [], None, ["é" * 3]], pa.list_(pa.utf8()))
+    t = pystrom.Table.from_arrow(pa.table({"v": lists, "n": lists, "b": lists}), device=device)
+    assert pystrom.write_postgres(t, pg.conninfo, out, if_exists="append") == 4
+    got = pg.fetch(f'SELECT array_to_json(v)::text, array_to_json(n)::text, array_to_json(b)::text FROM "{out}"')
+    assert sorted(got, key=str) == sorted(  # bpchar(3) pads, as the server does for any value it is given
+        [('["a",null]', '["a",null]', '["a  ",null]'), ("[]",) * 3, (None,) * 3, ('["ééé"]',) * 3], key=str
+    )
+    pg.execute(f'CREATE TABLE "{out}_i" (v int4[])')
+    with pytest.raises(UnsupportedTypeError, match="column 'v' \\(list<string>\\) cannot go into a column of type"):
+        pystrom.write_postgres(t.select(["v"]), pg.conninfo, f"{out}_i", if_exists="append")
+
+
+def test_numrange_reads_float_bounds_and_is_not_written_back_as_floats(pg):
+    t = pystrom.read_postgres(pg.conninfo, "SELECT numrange(1.5, 2.25, '[]') AS r", device="cpu")
+    assert t.column("r").to_arrow().to_pylist() == [
+        {"lower": 1.5, "upper": 2.25, "lower_inc": True, "upper_inc": True, "empty": False}
+    ]
+    with pytest.raises(UnsupportedTypeError, match="column 'r': field 'lower' \\(double\\).*numeric"):
+        pystrom.write_postgres(t, pg.conninfo, pg.name("nr"))

@@ -30,6 +30,11 @@ list<T>, fixed_size_list<T>    T[] (one dimension)   T as above (uint64: numeric
 fixed_size_list<float32>[d]    vector(d)             pgvector: with vector=True or into an existing
 fixed_size_list<float16>[d]    halfvec(d)            vector/halfvec column (else real[])
 binary into bit / varbit       varbit                the value is PostgreSQL's binary form of the bits
+list<string>                   text[]                into varchar[]/bpchar[]/name[] too (encode_composed)
+struct of a range's parts      its range             by the bounds: int32/int64/date32/timestamp[tz]/
+                                                     decimal128 -> int4/int8/date/ts/tstz/numrange
+struct (a composite's fields)  its composite type    named by the field's pystrom.pg_type metadata or the
+                                                     existing target column; the type must exist
 =============================  ====================  ==================================================
 """
 
@@ -42,7 +47,6 @@ from typing import Any
 
 from ..._types import Layout
 from ...errors import ColumnNotFoundError, InvalidArgumentError, SchemaMismatchError, UnsupportedTypeError
-from .encode_composed import composed_column
 from .statement import check_identifier_length
 
 __all__ = [
@@ -118,6 +122,13 @@ _ELEMENTS = {
 _VECTORS = {"float32": (EncodeKind.FLOAT32, "vector"), "float16": (EncodeKind.FLOAT16, "halfvec")}
 VECTOR_MAX_DIM = 16000
 
+# WriteColumn.param of a VARLEN column sent as the binary form encode_composed builds (text arrays, ranges,
+# composites): its pg_type is a range's or text[], or COMPOSITE until the server names the composite type
+PRE_ENCODED = 1
+COMPOSITE = "composite"
+PG_TYPE_KEY = b"pystrom.pg_type"  # the field metadata read_postgres gives a struct read from a range or composite
+RANGE_FIELDS = ("lower", "upper", "lower_inc", "upper_inc", "empty")
+
 # unit -> (multiplier, divisor) to microseconds
 _MICROS = {"s": (1_000_000, 1), "ms": (1_000, 1), "us": (1, 1), "ns": (1, 1_000)}
 
@@ -147,6 +158,41 @@ def vector_column(name: str, ctype: Any) -> WriteColumn:
         )
     kind, pg = _VECTORS[element]
     return WriteColumn(name, f"{pg}({d})", EncodeKind.VECTOR, kind, d)
+
+
+def range_type(arrow: Any) -> str | None:
+    """The built-in range a struct of a range's parts goes to by default (by its bounds' type), or None."""
+    import pyarrow as pa
+    import pyarrow.types as pt
+
+    if [f.name for f in arrow] != list(RANGE_FIELDS):
+        return None
+    bound = arrow.field("lower").type
+    if arrow.field("upper").type != bound or any(arrow.field(f).type != pa.bool_() for f in RANGE_FIELDS[2:]):
+        return None
+    if pt.is_timestamp(bound):
+        return "tstzrange" if bound.tz else "tsrange"
+    if pt.is_decimal128(bound):
+        return "numrange"
+    return {pa.date32(): "daterange", pa.int32(): "int4range", pa.int64(): "int8range"}.get(bound)
+
+
+def _composed(name: str, ctype: Any) -> WriteColumn | None:
+    """How a struct or list<C> column is sent (as the binary form encode_composed builds), or a refusal."""
+    import pyarrow.types as pt
+
+    if ctype.layout == Layout.LIST_OF:
+        if pt.is_string(ctype.children[0].storage_arrow):
+            return WriteColumn(name, "text[]", EncodeKind.VARLEN, PRE_ENCODED)
+        raise UnsupportedTypeError(
+            f"column {name!r} has type {ctype.arrow}, which write_postgres cannot send: lists of strings go as "
+            "text[], lists of numbers and booleans as arrays of them; write a list's elements as rows of a table "
+            "of their own"
+        )
+    if ctype.layout == Layout.STRUCT:
+        kind = range_type(ctype.storage_arrow)
+        return WriteColumn(name, kind or COMPOSITE, EncodeKind.VARLEN, PRE_ENCODED)
+    return None
 
 
 def _map(name: str, ctype: Any) -> WriteColumn:
@@ -202,9 +248,9 @@ def _map(name: str, ctype: Any) -> WriteColumn:
     if ctype.layout in Layout.NESTED:
         kind, element = _ELEMENTS[ctype.storage.name]
         return WriteColumn(name, f"{element}[]", EncodeKind.ARRAY, kind, ctype.list_size)
-    composed = composed_column(name, ctype)
+    composed = _composed(name, ctype)
     if composed is not None:
-        return WriteColumn(name, composed[0], EncodeKind.VARLEN, composed[1])
+        return composed
     raise UnsupportedTypeError(f"column {name!r} has type {ctype.arrow}, which write_postgres cannot send")
 
 

@@ -31,6 +31,7 @@ from ..._settings import defaults
 from ...errors import InvalidArgumentError, PostgresError
 from ...table import Table
 from .ddl import (
+    PRE_ENCODED,
     EncodeKind,
     WriteColumn,
     check_write_order,
@@ -42,7 +43,7 @@ from .ddl import (
     target_name,
 )
 from .encode import Chunk, HostEncoder
-from .encode_composed import PRE_ENCODED, pre_encode
+from .encode_composed import pre_encode
 from .pump import CopyInStream
 from .session import auto_partitions, connect, psycopg_module, run_sql
 
@@ -154,8 +155,18 @@ def write_postgres(
             return write_postgres(converted, conninfo, name, if_exists=if_exists, columns=columns,
                                   partitions=partitions, progress=progress, vector=vector)  # fmt: skip
     cols = target_columns(table, columns, vector)
-    composed = [c.name for c in cols if c.kind == EncodeKind.VARLEN and c.param == PRE_ENCODED]
-    encoded = pre_encode(table, composed)  # text arrays and ranges in their binary form (a copy of the table)
+    encoded = None
+    if any(c.kind == EncodeKind.VARLEN and c.param == PRE_ENCODED for c in cols):
+        # text arrays, ranges and composites in their binary form (a copy of the table), as the server's types say
+        from psycopg import sql
+
+        ident = sql.Identifier(rel) if schema is None else sql.Identifier(schema, rel)
+        if user_conn:  # the lookups in a transaction (or savepoint) of their own: the user's state stays as it was
+            with conninfo.transaction():
+                cols, encoded = pre_encode(table, cols, conninfo, ident)
+        else:
+            with connect(conninfo) as conn:
+                cols, encoded = pre_encode(table, cols, conn, ident)
     if encoded is not None:
         with encoded:
             return _write_encoded(encoded, conninfo, schema, rel, cols, if_exists, partitions, progress, user_conn)
