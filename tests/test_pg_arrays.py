@@ -19,7 +19,7 @@ import pytest
 
 import pystrom
 from pystrom import _core
-from pystrom.errors import PostgresError, UnsupportedTypeError
+from pystrom.errors import UnsupportedTypeError
 from pystrom.io.postgres.pump import FAILURES, Kind
 from pystrom.testing import to_host
 
@@ -366,10 +366,33 @@ def test_list_or_fixed_size_list_follows_the_rows(pg, device):
     assert to_host(mixed).column("a").to_pylist() == [[1, 2], None, [3, None], [5, 6], []]
 
 
-def test_multidimensional_arrays_are_refused_naming_column_and_row(pg, device):
-    q = "SELECT * FROM (VALUES (1, '{1,2}'::int4[]), (2, '{{1,2},{3,4}}')) v(id, grid)"
-    with pytest.raises(PostgresError, match=r"column 'grid' \(integer\[\]\), row 1: a multi-dimensional array"):
-        pystrom.read_postgres(pg.conninfo, q, device=device)
+def test_multidimensional_arrays_read_as_nested_fixed_size_lists(pg, device):
+    """One shape in every non-NULL row: nested fixed_size_lists, the values an (n, d1, d2, ...) block; written back
+    with their shape. Mixed shapes or dimension counts are refused naming the rows that differ."""
+    rows = "(1, '{{1,2,3},{4,5,6}}'::int4[]), (2, NULL), (3, '[0:1][5:7]={{7,NULL,9},{10,11,12}}')"
+    q = f"SELECT * FROM (VALUES {rows}) v(id, grid) ORDER BY id"
+    for read in (lambda: pystrom.read_postgres(pg.conninfo, q, device=device),
+                 lambda: next(iter(pystrom.scan_postgres(pg.conninfo, q, device=device)))):  # fmt: skip
+        t = read()
+        assert t.schema.field("grid").type == pa.list_(pa.list_(pa.int32(), 3), 2)
+        assert tuple(t.column("grid").values.shape) == (3, 2, 3)
+        assert to_host(t).column("grid").to_pylist() == [[[1, 2, 3], [4, 5, 6]], None, [[7, None, 9], [10, 11, 12]]]
+    cube = pystrom.read_postgres(pg.conninfo, "SELECT ARRAY[[[1.5::float8]], [[2]]] AS c", device=device)
+    assert cube.schema.field("c").type == pa.list_(pa.list_(pa.list_(pa.float64(), 1), 1), 2)
+    out = pg.name("grid_back")
+    assert pystrom.write_postgres(t, pg.conninfo, out) == 3
+    src = f"SELECT id, array_to_json(grid)::text, array_ndims(grid) FROM (VALUES {rows}) v(id, grid)"
+    dst = f'SELECT id, array_to_json(grid)::text, array_ndims(grid) FROM "{out}"'
+    assert pg.fetch(f"{src} EXCEPT ALL {dst}") == [] and pg.fetch(f"{dst} EXCEPT ALL {src}") == []
+    mixed = "SELECT * FROM (VALUES (1, '{1,2}'::int4[]), (2, '{{1,2},{3,4}}')) v(id, grid)"
+    with pytest.raises(
+        pystrom.SchemaMismatchError,
+        match=r"column 'grid'.*number of dimensions.*row 1 is \[1:2\]\[1:2\], row 0 \[1:2\]",
+    ):
+        pystrom.read_postgres(pg.conninfo, mixed, device=device)
+    ragged = "SELECT * FROM (VALUES (1, '{{1,2},{3,4}}'::int4[]), (2, '{{1,2,3}}')) v(id, grid)"
+    with pytest.raises(pystrom.SchemaMismatchError, match=r"column 'grid'.*one shape.*row 1 is \[1:1\]\[1:3\]"):
+        pystrom.read_postgres(pg.conninfo, ragged, device=device)
 
 
 def test_arrays_of_other_elements_are_refused_with_a_cast(pg):

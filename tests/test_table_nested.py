@@ -169,3 +169,20 @@ def test_property_struct_of_list_of_strings_matches_pyarrow(rows, cut, picks):
     assert pt.slice(cut).filter(mask).to_arrow().equals(t.slice(cut).filter(pa.array(mask)))
     both = pystrom.concat([pt.slice(cut), pt.slice(0, cut)])
     assert both.to_arrow().equals(pa.concat_tables([t.slice(cut), t.slice(0, cut)]).combine_chunks())
+
+
+def test_nested_fixed_size_lists_are_one_block_of_values(device, tmp_path):
+    typ = pa.list_(pa.list_(pa.int32(), 3), 2)
+    t = pa.table({"m": pa.array([[[1, 2, 3], [4, 5, 6]], None, [[7, None, 9], [10, 11, 12]]], typ), "i": [1, 2, 3]})
+    pt = pystrom.Table.from_arrow(t, device=device)
+    assert pt.column("m").values.shape == (3, 2, 3) and pt.column("m").column_type.row_shape == (2, 3)
+    assert pt.to_arrow().equals(t) and pt.slice(1).to_arrow().equals(t.slice(1))
+    assert pystrom.concat([pt.slice(2), pt]).to_arrow().equals(pa.concat_tables([t.slice(2), t]).combine_chunks())
+    assert pt.filter(np.array([True, False, True])).to_arrow().equals(t.filter(pa.array([True, False, True])))
+    assert pt.to_array(["m"], dtype="float64", nulls="drop").shape == (1, 6)  # row 0: row 2 has a NULL value
+    if device == "cpu":
+        assert pa.table(pt.slice(1)).equals(t.slice(1))
+        assert pystrom.ipc_import(pt.export()).to_arrow().equals(t)  # sizes as a flat fixed_size_list: shareable
+    bad = pa.array([[[1, 2, 3], None]], typ)
+    with pytest.raises(UnsupportedTypeError, match="column 'm': an inner list of a nested fixed_size_list is NULL"):
+        pystrom.Table.from_arrow(pa.table({"m": bad}), device=device)

@@ -102,18 +102,27 @@ class ColumnType:
     storage: np.dtype  # dtype of the values buffer; uint8 for BYTES; int32 offsets for VARBINARY; child dtype for lists
     list_size: int = 0  # d of a fixed_size_list (FIXED_LIST); 0 otherwise
     children: tuple[ColumnType, ...] = ()  # LIST_OF: the element type; STRUCT: one per field, in order
+    # a fixed_size_list of fixed_size_lists (d1 of d2 of ... T): (d1, d2, ...), list_size their product; () otherwise
+    shape: tuple[int, ...] = ()
 
     @classmethod
     def _of(
-        cls, arrow: pa.DataType, layout: str, width: int, storage: np.dtype, list_size: int = 0, children: tuple = ()
-    ) -> ColumnType:
+        cls, arrow: pa.DataType, layout: str, width: int, storage: np.dtype, list_size: int = 0, children: tuple = (),
+        shape: tuple = (),
+    ) -> ColumnType:  # fmt: skip
         """The constructor's result without its cost (~1.5 us: a frozen dataclass sets each field through
         ``object.__setattr__``), for :func:`column_type`, which a file read calls a few times per field."""
         self = object.__new__(cls)
         self.__dict__.update(
-            arrow=arrow, layout=layout, width=width, storage=storage, list_size=list_size, children=children
-        )
+            arrow=arrow, layout=layout, width=width, storage=storage, list_size=list_size, children=children,
+            shape=shape,
+        )  # fmt: skip
         return self
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of one row of a fixed_size_list's values: (d,) or, nested, (d1, d2, ...)."""
+        return self.shape or (self.list_size,)
 
     @property
     def child_names(self) -> tuple[str, ...]:
@@ -186,7 +195,7 @@ def _held_parts(arrow: pa.DataType) -> tuple | None:
         t = _column_type(arrow, "")
     except UnsupportedTypeError:
         return None
-    return t.layout, t.width, t.storage, t.list_size
+    return t.layout, t.width, t.storage, t.list_size, (), t.shape
 
 
 def _part_type(outer: pa.DataType, part: pa.DataType, column: str, what: str) -> ColumnType:
@@ -220,8 +229,14 @@ def _column_type(arrow: pa.DataType, column: str) -> ColumnType:
     if pt.is_string(storage) or pt.is_binary(storage):
         return ColumnType(arrow, Layout.VARBINARY, 4, np.dtype(np.int32))
     if pt.is_fixed_size_list(storage):
-        child = _list_child(arrow, storage.value_type, column)
-        return ColumnType(arrow, Layout.FIXED_LIST, storage.list_size * child.itemsize, child, storage.list_size)
+        shape, element = [storage.list_size], storage.value_type
+        while pt.is_fixed_size_list(element):  # d1 lists of d2 lists ... of T: held as d1 * d2 * ... values
+            shape.append(element.list_size)
+            element = element.value_type
+        child = _list_child(arrow, element, column)
+        d = int(np.prod(shape))
+        nested = tuple(shape) if len(shape) > 1 else ()
+        return ColumnType(arrow, Layout.FIXED_LIST, d * child.itemsize, child, d, shape=nested)
     if pt.is_list(storage):
         element = storage.value_type
         if pt.is_boolean(element) or pt.is_integer(element) or pt.is_floating(element):

@@ -140,7 +140,7 @@ class Column:
         if ctype.layout == Layout.BYTES:
             shape: tuple[int, ...] = (self._length, ctype.width)
         elif ctype.layout == Layout.FIXED_LIST:
-            shape = (self._length, ctype.list_size)
+            shape = (self._length, *ctype.row_shape)
         else:
             shape = (self._length,)
         return block.array(start, ctype.storage, shape)

@@ -88,7 +88,14 @@ def _list_array(
     if child_bits is not None:
         child_validity = _aligned_validity(child_bits, child_shift, count)
         child_nulls = count - int(_core.count_bits(child_validity, 0, count)) if count else 0
-    elements = _primitive(storage.value_type, count, child_nulls or 0, [child_validity if child_nulls else None, child])
+    levels = [storage]  # a nested fixed_size_list: its inner list types, outermost first
+    while pa.types.is_fixed_size_list(levels[-1].value_type):
+        levels.append(levels[-1].value_type)
+    elements = _primitive(
+        levels[-1].value_type, count, child_nulls or 0, [child_validity if child_nulls else None, child]
+    )
+    for inner in reversed(levels[1:]):  # inner lists have no NULLs: only the values and the rows do
+        elements = pa.Array.from_buffers(inner, len(elements) // inner.list_size, [None], children=[elements])
     parent = [_buffer(validity) if validity is not None else None]
     if offsets is not None:
         parent.append(_buffer((offsets - offsets[0]).astype(np.int32)))

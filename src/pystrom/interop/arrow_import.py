@@ -101,7 +101,19 @@ def _list_children(name: str, layout: str, list_size: int, chunks: list[pa.Array
     for c in chunks:
         n = len(c)
         if layout == Layout.FIXED_LIST:
-            out.append(c.values.slice(c.offset * list_size, n * list_size))
+            rows = None  # the rows that hold values (a NULL row's inner lists may be NULL: pyarrow makes them so)
+            while pt.is_fixed_size_list(c.type):  # nested: down to the values, one level at a time
+                d = c.type.list_size
+                valid = c.is_valid().to_numpy(zero_copy_only=False) if c.null_count else np.ones(len(c), bool)
+                rows = valid if rows is None else rows & valid
+                c = c.values.slice(c.offset * d, len(c) * d)
+                rows = np.repeat(rows, d)
+                if pt.is_fixed_size_list(c.type) and c.null_count and bool((c.is_null().to_numpy(False) & rows).any()):
+                    raise UnsupportedTypeError(
+                        f"column {name!r}: an inner list of a nested fixed_size_list is NULL; pystrom holds its rows "
+                        "as one block of values, where only the rows and the values may be NULL"
+                    )
+            out.append(c)
             continue
         offsets = np.frombuffer(c.buffers()[1], dtype=np.int32, count=n + 1, offset=c.offset * 4)
         if offsets[0] < 0 or offsets[-1] > len(c.values) or (n > 0 and np.any(offsets[1:] < offsets[:-1])):

@@ -21,6 +21,8 @@ from ...memory.layout import TablePlan, child_length
 from .pump import DESC_SLOTS, FAILURES, Kind, Staged, new_shape
 from .types import PgColumn
 
+ARRAY_NDIM = 8  # the decoders' failure code of a multi-dimensional array (csrc/pg_decode.hpp)
+
 __all__ = ["ChunkLayout", "layout_chunks", "descriptors", "decode_failure"]
 
 
@@ -95,6 +97,8 @@ def decode_failure(
     cols: Sequence[PgColumn], lay: ChunkLayout, chunk: int, code: int, row: int, column: int
 ) -> Exception:
     col = cols[column]
-    return PostgresError(
+    error = PostgresError(
         f"column {col.name!r} ({col.pg_type}), row {lay.row_bases[chunk] + row}: {FAILURES.get(code, code)}"
     )
+    error.multi_dimensional = code == ARRAY_NDIM  # read_postgres reads again, the shapes asked of the server
+    return error

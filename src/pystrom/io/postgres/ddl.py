@@ -31,6 +31,7 @@ fixed_size_list<float32>[d]    vector(d)             pgvector: with vector=True 
 fixed_size_list<float16>[d]    halfvec(d)            vector/halfvec column (else real[])
 binary into bit / varbit       varbit                the value is PostgreSQL's binary form of the bits
 list<string>                   text[]                into varchar[]/bpchar[]/name[] too (encode_composed)
+fixed_size_list<fixed_size_..  T[] of n dimensions   the shape kept (encode_composed)
 struct of a range's parts      its range             by the bounds: int32/int64/date32/timestamp[tz]/
                                                      decimal128 -> int4/int8/date/ts/tstz/numrange
 struct (a composite's fields)  its composite type    named by the field's pystrom.pg_type metadata or the
@@ -247,6 +248,8 @@ def _map(name: str, ctype: Any) -> WriteColumn:
         return WriteColumn(name, "interval", EncodeKind.MDN_INTERVAL)
     if ctype.layout in Layout.NESTED:
         kind, element = _ELEMENTS[ctype.storage.name]
+        if ctype.shape:  # nested fixed_size_lists: a multi-dimensional array (encode_composed)
+            return WriteColumn(name, f"{element}[]", EncodeKind.VARLEN, PRE_ENCODED)
         return WriteColumn(name, f"{element}[]", EncodeKind.ARRAY, kind, ctype.list_size)
     composed = _composed(name, ctype)
     if composed is not None:

@@ -111,6 +111,8 @@ def _encode(conn: Any, name: str, array: Any, oid: int) -> tuple[str, tuple[np.n
 
     pg_type, typtype, relid, element = _describe_type(conn, oid)
     typtype = typtype.decode() if isinstance(typtype, bytes) else typtype
+    if pa.types.is_fixed_size_list(array.type):
+        return pg_type, _shaped_arrays(conn, name, array, oid)
     if pa.types.is_list(array.type):
         if element not in (25, 1043, 1042, 19):
             raise UnsupportedTypeError(f"column {name!r} (list<string>) cannot go into a column of type {pg_type}")
@@ -144,6 +146,35 @@ def _text_arrays(array: Any, name: str, element: int) -> tuple[np.ndarray, np.nd
     valid = np.frombuffer(bufs[0], dtype=np.uint8) if array.null_count else None
     elements_valid = np.frombuffer(child[0], dtype=np.uint8) if values.null_count else None
     return encode_text_arrays(list_offsets, valid, 0, str_offsets, data, elements_valid, element, name)
+
+
+def _shaped_arrays(conn: Any, name: str, array: Any, oid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nested fixed_size_lists as multi-dimensional arrays: the C++ encoder writes each row as a one-dimensional
+    array of all its values, whose header (one dimension) is replaced by the row's dimensions here."""
+    import pyarrow as pa
+
+    shape, leaf = [], array
+    while pa.types.is_fixed_size_list(leaf.type):
+        d = leaf.type.list_size
+        shape.append(d)
+        leaf = leaf.values.slice(leaf.offset * d, len(leaf) * d)
+    total = int(np.prod(shape))
+    flat = pa.FixedSizeListArray.from_arrays(leaf, total, mask=array.is_null() if array.null_count else None)
+    rows, _, at, lengths = _fields_as_rows(conn, name, {"a": flat}, [oid])
+    k = len(shape)
+    valid = lengths[:, 0] >= 0
+    body = np.maximum(lengths[:, 0] - 20, 0)  # the elements, after the one-dimensional header's 20 bytes
+    offsets, data = _layout(12 + 8 * k + body, valid, name)
+    start = offsets[:-1][valid]
+    src = at[valid, 0]
+    header = np.frombuffer(np.array([k], ">i4").tobytes(), np.uint8)
+    data[start[:, None] + np.arange(4)] = header
+    _copy_ranges(data, start + 4, rows, src + 4, np.full(len(start), 8))  # the NULL flag and the element OID
+    for j, d in enumerate(shape):  # each dimension: its length, lower bound 1
+        pair = np.frombuffer(np.array([d, 1], ">i4").tobytes(), np.uint8)
+        data[(start + 12 + 8 * j)[:, None] + np.arange(8)] = pair
+    _copy_ranges(data, start + 12 + 8 * k, rows, src + 20, body[valid])
+    return offsets.astype(np.int32), data
 
 
 def _fields_as_rows(conn: Any, name: str, fields: dict[str, Any], expected: list[int]) -> tuple[np.ndarray, ...]:

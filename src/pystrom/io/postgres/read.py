@@ -116,12 +116,16 @@ def read_postgres(
     if isinstance(conninfo, psycopg.Connection):
         if conninfo.closed:
             raise PostgresError("the psycopg connection passed to read_postgres is closed")
-        with utf8_session(conninfo):
-            plan = compose(conninfo, query, table, columns, where, params)
-            plan, cols = describe_read(conninfo, plan, numeric, run_sql)
-            jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
-            chunks = read_all(backend, len(leaf_columns(cols)), jobs, progress, _strings(cols), array_columns(cols))
-        return assemble(backend, cols, chunks)
+
+        def on_connection(arrays: str) -> Table:
+            with utf8_session(conninfo):
+                plan = compose(conninfo, query, table, columns, where, params)
+                plan, cols = describe_read(conninfo, plan, numeric, run_sql, arrays)
+                jobs = [conninfo], [copy_sql(conninfo, plan.select)], [None]
+                chunks = read_all(backend, len(leaf_columns(cols)), jobs, progress, _strings(cols), array_columns(cols))
+            return assemble(backend, cols, chunks)
+
+        return _with_shapes(on_connection)
     if not isinstance(conninfo, str):
         raise InvalidArgumentError(
             f"conninfo must be a connection string/URI or a psycopg.Connection; got {type(conninfo).__name__}"
@@ -131,20 +135,36 @@ def read_postgres(
     extra: list[Any] = []
     try:
         run_sql(main, "starting the read transaction", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        plan = compose(main, query, table, columns, where, params)
-        plan, cols = describe_read(main, plan, numeric, run_sql)
-        if partition_on is not None:
-            check_partition_key(cols, partition_on)
-        jobs = [main], [copy_sql(main, plan.select)], [None]
-        if partitions != 1 and plan.table is not None:
-            jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
-        elif partitions != 1 and partition_on is not None:
-            jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
-        chunks = read_all(backend, len(leaf_columns(cols)), jobs, progress, _strings(cols), array_columns(cols))
-        return assemble(backend, cols, chunks)
+
+        def on_snapshot(arrays: str) -> Table:
+            plan = compose(main, query, table, columns, where, params)
+            plan, cols = describe_read(main, plan, numeric, run_sql, arrays)
+            if partition_on is not None:
+                check_partition_key(cols, partition_on)
+            jobs = [main], [copy_sql(main, plan.select)], [None]
+            if partitions != 1 and plan.table is not None:
+                jobs = table_range_jobs(conninfo, main, plan, partitions, extra) or jobs
+            elif partitions != 1 and partition_on is not None:
+                jobs = key_range_jobs(conninfo, main, plan, partition_on, partitions, extra) or jobs
+            chunks = read_all(backend, len(leaf_columns(cols)), jobs, progress, _strings(cols), array_columns(cols))
+            return assemble(backend, cols, chunks)
+
+        return _with_shapes(on_snapshot)
     finally:
         for conn in [*extra, main]:
             conn.close()  # read-only transactions: nothing to commit
+
+
+def _with_shapes(read: Callable[[str], Table]) -> Table:
+    """``read("rows")``, the array columns settled by the rows read; where an array column holds
+    multi-dimensional arrays (found only while decoding), ``read("server")``: the server is asked the
+    arrays' shape first (one scan of the result) and they are read flattened, as nested fixed_size_lists."""
+    try:
+        return read("rows")
+    except PostgresError as exc:
+        if not getattr(exc, "multi_dimensional", False):
+            raise
+    return read("server")
 
 
 def _strings(cols: Sequence[PgColumn]) -> dict[int, str]:

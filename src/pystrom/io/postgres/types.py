@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from ..._types import ColumnType, column_type
 from ...errors import ColumnNotFoundError, PostgresError, SchemaMismatchError, UnsupportedTypeError
 from .pump import Kind
@@ -50,6 +52,7 @@ class PgColumn:
     parts: tuple[PgColumn, ...] = ()
     part_of: tuple[str, str] | None = None  # ("call", function) or ("field", name)
     text_array: int = 0  # text[] and the like: their element type's OID; read as binary, then made list<string>
+    flatten: bool = False  # a multi-dimensional array: read flattened (ARRAY(SELECT unnest(c))), held with its shape
 
 
 STRUCT_KIND = -1  # the kind of a struct column: never decoded itself (its leaves are)
@@ -85,6 +88,15 @@ def _part_items(col: PgColumn, expr: Any, alias: list[int]) -> list[Any]:
         name = f"_pystrom_{alias[0]}"
         return [cast_item(expr, name) if col.text_cast else sql.SQL("{} AS {}").format(expr, sql.Identifier(name))]
     return [item for p in col.parts for item in _part_items(p, _part_sql(p.part_of, expr), alias)]
+
+
+def flattened(expr: Any, name: str) -> Any:
+    """A multi-dimensional array as the one-dimensional array of its elements in storage order (NULL stays NULL)."""
+    from psycopg import sql
+
+    return sql.SQL("CASE WHEN {e} IS NOT NULL THEN ARRAY(SELECT unnest({e})) END AS {n}").format(
+        e=expr, n=sql.Identifier(name)
+    )
 
 
 def _part_sql(part_of: tuple[str, str], expr: Any) -> Any:
@@ -332,12 +344,19 @@ def array_columns(cols: Sequence[PgColumn]) -> list[int]:
     return [i for i, c in enumerate(leaf_columns(cols)) if c.kind in Kind.ARRAYS]
 
 
-def _settled(col: PgColumn, least: int | None, greatest: int | None) -> PgColumn:
-    """An array column as fixed_size_list<T>[d] when its non-NULL arrays all have d >= 1 elements, else list<T>."""
+def _settled(col: PgColumn, least: int | None, greatest: int | None, shape: Sequence[int] = ()) -> PgColumn:
+    """An array column as fixed_size_list<T>[d] when its non-NULL arrays all have d >= 1 elements, else list<T>;
+    with ``shape`` (d1, d2, ...): arrays of that shape, as nested fixed_size_lists, read flattened."""
     import pyarrow as pa
 
-    dim = int(least) if least is not None and least == greatest and least >= 1 else 0
     child = col.type.arrow.value_type
+    if shape:
+        arrow = child
+        for d in reversed(shape):
+            arrow = pa.list_(arrow, int(d))
+        dim = int(np.prod(shape))
+        return PgColumn(col.name, col.pg_type, col.kind, column_type(arrow, col.name), dim=dim, flatten=True)
+    dim = int(least) if least is not None and least == greatest and least >= 1 else 0
     arrow = pa.list_(child, dim) if dim else pa.list_(child)
     return PgColumn(col.name, col.pg_type, col.kind, column_type(arrow, col.name), dim=dim)
 
@@ -354,7 +373,7 @@ def _server_lengths(conn: Any, select: Any, cols: list[PgColumn], run: Callable[
     must all have one schema."""
     from psycopg import sql
 
-    arrays = array_columns(cols)
+    arrays = [i for i, c in enumerate(cols) if c.kind in Kind.ARRAYS]  # top-level (structs hold no arrays)
     if not arrays:
         return cols
     parts = []
@@ -369,10 +388,53 @@ def _server_lengths(conn: Any, select: Any, cols: list[PgColumn], run: Callable[
     out = list(cols)
     for j, i in enumerate(arrays):
         least, greatest, ndims = row[3 * j : 3 * j + 3]
+        shape: tuple[int, ...] = ()
         if ndims is not None and ndims > 1:
-            least = greatest = None  # the decoder refuses them, naming the row
-        out[i] = _settled(cols[i], least, greatest)
+            shape = _array_shape(conn, select, cols[i], ndims, run)
+        out[i] = _settled(cols[i], least, greatest, shape)
     return out
+
+
+def _array_shape(conn: Any, select: Any, col: PgColumn, ndims: int, run: Callable[..., Any]) -> tuple[int, ...]:
+    """The one shape of a column's multi-dimensional arrays (every non-NULL one must have it), or a refusal
+    naming the first row whose array differs (rows counted in the result's order, from 0)."""
+    from psycopg import sql
+
+    c = sql.SQL("_pystrom_q.{}").format(sql.Identifier(col.name))
+    parts = [sql.SQL("min(array_ndims({c}))").format(c=c)]
+    for k in range(1, ndims + 1):
+        parts.append(sql.SQL("min(array_length({c}, {k})), max(array_length({c}, {k}))").format(c=c, k=sql.Literal(k)))
+    row = run(
+        conn,
+        f"checking the shape of the arrays of {col.name!r}",
+        sql.SQL("SELECT {} FROM ({}) AS _pystrom_q").format(sql.SQL(", ").join(parts), select),
+    ).fetchone()
+    least_ndims, bounds = row[0], row[1:]
+    shape = tuple(bounds[0::2])
+    if least_ndims == ndims and all(lo == hi for lo, hi in zip(bounds[0::2], bounds[1::2])):
+        return tuple(int(d) for d in shape)
+    lengths = "ARRAY(SELECT array_length({a}, i) FROM generate_series(1, array_ndims({a})) i)"
+    dims = run(
+        conn,
+        f"finding a row of {col.name!r} of another shape",
+        sql.SQL(
+            "WITH r AS (SELECT row_number() OVER () - 1 AS n, {c} AS a FROM ({s}) AS _pystrom_q), "
+            "f AS (SELECT n, a FROM r WHERE a IS NOT NULL ORDER BY n LIMIT 1) "
+            "SELECT r.n, array_dims(r.a), f.n, array_dims(f.a) FROM r, f WHERE r.a IS NOT NULL AND "
+            + lengths.format(a="r.a")
+            + " <> "
+            + lengths.format(a="f.a")
+            + " ORDER BY r.n LIMIT 1"
+        ).format(c=c, s=select),
+    ).fetchone()
+    ragged = least_ndims == ndims
+    raise SchemaMismatchError(
+        f"column {col.name!r} ({col.pg_type}) holds {ndims}-dimensional arrays of more than one "
+        f"{'shape' if ragged else 'number of dimensions'}, which nested fixed_size_lists cannot hold "
+        f"(row {dims[0]} is {dims[1]}, row {dims[2]} {dims[3]}): keep one shape "
+        f"(WHERE array_dims({_quoted(col.name)}) = ...), or flatten them, "
+        f"e.g. ARRAY(SELECT unnest({_quoted(col.name)}))"
+    )
 
 
 # pgvector's dense types -> (decoder kind, element type)
@@ -427,7 +489,7 @@ def describe_read(
     alias = [0]
     rewrites = [
         (lambda e, c=c: _part_items(c, e, alias)) if c.parts else (lambda e, n=c.name: [cast_item(e, n)]) if c.text_cast
-        else None
+        else (lambda e, n=c.name: [flattened(e, n)]) if c.flatten else None
         for c in cols
     ]  # fmt: skip
     return rewrite_columns(plan, [c.name for c in cols], rewrites), cols
