@@ -121,8 +121,11 @@ def test_put_arrow_loads_straight_into_daemon_memory(daemon):
         assert s.get("arrow").to_arrow().equals(source)
         before = s.stats()["allocations"]
         with pytest.raises(pystrom.UnsupportedTypeError):
-            s.put_arrow("bad", pa.table({"l": pa.array([["a"]])}))
+            s.put_arrow("bad", pa.table({"m": pa.array([[("k", 1)]], pa.map_(pa.utf8(), pa.int8()))}))
         assert s.stats()["allocations"] == before  # nothing reserved by the failed load
+        nested = pa.table({"l": pa.array([["a"], None, ["b", None]]), "s": pa.array([{"x": 1, "y": "z"}, None, {}])})
+        s.put_arrow("nested", nested)  # structs and lists of strings: their child columns committed and checked
+        assert s.get("nested").to_arrow().equals(nested)
 
 
 def test_get_in_another_process_and_deferred_free_on_drop(daemon, device):

@@ -125,8 +125,6 @@ def test_what_does_not_apply_is_refused_naming_the_column(tmp_path):
         pt.sort("s")
     with pytest.raises(UnsupportedTypeError, match="column 'l'.*no order"):
         pt.unique("l")
-    with pytest.raises(UnsupportedTypeError, match="column 's'.*cannot be shared by handle"):
-        pt.export()
     with pytest.raises(UnsupportedTypeError, match="column 's'.*pyarrow writes them"):
         pystrom.write_arrow(pt, tmp_path / "x.arrow")
     assert not (tmp_path / "x.arrow").exists()
@@ -186,3 +184,41 @@ def test_nested_fixed_size_lists_are_one_block_of_values(device, tmp_path):
     bad = pa.array([[[1, 2, 3], None]], typ)
     with pytest.raises(UnsupportedTypeError, match="column 'm': an inner list of a nested fixed_size_list is NULL"):
         pystrom.Table.from_arrow(pa.table({"m": bad}), device=device)
+
+
+def test_shared_by_handle_with_every_child_buffer_checked(device):
+    import copy
+    import dataclasses
+
+    from pystrom.ipc import handle as fmt
+
+    t = _sample()
+    pt = pystrom.Table.from_arrow(t, device=device)
+    for view, expected in [(pt, t), (pt.slice(1, 3), t.slice(1, 3))]:
+        got = pystrom.ipc_import(view.export())
+        assert got.to_arrow().equals(expected)
+        assert got.column("s").field("b").name == "s.b" and got.column("ll").elements.name == "ll.item"
+    h = fmt.decode(pt.export())
+
+    def forged(edit) -> bytes:
+        cols = copy.deepcopy(h.layout.columns)
+        edit(cols)
+        layout = fmt.TableLayout(h.layout.nbytes, h.layout.num_rows, cols, h.layout.schema)
+        return fmt.encode(dataclasses.replace(h, layout=layout))
+
+    def drop_children(cols):
+        del cols[0]["children"]
+
+    def short_field(cols):
+        cols[0]["children"][0]["length"] = 4
+
+    def strings_over_ints(cols):  # the elements' string offsets now read the struct's int64 field
+        cols[1]["children"][0]["values"] = [cols[0]["children"][0]["values"][0], 7 * 4]
+
+    for edit, message in [
+        (drop_children, "column 's': 2 child column record.*got 0"),
+        (short_field, "column 's', field 'a'.*4 rows, but its struct has 5"),
+        (strings_over_ints, "column 'l'.*elements"),
+    ]:
+        with pytest.raises(pystrom.InvalidHandleError, match=message):
+            pystrom.ipc_import(forged(edit))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -163,18 +164,34 @@ class Column:
         block = self._live_block()
         if ctype.layout == Layout.STRUCT:
             return tuple(
-                Column._view(block, p, self._offset, self._length, None if p.null_count else 0)
-                for p in self._plan.children
+                Column._view(block, self._child_plan(i), self._offset, self._length, None if p.null_count else 0)
+                for i, p in enumerate(self._plan.children)
             )
         if ctype.layout == Layout.LIST_OF:
-            (p,) = self._plan.children
+            p = self._child_plan(0)
             return (Column._view(block, p, 0, p.length, None if p.null_count else 0),)
         raise UnsupportedTypeError(f"column {self.name!r} has type {ctype.name}, which has no child columns")
 
     def _element_rows(self, first: int, count: int) -> Column:
         """Elements ``[first, first + count)`` of a list<C> column, as a Column view."""
-        (p,) = self._plan.children
+        p = self._child_plan(0)
         return Column._view(self._live_block(), p, first, count, None if p.null_count else 0)
+
+    def _child_plan(self, i: int) -> ColumnPlan:
+        """Child ``i``'s plan named by its path (``s.b``, ``tags.item``): what its messages call it."""
+        return replace(self._plan.children[i], name=f"{self.name}.{self._plan.type.child_names[i]}")
+
+    def _with_offsets(self, path: str = "") -> list[tuple[str, Column]]:
+        """This column and its child columns (named by their path: ``field 'b'``, ``elements``) whose
+        offsets steer reads (strings, lists), for the checks of memory another process wrote."""
+        layout = self._plan.type.layout
+        out = [(path, self)] if layout in (Layout.VARBINARY, Layout.LIST, Layout.LIST_OF) else []
+        if layout in Layout.COMPOSED:
+            names = self._plan.type.child_names if layout == Layout.STRUCT else ("",)
+            for name, child in zip(names, self.children):
+                step = f"field {name!r}" if layout == Layout.STRUCT else "elements"
+                out += child._with_offsets(f"{path}, {step}" if path else step)
+        return out
 
     def field(self, name: str) -> Column:
         """A struct column's field ``name`` as a Column (see :attr:`children`)."""

@@ -388,8 +388,8 @@ class Table(TableOps):
         columns = [Column._view(new_block, c._plan, 0, len(c), c._null_count) for c in source._columns]
         if source._live().others_may_write:  # copied as they were: checked once here, where they cannot change
             for c in columns:
-                if c._plan.type.layout in (Layout.VARBINARY, Layout.LIST):
-                    c._check_offsets(c.offsets)
+                for _, view in c._with_offsets():
+                    view._check_offsets(view.offsets)
         return Table._from_columns(new_block, source._schema, columns, source._num_rows)
 
     def _is_whole(self) -> bool:

@@ -199,9 +199,10 @@ def _column_array(out: ArrowArray, col: Column) -> None:
         buffers, child = [validity, _offsets_address(col, keep)], _elements_array(col)
     elif ctype.layout in Layout.COMPOSED:  # children: the base child columns (the parent's offset picks the rows)
         child = []
-        for p in plan.children:
+        for i, p in enumerate(plan.children):
             child.append(ArrowArray())
-            _column_array(child[-1], type(col)._view(block, p, 0, p.length, None if p.null_count else 0))
+            view = type(col)._view(block, col._child_plan(i), 0, p.length, None if p.null_count else 0)
+            _column_array(child[-1], view)
         offsets = [_offsets_address(col, keep)] if ctype.layout == Layout.LIST_OF else []
         buffers = [validity, *offsets]
     else:

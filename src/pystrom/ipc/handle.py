@@ -65,7 +65,45 @@ _CRC = struct.Struct("<I")
 _MAX_PART = 64 << 20  # layout or schema larger than this is not something we wrote
 _MAX_INT = (1 << 63) - 1
 MAX_COLUMNS = 1 << 16  # a table with more columns than this is not something we wrote
-MAX_DEPTH = 16  # JSON nesting from other processes (a layout needs 4, daemon frames 5)
+MAX_NESTING = 8  # struct/list levels of a column shared by handle
+MAX_DEPTH = 6 + 2 * MAX_NESTING  # JSON nesting from other processes (a layout needs 4 + 2 per type level, frames 1)
+
+
+def _span(span: Span | None) -> list[int] | None:
+    return None if span is None else [span.offset, span.size]
+
+
+def _buffers(p: ColumnPlan) -> dict[str, Any]:
+    """A base column's record: its length, NULL count, buffers, and its child columns' records."""
+    record: dict[str, Any] = {
+        "length": p.length,
+        "null_count": p.null_count,
+        "values": _span(p.values),
+        "validity": _span(p.validity),
+        "data": _span(p.data),
+        "child_validity": _span(p.child_validity),
+    }
+    if p.children:
+        record["children"] = [_buffers(child) for child in p.children]
+    return record
+
+
+def _nesting(t: Any) -> int:
+    """Struct and list levels of an Arrow type, counted without recursion (a forged schema may nest deep)."""
+    import pyarrow as pa
+
+    deepest, stack = 0, [(t, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_NESTING:
+            return depth
+        storage = item.storage_type if isinstance(item, pa.BaseExtensionType) else item
+        if pa.types.is_struct(storage):
+            stack.extend((storage.field(i).type, depth + 1) for i in range(storage.num_fields))
+        elif pa.types.is_list(storage) or pa.types.is_fixed_size_list(storage) or pa.types.is_large_list(storage):
+            stack.append((storage.value_type, depth + 1))
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -82,28 +120,14 @@ class TableLayout:
         block = table._live()
         cols = []
         for c in table._columns:
-            p = c._plan
-            if p.type.layout in Layout.COMPOSED:
+            if _nesting(c._plan.type.arrow) > MAX_NESTING:
                 raise UnsupportedTypeError(
-                    f"column {c.name!r} has type {p.type.name}: tables with struct columns or lists of strings or "
-                    "structs cannot be shared by handle yet; share the other columns (table.drop(...)), or the "
-                    "struct's fields as columns of their own"
+                    f"column {c.name!r} has type {c.type}, nested more than {MAX_NESTING} levels deep, which a handle "
+                    "does not carry"
                 )
-            cols.append(
-                {
-                    "length": p.length,
-                    "null_count": p.null_count,
-                    "values": [p.values.offset, p.values.size],
-                    "validity": None if p.validity is None else [p.validity.offset, p.validity.size],
-                    "data": None if p.data is None else [p.data.offset, p.data.size],
-                    "child_validity": None
-                    if p.child_validity is None
-                    else [p.child_validity.offset, p.child_validity.size],
-                    "offset": c.offset,
-                    "rows": len(c),
-                    "nulls": -1 if c._null_count is None else c._null_count,
-                }
-            )
+            record = _buffers(c._plan)
+            record.update(offset=c.offset, rows=len(c), nulls=-1 if c._null_count is None else c._null_count)
+            cols.append(record)
         return cls(block.nbytes, table._num_rows, cols, table.schema.serialize().to_pybytes())
 
     def meta(self) -> dict[str, Any]:
@@ -157,13 +181,37 @@ class TableLayout:
     def _column(self, field: pa.Field, rec: Any, where: str) -> tuple[ColumnPlan, int, int, int | None]:
         if not isinstance(rec, dict):
             raise InvalidHandleError(f"{where}: the column record is not an object")
+        if _nesting(field.type) > MAX_NESTING:
+            raise InvalidHandleError(f"{where}: type {field.type} nests more than {MAX_NESTING} levels")
         try:
             ctype = column_type(field.type, field.name)
         except UnsupportedTypeError as exc:
             raise InvalidHandleError(f"{where}: {exc}") from None
-        if ctype.layout in Layout.COMPOSED:  # TableLayout.of never writes one: their children have no record
-            raise InvalidHandleError(f"{where}: type {ctype.name} is not shared by handle")
-        length = _int(rec.get("length"), f"{where}: length")
+        plan = self._plan(field.name, ctype, rec, where)
+        offset = _int(rec.get("offset"), f"{where}: row offset")
+        rows = _int(rec.get("rows"), f"{where}: row count")
+        if offset + rows > plan.length:
+            raise InvalidHandleError(f"{where}: rows [{offset}, {offset + rows}) lie past the column's {plan.length}")
+        if rows != self.num_rows:
+            raise InvalidHandleError(f"{where}: {rows} rows, but the table has {self.num_rows}")
+        nulls = rec.get("nulls")
+        if nulls != -1 or isinstance(nulls, float):
+            nulls = _int(nulls, f"{where}: view null count")
+            if nulls > rows:
+                raise InvalidHandleError(f"{where}: view null count {nulls} exceeds its {rows} rows")
+        # The view's null count is not taken on trust: without a bitmap it is 0, else it is counted
+        # from the bitmap when first asked for (a wrong count would let NULLs pass as values).
+        return plan, offset, rows, 0 if plan.validity is None else None
+
+    def _plan(self, name: str, ctype: Any, rec: Any, where: str, length: int | None = None) -> ColumnPlan:
+        """A base column's plan from its record, every buffer checked against its type and length; child
+        columns' records too (a struct's children have its length: ``length``)."""
+        if not isinstance(rec, dict):
+            raise InvalidHandleError(f"{where}: the column record is not an object")
+        length_ = _int(rec.get("length"), f"{where}: length")
+        if length is not None and length_ != length:
+            raise InvalidHandleError(f"{where}: {length_} rows, but its struct has {length}")
+        length = length_
         null_count = _int(rec.get("null_count"), f"{where}: null count")
         if null_count > length:
             raise InvalidHandleError(f"{where}: null count {null_count} exceeds the length {length}")
@@ -171,7 +219,7 @@ class TableLayout:
         validity = self._span(rec.get("validity"), f"{where}: validity bitmap", optional=True)
         data = self._span(rec.get("data"), f"{where}: data buffer", optional=True)
         child_validity = self._span(rec.get("child_validity"), f"{where}: child validity bitmap", optional=True)
-        spec = ColumnSpec(field.name, ctype, length, null_count, 0 if data is None else data.size)
+        spec = ColumnSpec(name, ctype, length, null_count, 0 if data is None else data.size)
         expected = values_size(spec)
         if values is None or values.size != expected:
             got = None if values is None else values.size
@@ -196,23 +244,21 @@ class TableLayout:
                 f"{where}: child validity bitmap of {child_validity.size} bytes for {elements} list element(s) "
                 f"of a {ctype.name} column"
             )
-        offset = _int(rec.get("offset"), f"{where}: row offset")
-        rows = _int(rec.get("rows"), f"{where}: row count")
-        if offset + rows > length:
-            raise InvalidHandleError(f"{where}: rows [{offset}, {offset + rows}) lie past the column's {length}")
-        if rows != self.num_rows:
-            raise InvalidHandleError(f"{where}: {rows} rows, but the table has {self.num_rows}")
-        nulls = rec.get("nulls")
-        if nulls != -1 or isinstance(nulls, float):
-            nulls = _int(nulls, f"{where}: view null count")
-            if nulls > rows:
-                raise InvalidHandleError(f"{where}: view null count {nulls} exceeds its {rows} rows")
+        records = rec.get("children", [])
+        if not isinstance(records, list) or len(records) != len(ctype.children):
+            raise InvalidHandleError(
+                f"{where}: {len(ctype.children)} child column record(s) expected for {ctype.name}, got "
+                f"{len(records) if isinstance(records, list) else type(records).__name__}"
+            )
+        struct = ctype.layout == Layout.STRUCT
+        children = tuple(
+            self._plan(child_name, child_type, child_rec,
+                       f"{where}, " + (f"field {child_name!r}" if struct else "elements"), length if struct else None)
+            for child_name, child_type, child_rec in zip(ctype.child_names, ctype.children, records)
+        )  # fmt: skip
         # child_null_count only says a bitmap exists: nothing counts on its value
-        plan = ColumnPlan(field.name, ctype, length, null_count, values, validity, data, child_validity,
-                          0 if child_validity is None else 1)  # fmt: skip
-        # The view's null count is not taken on trust: without a bitmap it is 0, else it is counted
-        # from the bitmap when first asked for (a wrong count would let NULLs pass as values).
-        return plan, offset, rows, 0 if validity is None else None
+        return ColumnPlan(name, ctype, length, null_count, values, validity, data, child_validity,
+                          0 if child_validity is None else 1, children)  # fmt: skip
 
     def _span(self, value: Any, where: str, optional: bool = False) -> Span | None:
         if value is None:

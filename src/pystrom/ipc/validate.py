@@ -39,8 +39,13 @@ if TYPE_CHECKING:
 __all__ = ["first_bad_offset", "first_bad_offsets_gpu", "check_table"]
 
 
-def _offset_columns(table: Table) -> list[Column]:
-    return [c for c in table._columns if c._plan.type.layout in (Layout.VARBINARY, Layout.LIST)]
+def _offset_columns(table: Table) -> list[tuple[str, Column]]:
+    """Every column whose offsets steer reads, child columns too, with its name for messages."""
+    return [
+        (repr(c.name) + (f" ({path})" if path else ""), view)
+        for c in table._columns
+        for path, view in c._with_offsets()
+    ]
 
 
 def check_table(table: Table, where: str) -> None:
@@ -53,20 +58,20 @@ def check_table(table: Table, where: str) -> None:
         return
     backend = table._live().backend
     if backend.kind == "cpu":
-        bad = [first_bad_offset(c.offsets, c._offsets_limit()) for c in cols]
+        bad = [first_bad_offset(c.offsets, c._offsets_limit()) for _, c in cols]
     else:
-        bad = first_bad_offsets_gpu(backend, [(c.offsets, c._offsets_limit()) for c in cols])
-    for col, p in zip(cols, bad):
+        bad = first_bad_offsets_gpu(backend, [(c.offsets, c._offsets_limit()) for _, c in cols])
+    for (label, col), p in zip(cols, bad):
         if p is None:
             continue
         base = max(p - 1, 0)
         window = backend.to_host(col.offsets[base : p + 2])  # the few offsets the message quotes
-        is_list = col._plan.type.layout == Layout.LIST
+        is_list = col._plan.type.layout in (Layout.LIST, Layout.LIST_OF)
         reason = describe(
             window, p, base, len(col), col._offsets_limit(), "element child values" if is_list else "byte data"
         )
         raise InvalidHandleError(
-            f"{where}: column {col.name!r}: {'list' if is_list else 'string'} offsets would read outside the "
+            f"{where}: column {label}: {'list' if is_list else 'string'} offsets would read outside the "
             f"{'child values' if is_list else 'data buffer'}: {reason} "
             f"(row {p}); the exporter wrote them wrong, or wrote after exporting"
         )
