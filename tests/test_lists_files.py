@@ -115,8 +115,11 @@ def test_embeddings_file_reads_as_a_matrix(tmp_path, device, xp):
 
 
 def test_lists_the_writer_refuses_are_named(tmp_path):
-    arrow = pa.table({"ok": [1], "bad": pa.array([["a"]], pa.list_(pa.string()))})
-    with pytest.raises(pystrom.UnsupportedTypeError, match="column 'bad' of type list<item: string>"):
+    bad = pa.list_(pa.map_(pa.string(), pa.int8()))
+    arrow = pa.table({"ok": [1], "bad": pa.array([[[("a", 1)]]], bad)})
+    with pytest.raises(
+        pystrom.UnsupportedTypeError, match="column 'bad' of type list<item: map<string, int8>>, whose part map"
+    ):
         pystrom.write_arrow(arrow, tmp_path / "b.arrow")
 
 

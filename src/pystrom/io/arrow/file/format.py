@@ -35,7 +35,7 @@ METADATA_V5 = 4  # MetadataVersion.V5: what every Arrow >= 1.0 writes and reads
 _TYPE_INT, _TYPE_FLOAT, _TYPE_BINARY, _TYPE_UTF8, _TYPE_BOOL, _TYPE_DECIMAL = 2, 3, 4, 5, 6, 7
 _TYPE_DATE, _TYPE_TIME, _TYPE_TIMESTAMP = 8, 9, 10
 _TYPE_FIXED_SIZE_BINARY, _TYPE_DURATION, _TYPE_LARGE_BINARY, _TYPE_LARGE_UTF8 = 15, 18, 19, 20
-_TYPE_INTERVAL, _TYPE_LIST, _TYPE_FIXED_SIZE_LIST = 11, 12, 16
+_TYPE_INTERVAL, _TYPE_LIST, _TYPE_STRUCT, _TYPE_FIXED_SIZE_LIST = 11, 12, 13, 16
 _INTERVAL_MONTH_DAY_NANO = 2  # IntervalUnit: YEAR_MONTH = 0, DAY_TIME = 1, MONTH_DAY_NANO = 2
 _BODY_COMPRESSION_BUFFER = 0  # BodyCompressionMethod: each buffer compressed on its own
 # union MessageHeader (Message.fbs)
@@ -130,6 +130,9 @@ def _encode_type(b: flatbuffers.Builder, t: pa.DataType) -> tuple[int, int]:
     if pt.is_list(t):
         b.StartObject(0)  # table List {}
         return _TYPE_LIST, b.EndObject()
+    if pt.is_struct(t):
+        b.StartObject(0)  # table Struct_ {}
+        return _TYPE_STRUCT, b.EndObject()
     if pt.is_fixed_size_list(t):
         b.StartObject(1)  # table FixedSizeList { listSize: int; }
         b.PrependInt32Slot(0, t.list_size, 0)
@@ -150,6 +153,11 @@ def _encode_type(b: flatbuffers.Builder, t: pa.DataType) -> tuple[int, int]:
     raise AssertionError(f"type {t} reached the IPC encoder; the writer should have refused it")
 
 
+def _ext_metadata(t: pa.BaseExtensionType) -> bytes:
+    serialize = getattr(t, "__arrow_ext_serialize__", None)
+    return serialize() if serialize is not None else b""  # canonical types without it (uuid) have none
+
+
 def _encode_field(
     b: flatbuffers.Builder,
     name: str,
@@ -157,11 +165,22 @@ def _encode_field(
     nullable: bool,
     field_meta: Sequence[tuple[str | bytes, str | bytes]],
 ) -> int:
-    """One Field table, its children (a list's element field) written first: flatbuffers builds bottom-up."""
+    """One Field table, its children (a list's element field, a struct's fields) written first: flatbuffers
+    builds bottom-up."""
     child_offsets = []
     if pt.is_list(storage_type) or pt.is_fixed_size_list(storage_type):
-        item = storage_type.value_field
-        child_offsets.append(_encode_field(b, item.name, item.type, item.nullable, list((item.metadata or {}).items())))
+        items = [storage_type.value_field]
+    elif pt.is_struct(storage_type):
+        items = [storage_type.field(i) for i in range(storage_type.num_fields)]
+    else:
+        items = []
+    for item in items:
+        storage = item.type.storage_type if isinstance(item.type, pa.BaseExtensionType) else item.type
+        meta = [(k, v) for k, v in (item.metadata or {}).items()]
+        if isinstance(item.type, pa.BaseExtensionType):  # an extension type inside: its name and metadata, as Arrow
+            meta += [(b"ARROW:extension:name", item.type.extension_name.encode()),
+                     (b"ARROW:extension:metadata", _ext_metadata(item.type))]  # fmt: skip
+        child_offsets.append(_encode_field(b, item.name, storage, item.nullable, meta))
     name_off = b.CreateString(name)
     type_tag, type_off = _encode_type(b, storage_type)
     children = _offset_vector(b, child_offsets)  # primitive fields: an empty children vector, as the spec says

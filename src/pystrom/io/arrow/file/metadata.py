@@ -146,8 +146,8 @@ def direct_type(arrow_type: pa.DataType, name: str) -> ColumnType | None:
         return None
     if ctype.layout in Layout.NESTED and ctype.storage.kind == "b":
         return None  # bit-packed elements: read on the host (validated there)
-    if ctype.layout in Layout.COMPOSED:
-        return None  # structs and lists of strings or structs: assembled on the host from pyarrow's batches
+    if ctype.layout in Layout.COMPOSED or ctype.shape:
+        return None  # structs, lists of strings or structs, nested fixed_size_lists: assembled on the host
     return ctype
 
 

@@ -33,20 +33,18 @@ _EMPTY_METADATA_EXTENSIONS = {"arrow.uuid", "arrow.json", "arrow.bool8"}
 class Column:
     name: str
     storage: pa.DataType
-    layout: str  # "bool", "fixed" (width bytes per value), "var32" / "var64" (offsets + data), "list", "fixed_list"
+    # "bool", "fixed" (width bytes per value), "var32" / "var64" (offsets + data), "list", "fixed_list" (of
+    # numbers), and "struct", "list_of", "fixed_list_of" (of anything else: ``children`` say how)
+    layout: str
     width: int  # for lists: the element's width in bytes (0: bit-packed booleans)
     spec: fmt.FieldSpec  # (name, storage type, nullable, field metadata) for the schema message
+    children: tuple[Column, ...] = ()
 
 
-def _unsupported(name: str, t: pa.DataType) -> UnsupportedTypeError:
+def _unsupported(name: str, t: pa.DataType, whole: pa.DataType | None = None) -> UnsupportedTypeError:
     hint = ""
     if pt.is_dictionary(t):
         hint = " (decode it first: arr.dictionary_decode())"
-    elif pt.is_list(t) or pt.is_fixed_size_list(t) or pt.is_struct(t):
-        hint = (
-            " (write_arrow writes lists of bool, int8..64, uint8..64 or float16/32/64 and no structs; a Table holds"
-            " them, and pyarrow writes them: pyarrow.feather.write_feather(table.to_arrow(), path))"
-        )
     elif pt.is_nested(t):
         hint = " (nested types are not supported: flatten it into columns first)"
     elif pt.is_decimal(t):
@@ -54,14 +52,16 @@ def _unsupported(name: str, t: pa.DataType) -> UnsupportedTypeError:
     elif pt.is_string_view(t) or pt.is_binary_view(t):
         hint = " (cast it to string/binary or large_string/large_binary)"
     return UnsupportedTypeError(
-        f"cannot write column {name!r} of type {t} to an Arrow file{hint}; supported: bool, int8..64, "
+        f"cannot write column {name!r} of type {whole or t}"
+        + (f", whose part {t} is not written" if whole is not None and whole != t else "")
+        + f" to an Arrow file{hint}; supported: bool, int8..64, "
         "uint8..64, float16/32/64, date32/64, time32/64, timestamp, duration, decimal128, string, "
         "large_string, binary, large_binary, fixed_size_binary, month_day_nano_interval, list and "
-        "fixed_size_list of bool/int/uint/float, and extension types over them (uuid)"
+        "fixed_size_list and struct of any of these, and extension types over them (uuid)"
     )
 
 
-def _layout(name: str, t: pa.DataType) -> tuple[str, int]:
+def _layout(name: str, t: pa.DataType, whole: pa.DataType | None = None) -> tuple[str, int]:
     if pt.is_boolean(t):
         return "bool", 0
     if pt.is_integer(t) or pt.is_floating(t):
@@ -81,40 +81,49 @@ def _layout(name: str, t: pa.DataType) -> tuple[str, int]:
         elif pt.is_integer(child) or pt.is_floating(child):
             width = child.bit_width // 8
         else:
-            raise _unsupported(name, t)
+            return ("list_of" if pt.is_list(t) else "fixed_list_of"), 0
         return ("list" if pt.is_list(t) else "fixed_list"), width
+    if pt.is_struct(t) and t.num_fields:
+        return "struct", 0
     if t in (pa.string(), pa.binary()):
         return "var32", 4
     if t in (pa.large_string(), pa.large_binary()):
         return "var64", 8
-    raise _unsupported(name, t)
+    raise _unsupported(name, t, whole)
 
 
 def columns(schema: pa.Schema) -> list[Column]:
     """Check every field is writable; describe how each one is laid out and encoded."""
-    cols = []
-    for field in schema:
-        t = field.type
-        meta = [(k, v) for k, v in (field.metadata or {}).items() if k not in _EXTENSION_KEYS + _STALE_KEYS]
-        if isinstance(t, pa.BaseExtensionType):
-            storage = t.storage_type
-            if hasattr(t, "__arrow_ext_serialize__"):
-                serialized = t.__arrow_ext_serialize__()
-            elif t.extension_name in _EMPTY_METADATA_EXTENSIONS:
-                serialized = b""
-            else:
-                raise UnsupportedTypeError(
-                    f"cannot write column {field.name!r}: extension type {t.extension_name} does not expose "
-                    "its serialized metadata to Python; write its storage type instead"
-                )
-            meta += [(_EXTENSION_KEYS[0], t.extension_name.encode()), (_EXTENSION_KEYS[1], serialized)]
+    return [_column(field, field.name, field.type) for field in schema]
+
+
+def _column(field: pa.Field, top: str, whole: pa.DataType) -> Column:
+    """One field (``top``, ``whole``: the column it belongs to and its type, for messages), its children alike."""
+    t = field.type
+    meta = [(k, v) for k, v in (field.metadata or {}).items() if k not in _EXTENSION_KEYS + _STALE_KEYS]
+    if isinstance(t, pa.BaseExtensionType):
+        storage = t.storage_type
+        if hasattr(t, "__arrow_ext_serialize__"):
+            serialized = t.__arrow_ext_serialize__()
+        elif t.extension_name in _EMPTY_METADATA_EXTENSIONS:
+            serialized = b""
         else:
-            storage = t
-        if isinstance(storage, pa.BaseExtensionType) or pt.is_dictionary(storage):
-            raise _unsupported(field.name, t)
-        layout, width = _layout(field.name, storage)
-        cols.append(Column(field.name, storage, layout, width, (field.name, storage, field.nullable, meta)))
-    return cols
+            raise UnsupportedTypeError(
+                f"cannot write column {top!r}: extension type {t.extension_name} does not expose "
+                "its serialized metadata to Python; write its storage type instead"
+            )
+        meta += [(_EXTENSION_KEYS[0], t.extension_name.encode()), (_EXTENSION_KEYS[1], serialized)]
+    else:
+        storage = t
+    if isinstance(storage, pa.BaseExtensionType) or pt.is_dictionary(storage):
+        raise _unsupported(top, t, whole)
+    layout, width = _layout(top, storage, whole)
+    children: tuple[Column, ...] = ()
+    if layout in ("list_of", "fixed_list_of"):
+        children = (_column(storage.value_field, top, whole),)
+    elif layout == "struct":
+        children = tuple(_column(storage.field(i), top, whole) for i in range(storage.num_fields))
+    return Column(field.name, storage, layout, width, (field.name, storage, field.nullable, meta), children)
 
 
 def _bits(buf: pa.Buffer, bit_offset: int, count: int) -> Any:
@@ -160,8 +169,32 @@ def _column_buffers(col: Column, arr: pa.Array) -> tuple[list[Any], list[tuple[i
     validity = _bits(bufs[0], off, n) if nulls and bufs[0] is not None else b""
     if col.layout in ("list", "fixed_list"):
         return _list_buffers(col, arr, validity)
+    if col.layout in ("struct", "list_of", "fixed_list_of"):
+        return _nested_buffers(col, arr, validity)
     pieces, node = _flat_buffers(col, arr, validity)
     return pieces, [node]
+
+
+def _nested_buffers(col: Column, arr: pa.Array, validity: Any) -> tuple[list[Any], list[tuple[int, int]]]:
+    """A struct's or a list of other types' buffers and field nodes in pre-order: its own, then its children's."""
+    n = len(arr)
+    pieces: list[Any] = [validity]
+    nodes = [(n, arr.null_count)]
+    if col.layout == "struct":
+        parts = [arr.field(i) for i in range(len(col.children))]  # field() applies the struct's offset
+    elif col.layout == "fixed_list_of":
+        d = col.storage.list_size
+        parts = [arr.values.slice(arr.offset * d, n * d)]
+    else:
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4) if n else None
+        first, last = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
+        pieces.append(offsets - np.int32(first) if n else np.zeros(1, dtype=np.int32))  # IPC offsets start at 0
+        parts = [arr.values.slice(first, last - first)]
+    for child, part in zip(col.children, parts):
+        child_pieces, child_nodes = _column_buffers(child, part)
+        pieces += child_pieces
+        nodes += child_nodes
+    return pieces, nodes
 
 
 def _flat_buffers(col: Column, arr: pa.Array, validity: Any) -> tuple[list[Any], tuple[int, int]]:
@@ -201,8 +234,8 @@ def check_batch(cols: list[Column], schema: pa.Schema, batch: Any, index: int) -
         arr = batch.column(i)
         try:
             # Cheap structural checks (buffer sizes); a malformed array would otherwise be cut short
-            # silently by the slicing below and give a corrupt file.
-            (arr.storage if isinstance(arr, pa.ExtensionArray) else arr).validate()
+            # silently by the slicing below and give a corrupt file. Nested columns: every offset inside too.
+            (arr.storage if isinstance(arr, pa.ExtensionArray) else arr).validate(full=bool(col.children))
         except pa.ArrowException as e:
             raise SchemaMismatchError(f"batch {index} column {col.name!r} is not a valid Arrow array: {e}") from e
         if col.layout == "list" and len(arr):
