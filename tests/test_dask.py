@@ -178,6 +178,19 @@ def test_partitioned_read_equals_read_postgres(client, dev, pg, logreg):
     assert got.num_rows == want.num_rows > 0 and _sorted(got).equals(_sorted(want.to("cpu")))
 
 
+def test_partitions_of_ranges_composites_and_text_arrays(client, dev, pg):
+    """Structs and list<string> columns across workers: each partition folds its own, one schema for all."""
+    name = pg.name("dask_structs")
+    pg.execute(f"""CREATE TABLE "{name}" AS SELECT g AS id, int4range(g, g + g % 4) AS r,
+        CASE WHEN g % 5 = 0 THEN NULL ELSE ARRAY['t' || g, NULL] END AS tags,
+        ROW(g, 'n' || g)::record::text AS as_text FROM generate_series(1, 3000) g""")
+    with pdask.read_postgres(pg.conninfo, table=name, npartitions=3, device=dev) as parts:
+        assert parts.schema.field("r").type.num_fields == 5 and parts.schema.field("tags").type == pa.list_(pa.utf8())
+        got = parts.compute()
+    want = pystrom.read_postgres(pg.conninfo, table=name, partitions=1, device="cpu")
+    assert _sorted(got).equals(_sorted(want))
+
+
 def test_query_split_on_a_key_equals_read_postgres(client, dev, pg, logreg):
     name, _ = logreg
     pg.execute(f'UPDATE "{name}" SET id = NULL WHERE id % 1000 = 7')  # NULL keys go to the first range
