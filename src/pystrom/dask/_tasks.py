@@ -51,10 +51,11 @@ def read_pg_range(
     ``snapshot`` is the snapshot id (the client's holder object under a local scheduler); the
     connection is this task's own and is closed before the task ends, whatever happens.
     """
+    from ..io.postgres.arrays import array_columns
     from ..io.postgres.assemble import assemble
+    from ..io.postgres.columns import leaf_columns
     from ..io.postgres.session import connect, join_snapshot, run_sql
     from ..io.postgres.stream import read_all
-    from ..io.postgres.types import array_columns, leaf_columns
 
     snapshot_id = getattr(snapshot, "id", snapshot)
     backend = resolve_device(device)

@@ -22,10 +22,11 @@ from ...errors import CapacityError, OutOfMemoryError, PostgresError
 from ...interop.build import build_table_in_place
 from ...memory import bitmap
 from ...memory.layout import ColumnPlan, ColumnSpec, Span, TablePlan
+from .arrays import settle_arrays
 from .chunks import ChunkLayout, layout_chunks
+from .columns import PgColumn, field_of, leaf_columns
 from .decode import decode_into
 from .pump import Kind, Staged, drop_device_copies
-from .types import PgColumn, field_of, leaf_columns, settle_arrays
 
 __all__ = ["assemble"]
 

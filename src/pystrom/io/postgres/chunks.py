@@ -18,8 +18,8 @@ import numpy as np
 from ..._types import Layout
 from ...errors import PostgresError
 from ...memory.layout import TablePlan, child_length
+from .columns import PgColumn
 from .pump import DESC_SLOTS, FAILURES, Kind, Staged, new_shape
-from .types import PgColumn
 
 ARRAY_NDIM = 8  # the decoders' failure code of a multi-dimensional array (csrc/pg_decode.hpp)
 

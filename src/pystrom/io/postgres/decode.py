@@ -14,9 +14,9 @@ from typing import Any
 from ...memory.layout import TablePlan
 from ...memory.transfer import worker_threads
 from .chunks import ChunkLayout, decode_failure, descriptors
+from .columns import PgColumn
 from .decode_device import decode_chunks
 from .pump import decode_cpu
-from .types import PgColumn
 
 __all__ = ["decode_into"]
 

@@ -18,8 +18,8 @@ import numpy as np
 from ...kernels import launch
 from ...memory.layout import TablePlan
 from .chunks import ChunkLayout, decode_failure, descriptors
+from .columns import PgColumn
 from .pump import Kind
-from .types import PgColumn
 
 __all__ = ["decode_chunks"]
 

@@ -17,12 +17,14 @@ from ...memory.backend import resolve_device
 from ...table import Table
 from ..arrow.codecs.compress import check_compression
 from ..arrow.write.write import write_arrow
+from .arrays import array_columns
 from .assemble import assemble
+from .columns import PgColumn, leaf_columns
 from .pump import Kind
 from .session import connect, copy_sql, key_range_jobs, psycopg_module, run_sql, table_range_jobs, utf8_session
 from .statement import check_read_arguments, compose
 from .stream import read_all
-from .types import PgColumn, array_columns, check_partition_key, describe_read, leaf_columns
+from .types import check_partition_key, describe_read
 
 __all__ = ["read_postgres", "postgres_to_arrow"]
 

@@ -33,7 +33,9 @@ from ..._udf._where import compile_where_udf
 from ...errors import ExpressionError, InvalidArgumentError, PostgresError, SchemaMismatchError
 from ...memory.backend import resolve_device, stream_group_bytes
 from ...table import Table
+from .arrays import array_columns
 from .assemble import assemble
+from .columns import PgColumn, field_of, leaf_columns
 from .pump import Kind
 from .session import (
     SnapshotJoiner,
@@ -52,7 +54,7 @@ from .session import (
 )
 from .statement import check_read_arguments, compose
 from .stream import CopyReader
-from .types import PgColumn, array_columns, check_partition_key, describe, describe_read, field_of, leaf_columns
+from .types import check_partition_key, describe, describe_read
 
 __all__ = ["scan_postgres", "PostgresScan", "PostgresScanStats"]
 
