@@ -118,6 +118,24 @@ def write_seeds(directory: Path) -> list[Path]:
     for codec in ("lz4", "zstd"):
         with ipc.new_file(path(f"{codec}.arrow"), table.schema, options=ipc.IpcWriteOptions(compression=codec)) as w:
             w.write_table(table, max_chunksize=50)
+    # structs, lists of strings and of structs, nested fixed_size_lists (the host path, then the table's children)
+    n = table.num_rows
+    words_py = table.column("s").to_pylist()
+    nested = pa.table(
+        {
+            "st": pa.StructArray.from_arrays(
+                [table.column("i64").combine_chunks(), words.combine_chunks()], ["k", "w"]
+            ),
+            "tags": pa.array([None if i % 7 == 0 else [w, None, "x" * (i % 4)] for i, w in enumerate(words_py)]),
+            "pairs": pa.array([[{"p": i, "q": [w]}] if i % 5 else [] for i, w in enumerate(words_py)]),
+            "grid": pa.array(
+                [[[i, i + 1], [None, i]] if i % 3 else None for i in range(n)], pa.list_(pa.list_(pa.int32(), 2), 2)
+            ),  # fmt: skip
+        }
+    )
+    pystrom.write_arrow(nested, path("nested_pystrom.arrow"), batch_rows=40)
+    with ipc.new_file(path("nested_pyarrow.arrow"), nested.schema) as w:
+        w.write_table(nested, max_chunksize=33)
     small = table.select(["i64", "s", "f64"])
     with ipc.new_stream(path("legacy.arrows"), small.schema, options=ipc.IpcWriteOptions(use_legacy_format=True)) as w:
         w.write_table(small, max_chunksize=50)

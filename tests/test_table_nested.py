@@ -231,3 +231,17 @@ def test_shared_by_handle_with_every_child_buffer_checked(device):
     ]:
         with pytest.raises(pystrom.InvalidHandleError, match=message):
             pystrom.ipc_import(forged(edit))
+
+
+@pytest.mark.parametrize("typ", [pa.list_(pa.list_(pa.int32(), 0), 2), pa.list_(pa.list_(pa.int32(), 2), 0)], ids=str)
+def test_nested_fixed_size_lists_with_a_dimension_of_zero(device, typ):
+    """Found by the Arrow fuzzer (a mutated list size): the inner lists are counted from the shape, never by
+    dividing by a dimension."""
+    rows = [[[]] * 2, None, [[]] * 2] if typ.list_size == 2 else [[], None, []]
+    t = pa.table({"g": pa.array(rows, typ)})
+    pt = pystrom.Table.from_arrow(t, device=device)
+    assert pt.column("g").values.shape == (3, *pt.column("g").column_type.row_shape)
+    assert pt.to_arrow().equals(t) and pt.slice(1).to_arrow().equals(t.slice(1))
+    assert pt.to_array(["g"], nulls="drop").shape == (2, 0) and pt.slice(0, 0).to_array(["g"]).shape == (0, 0)
+    if device == "cpu":
+        assert pa.table(pt.slice(1)).equals(t.slice(1))

@@ -360,7 +360,7 @@ def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dty
     if not with_nulls and all(c.dtype == out_dtype and c.column_type.layout != Layout.BYTES for c in cols):
         if len(cols) == 1 and cols[0].column_type.layout == Layout.FIXED_LIST:
             values = cols[0].values  # a fixed_size_list is already (n, d), C-ordered (nested: (n, d1, d2, ...))
-            return values.reshape(values.shape[0], -1)
+            return values.reshape(values.shape[0], cols[0].column_type.list_size)
         view = _equally_spaced_view(backend, cols) if all(w == 1 for w in widths) else None
         if view is not None:
             return view
@@ -373,7 +373,7 @@ def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dty
         if c.column_type.layout == Layout.BYTES:
             part[...] = _decimal_to_float(xp, c, out_dtype)
         else:
-            part[...] = c.values.reshape(n, -1) if w > 1 or c.column_type.shape else c.values
+            part[...] = c.values.reshape(n, w) if c.column_type.layout == Layout.FIXED_LIST else c.values
         valid_elements = elements[c.name]
         if c.null_count and nulls == "nan":
             part[~c.is_valid()] = xp.nan

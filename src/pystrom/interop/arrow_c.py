@@ -168,8 +168,8 @@ def _elements_array(col: Column) -> ArrowArray:
     validity = block.ptr + plan.child_validity.offset if plan.child_validity is not None else None
     child = ArrowArray()
     _fill(child, count, -1 if validity is not None else 0, 0, [validity, values], keep)  # -1: not counted
-    for d in reversed(ctype.shape[1:]):  # a nested fixed_size_list: its inner lists (never NULL) around the values
-        count //= d
+    for i in range(len(ctype.shape) - 1, 0, -1):  # a nested fixed_size_list: its inner lists (never NULL)
+        count = plan.length * int(np.prod(ctype.shape[:i]))  # counted down: a dimension may be 0
         inner = ArrowArray()
         _fill(inner, count, 0, 0, [None], [], child)
         child = inner

@@ -94,8 +94,9 @@ def _list_array(
     elements = _primitive(
         levels[-1].value_type, count, child_nulls or 0, [child_validity if child_nulls else None, child]
     )
-    for inner in reversed(levels[1:]):  # inner lists have no NULLs: only the values and the rows do
-        elements = pa.Array.from_buffers(inner, len(elements) // inner.list_size, [None], children=[elements])
+    for i in range(len(levels) - 1, 0, -1):  # inner lists have no NULLs: only the values and the rows do
+        lists = len(col) * int(np.prod([t.list_size for t in levels[:i]]))  # counted down: a dimension may be 0
+        elements = pa.Array.from_buffers(levels[i], lists, [None], children=[elements])
     parent = [_buffer(validity) if validity is not None else None]
     if offsets is not None:
         parent.append(_buffer((offsets - offsets[0]).astype(np.int32)))
