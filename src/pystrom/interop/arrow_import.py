@@ -95,7 +95,7 @@ def _check_offsets(name: str, chunk: pa.Array) -> int:
     return int(offsets[-1] - offsets[0])
 
 
-def _list_children(name: str, layout: str, list_size: int, chunks: list[pa.Array]) -> list[pa.Array]:
+def _list_children(name: str, layout: str, chunks: list[pa.Array]) -> list[pa.Array]:
     """Each list chunk's child values for its own rows (offsets validated: foreign producers may hand us anything)."""
     out = []
     for c in chunks:
@@ -138,7 +138,7 @@ def _composed(name: str, field: pa.Field, logical: pa.DataType, chunks: list[pa.
         fields = [pa.field(f.name, c.field.type, f.nullable, f.metadata) for f, c in zip(storage, children)]
         new_storage = pa.struct(fields)
     else:
-        elements = _list_children(name, Layout.LIST, 0, chunks)
+        elements = _list_children(name, Layout.LIST, chunks)
         count = sum(len(c) for c in elements)
         if count > _INT32_MAX:
             raise CapacityError(f"column {name!r} holds {count:,} list elements; 32-bit offsets address 2**31 - 1")
@@ -184,7 +184,7 @@ def host_column(name: str, field: pa.Field, chunked: pa.ChunkedArray) -> HostCol
     data_size = child_nulls = 0
     children = None
     if ctype.layout in Layout.NESTED:
-        children = _list_children(name, ctype.layout, ctype.list_size, chunks)
+        children = _list_children(name, ctype.layout, chunks)
         child_nulls = sum(c.null_count for c in children)
         if ctype.layout == Layout.LIST:
             elements = sum(len(c) for c in children)

@@ -69,7 +69,7 @@ MAX_NESTING = 8  # struct/list levels of a column shared by handle
 MAX_DEPTH = 6 + 2 * MAX_NESTING  # JSON nesting from other processes (a layout needs 4 + 2 per type level, frames 1)
 
 
-def _span(span: Span | None) -> list[int] | None:
+def _span_record(span: Span | None) -> list[int] | None:
     return None if span is None else [span.offset, span.size]
 
 
@@ -78,10 +78,10 @@ def _buffers(p: ColumnPlan) -> dict[str, Any]:
     record: dict[str, Any] = {
         "length": p.length,
         "null_count": p.null_count,
-        "values": _span(p.values),
-        "validity": _span(p.validity),
-        "data": _span(p.data),
-        "child_validity": _span(p.child_validity),
+        "values": _span_record(p.values),
+        "validity": _span_record(p.validity),
+        "data": _span_record(p.data),
+        "child_validity": _span_record(p.child_validity),
     }
     if p.children:
         record["children"] = [_buffers(child) for child in p.children]

@@ -167,11 +167,11 @@ def _shaped_arrays(conn: Any, name: str, array: Any, oid: int) -> tuple[np.ndarr
     offsets, data = _layout(12 + 8 * k + body, valid, name)
     start = offsets[:-1][valid]
     src = at[valid, 0]
-    header = np.frombuffer(np.array([k], ">i4").tobytes(), np.uint8)
+    header = _big_endian(k)
     data[start[:, None] + np.arange(4)] = header
     _copy_ranges(data, start + 4, rows, src + 4, np.full(len(start), 8))  # the NULL flag and the element OID
     for j, d in enumerate(shape):  # each dimension: its length, lower bound 1
-        pair = np.frombuffer(np.array([d, 1], ">i4").tobytes(), np.uint8)
+        pair = _big_endian(d, 1)
         data[(start + 12 + 8 * j)[:, None] + np.arange(8)] = pair
     _copy_ranges(data, start + 12 + 8 * k, rows, src + 20, body[valid])
     return offsets.astype(np.int32), data
@@ -245,6 +245,11 @@ def _oids(conn: Any, types: Sequence[str]) -> list[int]:
         (list(types),),
     ).fetchall()  # fmt: skip
     return [int(r[0]) for r in rows]
+
+
+def _big_endian(*values: int, dtype: str = ">i4") -> np.ndarray:
+    """``values`` as the bytes of big-endian 32-bit words, to broadcast into rows of output."""
+    return np.array(values, dtype).view(np.uint8)
 
 
 def _be32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -324,10 +329,10 @@ def _records(conn: Any, name: str, array: Any, relid: int, pg_type: str) -> tupl
     values = np.maximum(lengths, 0)
     offsets, data = _layout(4 + (8 * k + values.sum(axis=1)), valid, name)
     start = offsets[:-1][valid]
-    data[start[:, None] + np.arange(4)] = np.frombuffer(np.array([k], ">i4").tobytes(), np.uint8)
+    data[start[:, None] + np.arange(4)] = _big_endian(k)
     dst = start + 4
     for j, (_, oid) in enumerate(attributes):
-        data[dst[:, None] + np.arange(4)] = np.frombuffer(np.array([oid], ">u4").tobytes(), np.uint8)
+        data[dst[:, None] + np.arange(4)] = _big_endian(oid, dtype=">u4")
         _copy_ranges(data, dst + 4, rows, at[valid, j] - 4, 4 + values[valid, j])
         dst = dst + 8 + values[valid, j]
     return offsets.astype(np.int32), data
