@@ -90,6 +90,26 @@ def test_forged_offsets_are_refused_at_import():
     assert out.startswith("InvalidHandleError") and "column 's'" in out and "offsets" in out, out
 
 
+FORGE_CHILD = """
+import copy, dataclasses
+from pystrom.ipc import handle as fmt
+n = 1000
+big = pa.array([0] + [2**30] * (n - 1), pa.int64())  # 8n bytes: as long as the elements' 2n + 1 offsets, nearly
+src = pa.table({"i": big, "tags": pa.array([[str(k), "x"] for k in range(n)])})
+t = pystrom.Table.from_arrow(src, device="cpu")
+h = fmt.decode(t.export())
+cols = copy.deepcopy(h.layout.columns)
+elements = cols[1]["children"][0]
+elements["values"] = [cols[0]["values"][0], elements["values"][1]]  # the elements' string offsets read column i
+forged = fmt.encode(dataclasses.replace(h, layout=fmt.TableLayout(h.layout.nbytes, n, cols, h.layout.schema)))
+""" + import_and_report("forged")
+
+
+def test_forged_child_offsets_are_refused_at_import():
+    out = survived(run_child(FORGE_CHILD))
+    assert out.startswith("InvalidHandleError") and "column 'tags' (elements)" in out and "offsets" in out, out
+
+
 @pytest.mark.parametrize("row,value", [(1, 2**30), (7, -5), (0, -(2**24)), (3, 1), (1000, 2**20)])
 def test_an_exporter_writing_a_bad_offset_after_export_does_not_crash_the_importer(row, value):
     out = survived(run_child(exporter_writes('pa.table({"s": ["a", "bb", "ccc", None] * 250})', "s", row, value)))
