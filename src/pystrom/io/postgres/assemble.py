@@ -33,20 +33,6 @@ __all__ = ["assemble"]
 _INT32_MAX = 2**31 - 1
 
 
-def pa_array_from_buffers(count: int, offsets: Any, data: Any, validity: Any) -> Any:
-    import pyarrow as pa
-
-    bits = None if validity is None else pa.py_buffer(validity)
-    nulls = -1 if validity is not None else 0
-    return pa.Array.from_buffers(pa.utf8(), count, [bits, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
-
-
-def _list_array(arrow: Any, n: int, offsets: Any, values: Any, validity: Any) -> Any:
-    import pyarrow as pa
-
-    return pa.Array.from_buffers(arrow, n, [validity, pa.py_buffer(offsets)], children=[values], null_count=-1)
-
-
 def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged]]) -> Any:
     """One Table from all partitions' staged chunks, decoded in place (``cols``: the described columns;
     the chunks hold their leaves, :func:`.types.leaf_columns`)."""
@@ -72,24 +58,10 @@ def assemble(backend: Any, cols: Sequence[PgColumn], parts: Sequence[list[Staged
 def _text_arrays_to_lists(table: Any, cols: Sequence[PgColumn]) -> Any:
     """``table`` with each text-array column (read as the arrays' binary form) made list<string>, on the
     host (the C++ parser, text_arrays.py); a new table (one copy), the read one closed."""
-    from .text_arrays import decode_text_arrays
+    from .text_arrays import lists_of_arrays
 
-    lists = {}
-    for c in cols:
-        if not c.text_array:
-            continue
-        raw = table.column(c.name).to_arrow()  # binary, offset 0 (exported arrays start at their row 0)
-        bufs = raw.buffers()
-        offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(raw) + 1)
-        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-        validity = np.frombuffer(bufs[0], dtype=np.uint8) if bufs[0] is not None and raw.null_count else None
-        list_offsets, str_offsets, str_data, elements_valid = decode_text_arrays(
-            offsets, data, validity, 0, c.text_array, c.name
-        )
-        count = len(str_offsets) - 1
-        strings = pa_array_from_buffers(count, str_offsets, str_data, elements_valid)
-        valid = bufs[0] if validity is not None else None
-        lists[c.name] = _list_array(c.type.arrow, len(raw), list_offsets, strings, valid)
+    lists = {c.name: lists_of_arrays(table.column(c.name).to_arrow(), c.text_array, c.name, c.type.arrow)
+             for c in cols if c.text_array}  # fmt: skip
     with table, type(table).from_arrays(lists, device=table.device) as placed:  # on the table's device first
         return table.with_columns(**{name: placed.column(name) for name in lists})
 

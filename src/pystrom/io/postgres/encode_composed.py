@@ -26,6 +26,7 @@ from ...table import Table
 from .ddl import COMPOSITE, PG_TYPE_KEY, PRE_ENCODED, RANGE_FIELDS, EncodeKind, WriteColumn, target_columns
 from .encode import Chunk, HostEncoder
 from .session import run_sql
+from .text_arrays import arrays_of_lists
 
 __all__ = ["pre_encode"]
 
@@ -116,7 +117,7 @@ def _encode(conn: Any, name: str, array: Any, oid: int) -> tuple[str, tuple[np.n
     if pa.types.is_list(array.type):
         if element not in (25, 1043, 1042, 19):
             raise UnsupportedTypeError(f"column {name!r} (list<string>) cannot go into a column of type {pg_type}")
-        return pg_type, _text_arrays(array, name, element)
+        return pg_type, arrays_of_lists(array, element, name)
     fields = [f.name for f in array.type]
     if typtype == "r":
         if fields != list(RANGE_FIELDS):
@@ -128,24 +129,6 @@ def _encode(conn: Any, name: str, array: Any, oid: int) -> tuple[str, tuple[np.n
     if typtype == "c":
         return pg_type, _records(conn, name, array, relid, pg_type)
     raise UnsupportedTypeError(f"column {name!r} ({array.type}) cannot go into a column of type {pg_type}")
-
-
-def _text_arrays(array: Any, name: str, element: int) -> tuple[np.ndarray, np.ndarray]:
-    import pyarrow as pa
-
-    from .text_arrays import encode_text_arrays
-
-    if array.offset or array.values.offset:  # exports start at 0; anything else is compacted first
-        array = pa.concat_arrays([array])
-    values = array.values
-    bufs, child = array.buffers(), values.buffers()
-    n, m = len(array), len(values)
-    list_offsets = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1)
-    str_offsets = np.frombuffer(child[1], dtype=np.int32, count=m + 1)
-    data = np.frombuffer(child[2], dtype=np.uint8) if child[2] is not None else np.zeros(0, np.uint8)
-    valid = np.frombuffer(bufs[0], dtype=np.uint8) if array.null_count else None
-    elements_valid = np.frombuffer(child[0], dtype=np.uint8) if values.null_count else None
-    return encode_text_arrays(list_offsets, valid, 0, str_offsets, data, elements_valid, element, name)
 
 
 def _shaped_arrays(conn: Any, name: str, array: Any, oid: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,12 +13,14 @@ column, the row and what is wrong, and is never read past its bytes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ... import _core
 from ...errors import DataError
 
-__all__ = ["TEXT_ELEMENT_OIDS", "decode_text_arrays", "encode_text_arrays"]
+__all__ = ["TEXT_ELEMENT_OIDS", "decode_text_arrays", "encode_text_arrays", "lists_of_arrays", "arrays_of_lists"]
 
 # Element type OIDs whose binary form is the string's bytes (textsend, varcharsend, bpcharsend, namesend).
 TEXT_ELEMENT_OIDS = {25: "text", 1043: "varchar", 1042: "bpchar", 19: "name"}
@@ -149,3 +151,42 @@ def encode_text_arrays(
     except ValueError as e:
         raise DataError(f"{where}: {e}") from e
     return offsets, data
+
+
+def lists_of_arrays(raw: Any, element_oid: int, column: str, arrow: Any) -> Any:
+    """A pyarrow binary array of binary arrays (one per row, NULL rows NULL) as a list<string> array of
+    type ``arrow`` (:func:`decode_text_arrays` on its buffers)."""
+    import pyarrow as pa
+
+    if raw.offset:  # exported arrays start at their row 0; anything else is compacted first
+        raw = pa.concat_arrays([raw])
+    bufs = raw.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(raw) + 1)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    rows_valid = bufs[0] if raw.null_count else None
+    list_offsets, str_offsets, str_data, elements_valid = decode_text_arrays(
+        offsets, data, None if rows_valid is None else np.frombuffer(rows_valid, np.uint8), 0, element_oid, column
+    )
+    bits = None if elements_valid is None else pa.py_buffer(elements_valid)
+    strings = pa.Array.from_buffers(
+        pa.utf8(), len(str_offsets) - 1, [bits, pa.py_buffer(str_offsets), pa.py_buffer(str_data)],
+        null_count=-1 if bits is not None else 0,
+    )  # fmt: skip
+    return pa.Array.from_buffers(arrow, len(raw), [rows_valid, pa.py_buffer(list_offsets)], children=[strings],
+                                 null_count=raw.null_count)  # fmt: skip
+
+
+def arrays_of_lists(array: Any, element_oid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A pyarrow list<string> array -> ``(offsets, data)`` of its rows' binary arrays (:func:`encode_text_arrays`)."""
+    import pyarrow as pa
+
+    if array.offset or array.values.offset:  # exports start at 0; anything else is compacted first
+        array = pa.concat_arrays([array])
+    values = array.values
+    bufs, child = array.buffers(), values.buffers()
+    list_offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(array) + 1)
+    str_offsets = np.frombuffer(child[1], dtype=np.int32, count=len(values) + 1)
+    data = np.frombuffer(child[2], dtype=np.uint8) if child[2] is not None else np.zeros(0, np.uint8)
+    rows_valid = np.frombuffer(bufs[0], dtype=np.uint8) if array.null_count else None
+    elements_valid = np.frombuffer(child[0], dtype=np.uint8) if values.null_count else None
+    return encode_text_arrays(list_offsets, rows_valid, 0, str_offsets, data, elements_valid, element_oid, column)
