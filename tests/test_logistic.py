@@ -410,6 +410,42 @@ def test_kernel_pass_to_host_repeats_exactly(device):
         assert_pass_close(other, xp_pass_ref(X, y, -w), np.float32, len(X), "weights -w")
 
 
+def test_one_launch_over_several_arrays_equals_the_twin(device):
+    """PartsPass (a dask worker's partitions in one launch): arrays of mixed layouts, lengths and weights
+    give the sums of the NumPy twin over their rows stacked, launch after launch, with new weights."""
+    if device == "cpu":
+        pytest.skip("the fused CUDA pass only")
+    from pystrom.memory.backend import resolve_device
+    from pystrom.ml._narrow import PartsPass
+    from pystrom.ml._pass import xp_pass
+
+    rng = np.random.default_rng()
+    backend = resolve_device(device)
+    for k in (1, 4, 7):
+        for dtype in (np.float32, np.float64):
+            host, parts = [], []
+            with backend.activate():
+                for n, order, weighted in ((100_003, "C", False), (0, "C", True), (7_777, "F", True), (1, "C", True),
+                                           (65_536, "shifted", False)):  # fmt: skip
+                    X = np.asarray(rng.normal(size=(n, k)), dtype=dtype, order="F" if order == "F" else "C")
+                    y = (rng.random(n) < 0.4).astype(np.uint8)
+                    sw = rng.random(n) * 2 if weighted else None
+                    Xd = on(device, X)
+                    if order == "shifted":
+                        buf = on(device, np.zeros(n * k + 1, dtype=dtype))
+                        buf[1:] = Xd.ravel()
+                        Xd = buf[1:].reshape(n, k)
+                    host.append((X, y, sw if weighted else np.ones(n)))
+                    parts.append((Xd, on(device, y), None if sw is None else on(device, sw)))
+                fused = PartsPass(parts, backend.ordinal)
+                X, y, sw = (np.concatenate([h[i] for h in host]) for i in range(3))
+                for w in (rng.normal(size=k + 1) * 0.5, rng.normal(size=k + 1)):
+                    want = xp_pass(np, X, y, sw, (0.7, 1.3), w)
+                    got = fused((0.7, 1.3), w)
+                    assert_pass_close(got, want, dtype, len(y), f"k={k} {dtype.__name__}")
+                    assert np.array_equal(fused((0.7, 1.3), w), got), "the block counter resets: same sums again"
+
+
 def test_speculative_passes_are_the_passes_asked_for(device, monkeypatch):
     """With a step rule planned, each pass queues the pass at w + its own step; the solver's full steps
     claim those (same sums, bit for bit, as a pass launched for them), any other request gets a pass of

@@ -91,3 +91,55 @@ def test_the_speculative_pass_with_whole_blocks(kernels, k):
     wsrc[9] = 0.0
     skipped, done = run("logit_spec", np.zeros(9), wsrc)
     assert np.isnan(skipped).all() and done == 0
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_pass_over_several_arrays(kernels, k, dtype):
+    """logit_parts_* (a dask worker's partitions in one launch, ml/_narrow.py PartsPass): arrays of
+    different layouts (C order with vector loads, Fortran order, C order one element off alignment),
+    lengths (0 and 1 row among them) and weights (some weighted, some not) give the sums of one pass over
+    their rows stacked; leaving the last array out of the count changes them (every array is read)."""
+    rng = np.random.default_rng(70 + k)
+    tname = "f32" if dtype == np.float32 else "f64"
+    arrays, fields = [], []
+    for n, order, weighted in ((700, "C", False), (0, "C", True), (333, "F", True), (1, "C", False),
+                               (512, "shifted", True), (90, "C", True)):  # fmt: skip
+        X = np.asarray(rng.normal(size=(n, k)) * 2, dtype=dtype, order="F" if order == "F" else "C")
+        if order == "shifted":
+            buf = np.empty(n * k + 1, dtype=dtype)
+            buf[1:] = X.ravel()
+            X = buf[1:].reshape(n, k)
+        y = (rng.random(n) < 0.4).astype(np.uint8)
+        sw = rng.random(n) * 2 if weighted else None
+        item = X.dtype.itemsize
+        rs, cs = X.strides[0] // item, X.strides[1] // item
+        vec = vector_loads(item, k, rs, cs, X.ctypes.data)
+        arrays.append((X, y, sw))
+        fields.append([X.ctypes.data, n, rs, cs, y.ctypes.data, sw.ctypes.data if weighted else 0, int(weighted),
+                       int(vec)])  # fmt: skip
+    if k % 2 == 0:  # rows of an even number of values: vector loads where aligned
+        assert any(f[7] for f in fields) and not all(f[7] for f in fields), "both kinds of loads are exercised"
+    table = np.array(fields, dtype=np.int64)
+    w = np.zeros(9)
+    w[: k + 1] = rng.normal(size=k + 1) * 0.5
+    cw = (0.7, 1.3)
+    m, blocks = layout_size(k), 3
+
+    def run(nparts):
+        partials, out = np.full((blocks, m), np.nan), np.full(m, np.nan)
+        done = np.zeros(1, dtype=np.uint32)
+        args = (table, np.int32(nparts), np.float64(cw[0]), np.float64(cw[1]), *(np.float64(v) for v in w), partials,
+                done, out)  # fmt: skip
+        kernels.launch_grid(f"logit_parts_{tname}_k{k}", (blocks, 1), args, threads=THREADS)
+        assert done[0] == 0, "the last block resets the counter for the next launch"
+        return out
+
+    X = np.concatenate([a[0] for a in arrays])
+    y = np.concatenate([a[1] for a in arrays])
+    sw = np.concatenate([a[2] if a[2] is not None else np.ones(len(a[1])) for a in arrays])
+    ref = xp_pass(np, X, y, sw, cw, w[: k + 1])
+    assert_pass_close(run(len(arrays)), ref, dtype, len(y), f"k={k} {tname}")
+    short, cut = run(len(arrays) - 1), len(y) - len(arrays[-1][1])
+    assert_pass_close(short, xp_pass(np, X[:cut], y[:cut], sw[:cut], cw, w[: k + 1]), dtype, cut, "the count honoured")
+    assert not np.allclose(short, ref)

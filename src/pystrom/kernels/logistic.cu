@@ -252,32 +252,17 @@ __device__ void newton_step(const double* __restrict__ sums, const Weights wt, u
   wnext[STEP_STRIDE] = ok ? 1.0 : 0.0;
 }
 
-template <typename T, int K, bool SPEC>
-__device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
-                           const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
-                           int vec, double cw0, double cw1, const double (&w)[9], const double* __restrict__ wsrc,
-                           double* __restrict__ sums, double* __restrict__ partials, unsigned int* __restrict__ done,
-                           double* __restrict__ out) {
+// A thread's share of the rows of one array (X, n rows, element strides rs/cs; y; weights sw where
+// has_sw; vec: 1 where rows may be read with vector loads) at the weights wv, added to its sums acc and
+// its minimum margin. logit_pass runs it over one array, logit_parts over each array of a list.
+template <typename T, int K>
+__device__ __forceinline__ void add_rows(const T* __restrict__ X, long long n, long long rs, long long cs,
+                                         const unsigned char* __restrict__ y, const double* __restrict__ sw,
+                                         int has_sw, int vec, double cw0, double cw1,
+                                         const double (&wv)[Layout<K>::P], double (&acc)[Layout<K>::NS],
+                                         double& min_margin) {
   using L = Layout<K>;
-  constexpr int P = L::P, NT = L::NT, NS = L::NS, M = L::M;
-  // The weights: kernel parameters, which the compiler reads from the constant bank as operands, or for
-  // a speculative pass (SPEC) the ones the step after the pass before it computed (newton_step), in
-  // registers. A kernel of each kind: one kernel choosing at run time held them in registers for every
-  // pass, and where registers were short the sums spilled (float64 K = 4 on an H100: 310 -> 378 us).
-  double wv[P];
-  if constexpr (SPEC) {
-    if (wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
-#pragma unroll
-    for (int j = 0; j < P; ++j) wv[j] = wsrc[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < P; ++j) wv[j] = w[j];
-  }
-  double acc[NS];
-#pragma unroll
-  for (int j = 0; j < NS; ++j) acc[j] = 0.0;
-  double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
-
+  constexpr int P = L::P, NT = L::NT, NS = L::NS;
   const long long stride = (long long)blockDim.x * gridDim.x;
   auto load = [&](long long base, T (&xv)[R_ROWS][K], unsigned char (&yv)[R_ROWS], double (&sv)[R_ROWS]) {
 #pragma unroll
@@ -370,7 +355,16 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     sum(base, xv, yv, sv);
   }
 #endif
+}
 
+// The block's sums into its row of `partials`; the last block to finish reduces every block's row in a
+// fixed order into `out` (and `sums`, where not null) and resets `done` for the next launch.
+template <int K>
+__device__ __forceinline__ void finish_pass(double (&acc)[Layout<K>::NS], double min_margin,
+                                            double* __restrict__ partials, unsigned int* __restrict__ done,
+                                            double* __restrict__ out, double* __restrict__ sums) {
+  using L = Layout<K>;
+  constexpr int NS = L::NS, M = L::M;
   __shared__ double shared[32][M];
   block_reduce<NS>(acc, min_margin, shared, partials + (long long)blockIdx.x * M);
 
@@ -393,6 +387,63 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     block_reduce<NS>(acc, min_margin, shared, out, sums);  // sums: a copy in device memory for the step
     if (threadIdx.x == 0) *done = 0u;  // ready for the next launch (launches are stream-ordered)
   }
+}
+
+template <typename T, int K, bool SPEC>
+__device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
+                           const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
+                           int vec, double cw0, double cw1, const double (&w)[9], const double* __restrict__ wsrc,
+                           double* __restrict__ sums, double* __restrict__ partials, unsigned int* __restrict__ done,
+                           double* __restrict__ out) {
+  using L = Layout<K>;
+  constexpr int P = L::P, NS = L::NS;
+  // The weights: kernel parameters, which the compiler reads from the constant bank as operands, or for
+  // a speculative pass (SPEC) the ones the step after the pass before it computed (newton_step), in
+  // registers. A kernel of each kind: one kernel choosing at run time held them in registers for every
+  // pass, and where registers were short the sums spilled (float64 K = 4 on an H100: 310 -> 378 us).
+  double wv[P];
+  if constexpr (SPEC) {
+    if (wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
+#pragma unroll
+    for (int j = 0; j < P; ++j) wv[j] = wsrc[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) wv[j] = w[j];
+  }
+  double acc[NS];
+#pragma unroll
+  for (int j = 0; j < NS; ++j) acc[j] = 0.0;
+  double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
+  add_rows<T, K>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, wv, acc, min_margin);
+  finish_pass<K>(acc, min_margin, partials, done, out, sums);
+}
+
+// One pass over the rows of several arrays at once (a dask worker's partitions, ml/_narrow.py
+// PartsPass): `parts` holds PART_FIELDS int64 per array (X's address, n, rs, cs, y's address, sw's
+// address, has_sw, vec), and every thread takes its share of each array in turn into the same sums, so
+// the arrays cost one launch and one reduction, not one each (16 partitions launched one by one from
+// Python cost a dask worker's pass 0.8 ms where its GPU work was under 0.5: issue 35).
+constexpr int PART_FIELDS = 8;
+
+template <typename T, int K>
+__device__ void logit_parts(const long long* __restrict__ parts, int nparts, double cw0, double cw1,
+                            const double (&w)[9], double* __restrict__ partials, unsigned int* __restrict__ done,
+                            double* __restrict__ out) {
+  using L = Layout<K>;
+  constexpr int P = L::P, NS = L::NS;
+  double wv[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) wv[j] = w[j];
+  double acc[NS];
+#pragma unroll
+  for (int j = 0; j < NS; ++j) acc[j] = 0.0;
+  double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
+  for (int q = 0; q < nparts; ++q) {
+    const long long* d = parts + (long long)q * PART_FIELDS;
+    add_rows<T, K>(reinterpret_cast<const T*>(d[0]), d[1], d[2], d[3], reinterpret_cast<const unsigned char*>(d[4]),
+                   reinterpret_cast<const double*>(d[5]), (int)d[6], (int)d[7], cw0, cw1, wv, acc, min_margin);
+  }
+  finish_pass<K>(acc, min_margin, partials, done, out, nullptr);
 }
 
 // 128 threads a block; the bound caps registers so that 4 (K <= 4), 3 or 2 blocks stay resident per SM
@@ -419,9 +470,20 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
     logit_pass<T, K, SPEC>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, w, wsrc, sums, partials, done, out);  \
   }
+// logit_parts_<t>_k<K>: one pass over the arrays `parts` describes (logit_parts), the weights as scalars.
+#define LOGIT_PARTS(TNAME, T, K)                                                                             \
+  extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, LOGIT_MIN_BLOCKS(K))                          \
+      logit_parts_##TNAME##_k##K(const long long* __restrict__ parts, int nparts, double cw0, double cw1,   \
+                                 double w0, double w1, double w2, double w3, double w4, double w5, double w6, \
+                                 double w7, double w8, double* __restrict__ partials,                      \
+                                 unsigned int* __restrict__ done, double* __restrict__ out) {               \
+    const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
+    logit_parts<T, K>(parts, nparts, cw0, cw1, w, partials, done, out);                                     \
+  }
 #define LOGIT_PASS(TNAME, T, K)                      \
   LOGIT_PASS_KIND(logit_pass, false, TNAME, T, K)    \
-  LOGIT_PASS_KIND(logit_spec, true, TNAME, T, K)
+  LOGIT_PASS_KIND(logit_spec, true, TNAME, T, K)     \
+  LOGIT_PARTS(TNAME, T, K)
 
 // The step after a pass (newton_step): `sums` its M sums, the weights it used (scalars, or wsrc when it
 // was speculative: flag 0 there means it did not run, and neither does this step), the rule, and where

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_KERNEL_FEATURES",
     "STEP_TAIL",
     "KernelPass",
+    "PartsPass",
     "kernel_pass",
     "layout_size",
     "uses_kernel",
@@ -43,6 +44,7 @@ MAX_KERNEL_FEATURES = 8  # the fused kernel keeps P(P+1)/2 + P + 6 float64 sums 
 _THREADS = 128  # LOGIT_THREADS in logistic.cu
 _STRIDE = 9  # STEP_STRIDE in logistic.cu: the step's and the next weights' slots
 STEP_TAIL = 2 * _STRIDE + 1  # after a pass's sums: the step, the next weights, the flag (1: a step)
+_PART_FIELDS = 8  # PART_FIELDS in logistic.cu: an array's descriptor for logit_parts
 
 
 def layout_size(k: int) -> int:
@@ -184,6 +186,55 @@ class KernelPass:
 
             self.pending = None
             cupy.cuda.get_current_stream().synchronize()
+
+
+class PartsPass:
+    """One fused pass over the rows of several arrays on one GPU (a dask worker's partitions): one
+    launch of ``logit_parts_<t>_k<K>`` (kernels/logistic.cu) instead of one per array, the sums written
+    straight into mapped host memory. ``parts``: (X, y, sw or None) each, every X of one dtype and width.
+    The sums equal those of one pass over the arrays' rows stacked, to the order of the additions."""
+
+    def __init__(self, parts: list[tuple[Any, Any, Any]], ordinal: int):
+        import cupy
+
+        from ..kernels import kernel, sm_count
+
+        dtypes = {X.dtype for X, _, _ in parts}
+        widths = {X.shape[1] for X, _, _ in parts}
+        if len(dtypes) != 1 or len(widths) != 1:
+            raise ValueError(f"one fused pass needs arrays of one dtype and width; got {dtypes} and {widths}")
+        (dtype,), (k,) = dtypes, widths
+        self.k, self.m = k, layout_size(k)
+        self.fn = kernel("logistic", f"logit_parts_{'f32' if dtype == np.float32 else 'f64'}_k{k}", ordinal)
+        fields = []
+        for X, y, sw in parts:
+            item = X.dtype.itemsize
+            rs, cs = X.strides[0] // item, X.strides[1] // item
+            vec = vector_loads(item, k, rs, cs, X.data.ptr)
+            sw_ptr = sw.data.ptr if sw is not None else 0
+            fields.append([X.data.ptr, X.shape[0], rs, cs, y.data.ptr, sw_ptr, int(sw is not None), int(vec)])
+        self._parts = parts  # the arrays the descriptors point into stay alive with this object
+        self.table = cupy.asarray(np.array(fields, dtype=np.int64).reshape(-1, _PART_FIELDS))
+        longest = max((X.shape[0] for X, _, _ in parts), default=0)
+        wave = sm_count(ordinal) * _resident_blocks(self.fn, k)
+        self.blocks = max(1, min((longest + _THREADS - 1) // _THREADS, wave))
+        self.partials = cupy.empty((self.blocks, self.m), dtype=np.float64)
+        self.done = cupy.zeros(1, dtype=np.uint32)
+        self.host, ptr = _mapped(self.m, np.float64)
+        self.out = None if self.host is not None else cupy.empty(self.m, dtype=np.float64)
+        self.out_ptr = ptr if self.host is not None else self.out.data.ptr
+
+    def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
+        """The pass at ``w`` on the current stream, waited for: the flat float64 sums on the host."""
+        import cupy
+
+        weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
+        self.fn((self.blocks,), (_THREADS,), (self.table, np.int32(len(self._parts)), np.float64(cw[0]),
+                np.float64(cw[1]), *weights, self.partials, self.done, np.uint64(self.out_ptr)))  # fmt: skip
+        if self.host is None:
+            return self.out.get()
+        cupy.cuda.get_current_stream().synchronize()
+        return self.host.copy()
 
 
 def vector_loads(itemsize: int, k: int, row_stride: int, col_stride: int, address: int) -> bool:
