@@ -167,6 +167,49 @@ def test_a_nan_is_named_from_its_worker_and_the_communicator_survives(client, on
     np.testing.assert_array_equal(again.coefficients_, first.coefficients_)
 
 
+def _forget_communicators() -> int:
+    """On a worker: drop every idle communicator it keeps (as another fit's forming one would)."""
+    from pystrom.dask import _rank
+
+    with _rank._LOCK:
+        idle = [k for k, v in _rank._COMMS.items() if not v.busy]
+        gone = [_rank._COMMS.pop(k) for k in idle]
+    for kept in gone:
+        kept.comm.abort()
+    return len(gone)
+
+
+def test_a_communicator_gone_since_the_last_fit_is_formed_again_without_a_restart(client, on_workers, tmp_path):
+    """The second fit over the same partitions takes the workers' answers from the first (no probe) and
+    the communicator kept since; when one worker no longer keeps it, the fit asks again, forms a new one
+    and ends with the same model, no restart counted."""
+    from pystrom.dask import _loop
+
+    parts = _persisted(client, _write(tmp_path, logreg_data(4000)))
+    first = fit_on(client, parts, columns=FEATURES, target="y")
+    remembered = []  # per attempt: whether the workers' answers came from an earlier fit
+    real = _loop._WorkerFit._choose
+
+    def spied(self, plan):
+        choice = real(self, plan)
+        remembered.append(choice.remembered)
+        return choice
+
+    _loop._WorkerFit._choose = spied
+    try:
+        again = fit_on(client, parts, columns=FEATURES, target="y")
+        assert again.fit_info_["comm_reused"] and remembered == [True], "the answers and communicator are reused"
+        workers = sorted(client.scheduler_info()["workers"])
+        assert client.run(_forget_communicators, workers=[workers[1]])[workers[1]] >= 1
+        third = fit_on(client, parts, columns=FEATURES, target="y")
+    finally:
+        _loop._WorkerFit._choose = real
+    assert remembered == [True, True, False], "the workers were asked again once the communicator was gone"
+    info = third.fit_info_
+    assert info["path"] == "workers" and info["restarts"] == 0 and not info["comm_reused"], info
+    assert_same_model(third, first, rtol=0)
+
+
 def test_one_class_and_no_rows_are_the_in_memory_errors(client, on_workers, tmp_path):
     data = logreg_data(2000)
     one = data.set_column(data.schema.get_field_index("y"), "y", pa.array(np.zeros(2000, dtype=bool)))

@@ -1,6 +1,6 @@
 """The Newton loop where the data is: what runs on each worker of a fit over persisted partitions.
 
-One long-lived task per worker (:func:`run_rank`, submitted by :mod:`._loop`) builds the same
+One long-lived call per worker (:func:`run_rank_here`, made by :mod:`._loop` through ``Client.run``) builds the same
 :class:`~pystrom.ml._irls.IRLSSolver` as a fit in one process, over a :class:`RankSource` whose pass is
 this worker's partitions' sums (the fused kernel on a GPU, as :func:`._tasks.table_pass` makes them)
 all-gathered with every other worker's (:mod:`._comm`: NCCL between GPUs) and summed in rank order.
@@ -35,10 +35,20 @@ from ..ml._sources import SolverSpec, Source
 from ._comm import Comm, SoloComm, form, make_unique_id, nccl_module
 from ._tasks import _EXTRA, _check_finite, _empty_pass, array_batch, sum_passes, table_batch
 
-__all__ = ["RankJob", "LocalPasses", "RankSource", "run_rank", "probe", "unique_id", "cancel", "status"]
+__all__ = [
+    "RankJob",
+    "LocalPasses",
+    "RankSource",
+    "CommunicatorNotKept",
+    "run_rank",
+    "run_rank_here",
+    "probe",
+    "unique_id",
+    "cancel",
+    "status",
+]
 
 _KEEP = 2  # idle communicators a worker keeps per rank slot (the newest)
-_STREAMS = 4  # streams a worker's GPU passes are spread over (LocalPasses)
 
 
 @dataclass(frozen=True)
@@ -71,17 +81,16 @@ class LocalPasses:
     """This worker's share of each pass at ``w``: its partitions' sums (the dask pass layout: the pass
     vector, then rows used, rows skipped for NULLs, float32 seen), one host vector.
 
-    Narrow GPU batches keep their fused-kernel launch (:class:`~pystrom.ml._narrow.KernelPass`) for the
-    whole fit; each pass launches every batch's kernel, round robin over a few streams (one after
-    another, each kernel's ramp and last-block reduction left the GPU idle: 16 partitions of 40M rows
-    took 0.89 ms on one stream, 0.66 on four, the whole array in one launch 0.66, on an H200), stacks
-    the results on the GPU and brings them to the host in one copy. Other batches take
+    Narrow GPU batches of one GPU and dtype make one fused launch over all of them
+    (:class:`~pystrom.ml._narrow.PartsPass`), set up once for the whole fit: launched one by one from
+    Python, 16 partitions of 40M rows cost a pass 0.8 ms on an H200, of which the GPU's work was under
+    0.5 (and four streams had already taken it down from 0.9). Other batches take
     :func:`~pystrom.ml._pass.batch_pass`, as the client's loop does (a wide batch's scratch, up to
     1 GiB, is not held between passes).
     """
 
     def __init__(self, batches: list[Any], k: int):
-        from ..ml._narrow import KernelPass, uses_kernel
+        from ..ml._narrow import PartsPass, uses_kernel
 
         self.k = k
         self.batches = batches
@@ -89,20 +98,21 @@ class LocalPasses:
         self.rows = sum(b.X.shape[0] for b in batches)
         tails = [(b.X.shape[0], b.skipped, float(b.X.dtype == np.float32)) for b in batches]
         self._tails = np.array(tails, dtype=np.float64).reshape(-1, _EXTRA)
-        self._kernels: list[Any] = []
-        self._streams: dict[int, list[Any]] = {}  # per GPU: the streams the passes are spread over
-        for b in batches:
-            kp = None
+        groups: dict[tuple, list[int]] = {}  # (GPU, dtype) -> the batches one fused launch covers
+        self._others: list[int] = []  # batches passed one at a time
+        for i, b in enumerate(batches):
             if b.X.shape[0] and uses_kernel(b.backend, b.X):
-                with b.backend.activate():
-                    kp = KernelPass(b.X, b.y, b.sw, b.backend.ordinal)
-                    if b.backend.ordinal not in self._streams:
-                        cuda = b.backend.xp.cuda
-                        self._streams[b.backend.ordinal] = [cuda.Stream(non_blocking=True) for _ in range(_STREAMS)]
-            self._kernels.append(kp)
-        for b in batches:  # the partitions were made on other streams: done before ours read them
-            if b.backend.kind == "cuda" and b.backend.ordinal in self._streams:
-                b.backend.xp.cuda.Device(b.backend.ordinal).synchronize()
+                groups.setdefault((b.backend.ordinal, b.X.dtype.str), []).append(i)
+            elif b.X.shape[0]:
+                self._others.append(i)
+        self._fused: list[tuple[Any, Any, list[int]]] = []  # (backend, PartsPass, its batches)
+        for idx in groups.values():
+            backend = batches[idx[0]].backend
+            with backend.activate():
+                # the partitions were made on other streams: done before the pass reads them
+                backend.xp.cuda.Device(backend.ordinal).synchronize()
+                fused = PartsPass([(batches[i].X, batches[i].y, batches[i].sw) for i in idx], backend.ordinal)
+            self._fused.append((backend, fused, idx))
 
     @classmethod
     def prepare(cls, job: RankJob, inputs: list[tuple]) -> LocalPasses:
@@ -115,38 +125,20 @@ class LocalPasses:
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
         m = layout_size(self.k)
-        rows = np.empty((len(self.batches), m + _EXTRA))
-        rows[:, m:] = self._tails
-        gpu: dict[int, list[int]] = {}
-        for i, b in enumerate(self.batches):
-            if not b.X.shape[0]:
-                rows[i, :m] = _empty_pass(self.k)[:m]
-            elif b.backend.kind == "cuda":
-                gpu.setdefault(b.backend.ordinal, []).append(i)
-            else:
-                rows[i, :m] = batch_pass(b.backend, b.X, b.y, b.sw, cw, w)
-        for ordinal, idx in gpu.items():
-            backend = self.batches[idx[0]].backend
+        vecs = [_empty_pass(self.k)]  # batches with no rows: nothing summed (and a fit over none)
+        for backend, fused, _ in self._fused:
             with backend.activate():
-                streams = self._streams.get(ordinal) or [backend.xp.cuda.get_current_stream()]
-                vecs = []
-                for j, i in enumerate(idx):
-                    b, kp = self.batches[i], self._kernels[i]
-                    with streams[j % len(streams)]:
-                        if kp is not None:
-                            kp.launch(cw, w)
-                            vecs.append(kp.out[:m])
-                        else:
-                            vecs.append(batch_pass(b.backend, b.X, b.y, b.sw, cw, w))
-                for other in streams[1:]:  # the first stream stacks the sums once every stream's passes are done
-                    streams[0].wait_event(other.record())
-                with streams[0]:
-                    rows[idx, :m] = backend.xp.stack(vecs).get()
-        if not len(rows):
-            out = _empty_pass(self.k)
-            out[-_EXTRA:] = 0.0
-            return out
-        return sum_passes(*rows)
+                vecs.append(np.concatenate([fused(cw, w), np.zeros(_EXTRA)]))
+        for i in self._others:
+            b = self.batches[i]
+            with b.backend.activate():
+                vec = batch_pass(b.backend, b.X, b.y, b.sw, cw, w)  # a device vector on a GPU
+                vecs.append(np.concatenate([vec.get() if b.backend.kind == "cuda" else vec, np.zeros(_EXTRA)]))
+        out = sum_passes(*vecs)
+        if len(self._tails):  # rows, rows skipped for NULLs (empty batches' too), float32 seen
+            out[m:] = self._tails.sum(axis=0)
+            out[-1] = self._tails[:, -1].max()
+        return out
 
     def check_finite(self) -> None:
         """Raise naming the column when a batch here holds NaN/Inf in its features."""
@@ -241,6 +233,11 @@ class RankSource(Source):
 # -- the task -------------------------------------------------------------------------------------------
 
 
+class CommunicatorNotKept(ClusterError):
+    """The communicator the client expected this worker to keep from an earlier fit is gone (another
+    fit's took its place): the client asks the workers again and forms a new one."""
+
+
 class _Kept:
     def __init__(self, comm: Comm):
         self.comm = comm
@@ -278,8 +275,8 @@ def _take_comm(job: RankJob, rank: int, uid: Any, cancel: threading.Event) -> tu
                 kept.busy = True
                 kept.comm.cancel, kept.comm.timeout = cancel, job.timeout
                 return kept.comm, False
-        raise ClusterError(f"rank {rank} ({job.peers[rank]}): communicator {job.cid} is no longer kept on this "
-                           "worker (another fit's took its place)")  # fmt: skip
+        raise CommunicatorNotKept(f"rank {rank} ({job.peers[rank]}): communicator {job.cid} is no longer kept on "
+                                  "this worker (another fit's took its place)")  # fmt: skip
     comm = form(job.comm, job.cid, uid, rank, job.world, job.peers, job.ordinals[rank], job.timeout, cancel)
     with _LOCK:
         _COMMS[key] = _Kept(comm)
@@ -363,6 +360,31 @@ def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
     finally:
         with _LOCK:
             _RUNNING.pop((job.fit_id, rank), None)
+
+
+async def run_rank_here(job: RankJob, ranks: dict, uid: Any, dask_worker: Any = None) -> dict:
+    """:func:`run_rank` as ``Client.run`` calls it on each worker of the fit: ``ranks`` maps a worker's
+    address to (its rank, the keys of each of its partitions' inputs, held in its memory). The loop runs
+    in a thread of its own (the worker's event loop and task threads stay free), and the result comes back
+    with the call's reply: no task for the scheduler to place, and no result to fetch after it finishes
+    (submitting the ranks as tasks cost a 40M-row fit on two H200s ~8 ms before the ranks started and ~8
+    after they ended, against a loop of ~14 ms)."""
+    import asyncio
+
+    rank, plan = ranks[dask_worker.address]
+    inputs = []
+    for keys in plan:
+        try:
+            inputs.append(tuple(None if k is None else dask_worker.data[k] for k in keys))
+        except KeyError as exc:
+            raise PartitionNotHere(f"rank {rank} ({dask_worker.address}): partition {exc.args[0]!r} is no longer "
+                                   "in this worker's memory") from None  # fmt: skip
+    return await asyncio.to_thread(run_rank, job, rank, uid, inputs)
+
+
+class PartitionNotHere(ClusterError):
+    """A partition the fit's plan placed on this worker is no longer in its memory (moved or lost since):
+    the fit starts again once every partition is in some worker's memory."""
 
 
 # -- what the client asks each worker through Client.run ---------------------------------------------------
