@@ -10,6 +10,7 @@ ordered after it: the code must have waited first).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import sys
 import threading
@@ -45,9 +46,43 @@ class FakeArray:
         assert host.shape == self.a.shape and host.dtype == self.a.dtype
         self.a[...] = host
 
-    def get(self, stream: Any = None) -> np.ndarray:
+    def get(self, stream: Any = None, out: np.ndarray | None = None, blocking: bool = True) -> np.ndarray:
+        if out is not None and blocking:  # CuPy 13+: the copy, then a wait for the whole stream (unbounded)
+            stream.synchronize()
+            out[...] = self.a
+            return out
         assert stream is not None and stream.done, "a device buffer read while its stream's work was pending"
         return self.a.copy()
+
+
+def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream_ptr: int) -> None:
+    """``cudaMemcpyAsync`` between a fake device buffer and real (pinned) host memory: host to device at
+    once (as a copy from pinned memory that nothing is reading yet), device to host queued behind the
+    stream's work so far (made once that is done; never, if it never is)."""
+    with _MEM.lock:
+        stream = _MEM.streams[stream_ptr]
+    if kind == _H2D:
+        device = _MEM.arrays[dst]
+        assert nbytes == device.nbytes
+        device[...] = np.frombuffer((ctypes.c_char * nbytes).from_address(src), dtype=device.dtype)
+        return
+    assert kind == _D2H
+    device = _MEM.arrays[src]
+    assert nbytes == device.nbytes
+    before, copied = list(stream.ops), threading.Event()
+
+    def later() -> None:
+        for op in before:
+            if not op.wait(60):
+                return
+        ctypes.memmove(dst, device.ctypes.data, nbytes)
+        copied.set()
+
+    stream.ops.append(copied)
+    threading.Thread(target=later, name="fake-copy", daemon=True).start()
+
+
+_H2D, _D2H = 1, 2
 
 
 class FakeStream:
@@ -170,10 +205,13 @@ def installed():
     nccl.get_version = lambda: 22800
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Stream, cuda.nccl = FakeDevice, FakeStream, nccl
+    cuda.runtime = types.SimpleNamespace(memcpyAsync=_memcpy_async, memcpyHostToDevice=_H2D, memcpyDeviceToHost=_D2H)
     cupy = types.ModuleType("cupy")
     cupy.cuda = cuda
     cupy.empty = lambda n, dtype=np.float64: FakeArray(n, dtype)
-    names = {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl}
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda n, dtype=np.float64: np.zeros(n, dtype=dtype)
+    names = {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl, "cupyx": cupyx}
     saved = {name: sys.modules.get(name) for name in names}
     sys.modules.update(names)
     _comm.nccl_module.cache_clear()

@@ -98,6 +98,9 @@ class LocalPasses:
         self.rows = sum(b.X.shape[0] for b in batches)
         tails = [(b.X.shape[0], b.skipped, float(b.X.dtype == np.float32)) for b in batches]
         self._tails = np.array(tails, dtype=np.float64).reshape(-1, _EXTRA)
+        self._tail = self._tails.sum(axis=0)  # rows, rows skipped for NULLs (empty batches' too), float32 seen
+        if len(self._tails):
+            self._tail[-1] = self._tails[:, -1].max()
         groups: dict[tuple, list[int]] = {}  # (GPU, dtype) -> the batches one fused launch covers
         self._others: list[int] = []  # batches passed one at a time
         for i, b in enumerate(batches):
@@ -125,6 +128,13 @@ class LocalPasses:
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
         m = layout_size(self.k)
+        if len(self._fused) == 1 and not self._others:  # the usual case: one launch is the whole pass
+            backend, fused, _ = self._fused[0]
+            out = np.empty(m + _EXTRA)
+            with backend.activate():
+                out[:m] = fused(cw, w)
+            out[m:] = self._tail
+            return out
         vecs = [_empty_pass(self.k)]  # batches with no rows: nothing summed (and a fit over none)
         for backend, fused, _ in self._fused:
             with backend.activate():
@@ -135,9 +145,7 @@ class LocalPasses:
                 vec = batch_pass(b.backend, b.X, b.y, b.sw, cw, w)  # a device vector on a GPU
                 vecs.append(np.concatenate([vec.get() if b.backend.kind == "cuda" else vec, np.zeros(_EXTRA)]))
         out = sum_passes(*vecs)
-        if len(self._tails):  # rows, rows skipped for NULLs (empty batches' too), float32 seen
-            out[m:] = self._tails.sum(axis=0)
-            out[-1] = self._tails[:, -1].max()
+        out[m:] = self._tail
         return out
 
     def check_finite(self) -> None:

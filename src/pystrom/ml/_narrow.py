@@ -222,15 +222,18 @@ class PartsPass:
         self.done = cupy.zeros(1, dtype=np.uint32)
         self.host, ptr = _mapped(self.m, np.float64)
         self.out = None if self.host is not None else cupy.empty(self.m, dtype=np.float64)
-        self.out_ptr = ptr if self.host is not None else self.out.data.ptr
+        out_ptr = ptr if self.host is not None else self.out.data.ptr
+        # the launch's arguments around the class weights and the nine weights (Python floats: doubles)
+        self._head = (self.table, np.int32(len(parts)))
+        self._tail = (self.partials, self.done, np.uint64(out_ptr))
+        self._grid, self._block = (self.blocks,), (_THREADS,)
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
         """The pass at ``w`` on the current stream, waited for: the flat float64 sums on the host."""
         import cupy
 
-        weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
-        self.fn((self.blocks,), (_THREADS,), (self.table, np.int32(len(self._parts)), np.float64(cw[0]),
-                np.float64(cw[1]), *weights, self.partials, self.done, np.uint64(self.out_ptr)))  # fmt: skip
+        weights = [float(v) for v in w] + [0.0] * (9 - len(w))
+        self.fn(self._grid, self._block, (*self._head, float(cw[0]), float(cw[1]), *weights, *self._tail))
         if self.host is None:
             return self.out.get()
         cupy.cuda.get_current_stream().synchronize()
