@@ -309,13 +309,8 @@ def _give_back(job: RankJob, rank: int, comm: Comm, healthy: bool) -> None:
 
 def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
     """Rank ``rank`` of ``job``: the whole IRLS loop over this worker's partitions (``inputs``: per
-    partition, its Table, or its X, y and weight blocks). Rank 0 returns the solver's result."""
-    import distributed
-
-    try:
-        distributed.secede()  # the fit holds no worker thread: the worker's other tasks go on meanwhile
-    except Exception:  # noqa: BLE001 - not in a worker thread (tests call it directly)
-        pass
+    partition, its Table, or its X, y and weight blocks). Rank 0 returns the solver's result. Runs in a
+    thread of its own (:func:`run_rank_here`), never one of the worker's task threads."""
     cancel = cancel_event(job.fit_id, job.attempt)
     state = {"fit": job.fit_id, "attempt": job.attempt, "rank": rank, "passes": 0, "address": job.peers[rank]}
     with _LOCK:
