@@ -295,9 +295,9 @@ class _WorkerFit:
         errors = {r: f.future.exception() for r, f in futures.items() if f.status == "error"}
         if len(results) == len(ranks) and not errors and not any("deferred" in v for v in results.values()):
             return _Outcome(result=results[0], ranks=[results[r] for r in sorted(results)])
-        if not lost and any(isinstance(e, CommunicatorNotKept) for e in errors.values()):
-            return _Outcome(error=next(e for e in errors.values() if isinstance(e, CommunicatorNotKept)),
-                            restartable=True, not_kept=True)  # fmt: skip
+        not_kept = next((e for e in errors.values() if isinstance(e, CommunicatorNotKept)), None)
+        if not_kept is not None and not lost:
+            return _Outcome(error=not_kept, restartable=True, not_kept=True)
         theirs = [e for _, e in sorted(errors.items()) if not _of_the_cluster(e)]
         if theirs and not lost:  # the data's or the fit's own error, as one process would raise it (with a
             # worker lost, a rank's error may be its partitions' failing to be read again: the restart says)
@@ -392,7 +392,7 @@ class _RankCall:
     def _call(self, client: Any, address: str, args: tuple) -> None:
         try:
             got = client.run(run_rank_here, *args, workers=[address], on_error="return")
-            value = got.get(address, None) if isinstance(got, dict) else got
+            value = got.get(address)  # (absent where the worker left before the call reached it)
             if value is None:
                 raise ClusterError(f"worker {address} did not answer the fit (it left the cluster?)")
             if isinstance(value, BaseException):

@@ -108,14 +108,14 @@ class LocalPasses:
                 groups.setdefault((b.backend.ordinal, b.X.dtype.str), []).append(i)
             elif b.X.shape[0]:
                 self._others.append(i)
-        self._fused: list[tuple[Any, Any, list[int]]] = []  # (backend, PartsPass, its batches)
+        self._fused: list[tuple[Any, Any]] = []  # (backend, the PartsPass of its batches)
         for idx in groups.values():
             backend = batches[idx[0]].backend
             with backend.activate():
                 # the partitions were made on other streams: done before the pass reads them
                 backend.xp.cuda.Device(backend.ordinal).synchronize()
                 fused = PartsPass([(batches[i].X, batches[i].y, batches[i].sw) for i in idx], backend.ordinal)
-            self._fused.append((backend, fused, idx))
+            self._fused.append((backend, fused))
 
     @classmethod
     def prepare(cls, job: RankJob, inputs: list[tuple]) -> LocalPasses:
@@ -128,23 +128,20 @@ class LocalPasses:
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
         m = layout_size(self.k)
-        if len(self._fused) == 1 and not self._others:  # the usual case: one launch is the whole pass
-            backend, fused, _ = self._fused[0]
-            out = np.empty(m + _EXTRA)
+        sums = []  # each launch's or batch's pass vector on the host (usually one: a single launch)
+        for backend, fused in self._fused:
             with backend.activate():
-                out[:m] = fused(cw, w)
-            out[m:] = self._tail
-            return out
-        vecs = [_empty_pass(self.k)]  # batches with no rows: nothing summed (and a fit over none)
-        for backend, fused, _ in self._fused:
-            with backend.activate():
-                vecs.append(np.concatenate([fused(cw, w), np.zeros(_EXTRA)]))
+                sums.append(fused(cw, w))
         for i in self._others:
             b = self.batches[i]
             with b.backend.activate():
                 vec = batch_pass(b.backend, b.X, b.y, b.sw, cw, w)  # a device vector on a GPU
-                vecs.append(np.concatenate([vec.get() if b.backend.kind == "cuda" else vec, np.zeros(_EXTRA)]))
-        out = sum_passes(*vecs)
+                sums.append(vec.get() if b.backend.kind == "cuda" else vec)
+        out = _empty_pass(self.k)  # no rows at all: nothing summed
+        if len(sums) == 1:
+            out[:m] = sums[0]
+        elif sums:
+            out[:m] = sum_passes(*(np.concatenate([v, np.zeros(_EXTRA)]) for v in sums))[:m]
         out[m:] = self._tail
         return out
 

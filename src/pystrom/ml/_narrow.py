@@ -65,12 +65,11 @@ class KernelPass:
     def __init__(self, X: Any, y: Any, sw: Any | None, ordinal: int, to_host: bool = False):
         import cupy
 
-        from ..kernels import kernel, sm_count
+        from ..kernels import kernel
 
         n, k = X.shape
         self.k = k
         self.m = m = layout_size(k)
-        item = X.dtype.itemsize
         tname = "f32" if X.dtype == np.float32 else "f64"
         self.fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
         self.spec_fn = kernel("logistic", f"logit_spec_{tname}_k{k}", ordinal)
@@ -78,7 +77,7 @@ class KernelPass:
         # the speculative kind holds the weights in registers: where that spills the sums (the compiler
         # moved some to local memory) it is slower than the host's round trip it saves
         self.spec_ok = _local_bytes(self.spec_fn) == 0
-        self.blocks = max(1, min((n + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(self.fn, k)))
+        self.blocks = _blocks(self.fn, k, n, ordinal)
         self.partials = cupy.empty((self.blocks, m), dtype=np.float64)
         self.done = cupy.zeros(1, dtype=np.uint32)  # blocks finished; the last one resets it
         self.wnext = cupy.zeros((2, _STRIDE + 1), dtype=np.float64)  # per slot: next weights, flag
@@ -97,8 +96,8 @@ class KernelPass:
             self.out = cupy.empty(m + STEP_TAIL, dtype=np.float64)
             self.slots = [(None, self.out.data.ptr)] * 2
         has_sw = sw is not None
-        rs, cs = X.strides[0] // item, X.strides[1] // item
-        self.vec = np.int32(vector_loads(X.dtype.itemsize, k, rs, cs, X.data.ptr))
+        rs, cs, vec = _reading(X)
+        self.vec = np.int32(vec)
         self.data_args = (X, np.int64(n), np.int64(rs), np.int64(cs), y, sw if has_sw else self.partials)
         self.has_sw = np.int32(has_sw)
         self.rule: tuple | None = None  # the solver's step rule (plan)
@@ -197,7 +196,7 @@ class PartsPass:
     def __init__(self, parts: list[tuple[Any, Any, Any]], ordinal: int):
         import cupy
 
-        from ..kernels import kernel, sm_count
+        from ..kernels import kernel
 
         dtypes = {X.dtype for X, _, _ in parts}
         widths = {X.shape[1] for X, _, _ in parts}
@@ -208,16 +207,12 @@ class PartsPass:
         self.fn = kernel("logistic", f"logit_parts_{'f32' if dtype == np.float32 else 'f64'}_k{k}", ordinal)
         fields = []
         for X, y, sw in parts:
-            item = X.dtype.itemsize
-            rs, cs = X.strides[0] // item, X.strides[1] // item
-            vec = vector_loads(item, k, rs, cs, X.data.ptr)
+            rs, cs, vec = _reading(X)
             sw_ptr = sw.data.ptr if sw is not None else 0
             fields.append([X.data.ptr, X.shape[0], rs, cs, y.data.ptr, sw_ptr, int(sw is not None), int(vec)])
         self._parts = parts  # the arrays the descriptors point into stay alive with this object
         self.table = cupy.asarray(np.array(fields, dtype=np.int64).reshape(-1, _PART_FIELDS))
-        longest = max((X.shape[0] for X, _, _ in parts), default=0)
-        wave = sm_count(ordinal) * _resident_blocks(self.fn, k)
-        self.blocks = max(1, min((longest + _THREADS - 1) // _THREADS, wave))
+        self.blocks = _blocks(self.fn, k, max((X.shape[0] for X, _, _ in parts), default=0), ordinal)
         self.partials = cupy.empty((self.blocks, self.m), dtype=np.float64)
         self.done = cupy.zeros(1, dtype=np.uint32)
         self.host, ptr = _mapped(self.m, np.float64)
@@ -238,6 +233,21 @@ class PartsPass:
             return self.out.get()
         cupy.cuda.get_current_stream().synchronize()
         return self.host.copy()
+
+
+def _reading(X: Any) -> tuple[int, int, bool]:
+    """How the pass kernels read ``X``: its row and column strides in elements, and whether by vector loads."""
+    item = X.dtype.itemsize
+    rs, cs = X.strides[0] // item, X.strides[1] // item
+    return rs, cs, vector_loads(item, X.shape[1], rs, cs, X.data.ptr)
+
+
+def _blocks(fn: Any, k: int, rows: int, ordinal: int) -> int:
+    """The pass kernel's grid: one block per 128 rows, at most one full wave of resident blocks (each
+    block loops over rows, so no block waits for another to finish)."""
+    from ..kernels import sm_count
+
+    return max(1, min((rows + _THREADS - 1) // _THREADS, sm_count(ordinal) * _resident_blocks(fn, k)))
 
 
 def vector_loads(itemsize: int, k: int, row_stride: int, col_stride: int, address: int) -> bool:
