@@ -61,42 +61,46 @@ def assert_same_model(got, want, rtol: float = 1e-9) -> None:
     assert list(got.aliased_) == list(want.aliased_)
 
 
-def slow_passes(pause: float) -> None:
-    """On a worker: each of its ranks' local passes sleeps ``pause`` s first (0: as it was)."""
+def _pass_hook():
+    """RankSource._run as it was (every pass of a rank goes through it, chained on the GPU or not), and
+    the module whose class the helpers patch."""
     from pystrom.dask import _rank
 
-    original = _rank.LocalPasses.__dict__.get("_unslowed", _rank.LocalPasses.__call__)
-    _rank.LocalPasses._unslowed = original
+    original = _rank.RankSource.__dict__.get("_unslowed", _rank.RankSource._run)
+    _rank.RankSource._unslowed = original
+    return _rank, original
+
+
+def slow_passes(pause: float) -> None:
+    """On a worker: each pass of its ranks sleeps ``pause`` s first (0: as it was)."""
+    _rank, original = _pass_hook()
     if not pause:
-        _rank.LocalPasses.__call__ = original
+        _rank.RankSource._run = original
         return
 
-    def call(self, cw, w):
+    def run(self, w, first):
         time.sleep(pause)
-        return original(self, cw, w)
+        return original(self, w, first)
 
-    _rank.LocalPasses.__call__ = call
+    _rank.RankSource._run = run
 
 
 def stall_rank(rank: int, after: int, attempt: int | None = None) -> None:
-    """On a worker: rank ``rank``'s local pass number ``after`` + 1 (in attempt ``attempt`` of the fit only,
-    or in every one) does not end until the client cancels the attempt (as a hung worker would not end at
+    """On a worker: rank ``rank``'s pass number ``after`` + 1 (in attempt ``attempt`` of the fit only, or
+    in every one) does not start until the client cancels the attempt (as a hung worker would not end at
     all), so the other ranks wait for it at the exchange."""
-    from pystrom.dask import _rank
-
-    original = _rank.LocalPasses.__dict__.get("_unslowed", _rank.LocalPasses.__call__)
-    _rank.LocalPasses._unslowed = original
+    _rank, original = _pass_hook()
     seen = {"n": 0}
 
-    def call(self, cw, w):
+    def run(self, w, first):
         mine = [s for s in _rank.status() if s["rank"] == rank and attempt in (None, s["attempt"])]
         if mine:
             seen["n"] += 1
             if seen["n"] > after:
                 _rank.cancel_event(mine[0]["fit"], mine[0]["attempt"]).wait(600)
-        return original(self, cw, w)
+        return original(self, w, first)
 
-    _rank.LocalPasses.__call__ = call
+    _rank.RankSource._run = run
 
 
 def kill_when(client, rank: int, passes: int, found: dict, timeout: float = 60.0) -> threading.Thread:

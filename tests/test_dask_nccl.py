@@ -135,7 +135,34 @@ def test_the_nccl_fit_equals_the_in_memory_fit(client, timeout, arrow_file, conf
     info = got.fit_info_
     assert (info["path"], info["comm"], info["workers"]) == ("workers", "nccl", 2), info
     assert all(r["rows"] > 0 for r in info["ranks"]), info  # the partitions are on both GPUs
+    # every pass after the first queued on the GPU behind the all-gather and the step (dask/_chain.py)
+    assert all(r["chained"] == info["passes"] - 1 for r in info["ranks"]), info
     assert_same_model(got, want)
+
+
+def _chain(on: bool) -> None:
+    from pystrom.dask import _rank
+
+    _rank.CHAIN = on
+
+
+def test_the_chained_passes_equal_the_host_exchanges(client, timeout, arrow_file):
+    """The chain (each pass's all-gather and step queued on the GPU, the next pass speculatively behind
+    them) against every pass through the host, on the same partitions: the same model, and the speculative
+    passes were the ones the solver asked for."""
+    parts = _persisted(client, arrow_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        chained = fit_on(client, parts, columns=FEATURES, target="y", max_iter=12, tol=0.0)
+        client.run(_chain, False)
+        try:
+            host = fit_on(client, parts, columns=FEATURES, target="y", max_iter=12, tol=0.0)
+        finally:
+            client.run(_chain, True)
+    ranks = chained.fit_info_["ranks"]
+    assert all(r["chained"] == chained.n_passes_ - 1 and r["hits"] >= chained.n_passes_ - 3 for r in ranks), ranks
+    assert all(r["chained"] == 0 for r in host.fit_info_["ranks"]), host.fit_info_
+    assert_same_model(chained, host)
 
 
 def test_wide_float32_and_separated_fits_over_nccl(client, timeout, tmp_path):

@@ -74,6 +74,9 @@ def _logistic_requests() -> set[tuple[str, str]]:
                 ("logistic", f"logit_pass_{t}_k{k}"),
                 ("logistic", f"logit_spec_{t}_k{k}"),
                 ("logistic", f"logit_step_k{k}"),
+                ("logistic", f"logit_parts_{t}_k{k}"),
+                ("logistic", f"logit_parts_spec_{t}_k{k}"),
+                ("logistic", f"logit_gather_step_k{k}"),
             }
         for z in ("32", "64"):
             for threads, f in _wide._FUSED:

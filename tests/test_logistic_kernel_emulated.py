@@ -129,8 +129,8 @@ def test_one_pass_over_several_arrays(kernels, k, dtype):
     def run(nparts):
         partials, out = np.full((blocks, m), np.nan), np.full(m, np.nan)
         done = np.zeros(1, dtype=np.uint32)
-        args = (table, np.int32(nparts), np.float64(cw[0]), np.float64(cw[1]), *(np.float64(v) for v in w), partials,
-                done, out)  # fmt: skip
+        args = (table, np.int32(nparts), np.float64(cw[0]), np.float64(cw[1]), *(np.float64(v) for v in w), None, None,
+                partials, done, out)  # fmt: skip
         kernels.launch_grid(f"logit_parts_{tname}_k{k}", (blocks, 1), args, threads=THREADS)
         assert done[0] == 0, "the last block resets the counter for the next launch"
         return out
@@ -143,3 +143,93 @@ def test_one_pass_over_several_arrays(kernels, k, dtype):
     short, cut = run(len(arrays) - 1), len(y) - len(arrays[-1][1])
     assert_pass_close(short, xp_pass(np, X[:cut], y[:cut], sw[:cut], cw, w[: k + 1]), dtype, cut, "the count honoured")
     assert not np.allclose(short, ref)
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_speculative_pass_over_several_arrays_writes_its_weights(kernels, k, dtype):
+    """logit_parts_spec_* (a chained rank's speculative pass, dask/_chain.py) reads its weights from the
+    step's wnext: with the flag set, the sums of logit_parts given them as scalars, and both write the
+    weights they used to `wout` (the row the all-gather sends); with the flag clear, nothing at all."""
+    rng = np.random.default_rng(90 + k)
+    tname = "f32" if dtype == np.float32 else "f64"
+    arrays = [np.asarray(rng.normal(size=(n, k)), dtype=dtype) for n in (400, 0, 257)]
+    ys = [(rng.random(len(X)) < 0.4).astype(np.uint8) for X in arrays]
+    fields = [[X.ctypes.data, len(X), k, 1, y.ctypes.data, 0, 0, 0] for X, y in zip(arrays, ys)]
+    table = np.array(fields, dtype=np.int64)
+    wsrc = np.zeros(10)
+    wsrc[: k + 1] = rng.normal(size=k + 1) * 0.3
+    m, blocks = layout_size(k), 3
+
+    def run(name, weights, source):
+        partials, out, wout = np.full((blocks, m), np.nan), np.full(m, np.nan), np.full(k + 1, np.nan)
+        done = np.zeros(1, dtype=np.uint32)
+        args = (table, np.int32(len(arrays)), np.float64(1.0), np.float64(1.0), *(np.float64(v) for v in weights),
+                source, wout, partials, done, out)  # fmt: skip
+        kernels.launch_grid(f"{name}_{tname}_k{k}", (blocks, 1), args, threads=THREADS)
+        return out, wout, int(done[0])
+
+    wsrc[9] = 1.0
+    spec, spec_w, done = run("logit_parts_spec", np.zeros(9), wsrc)
+    plain, plain_w, _ = run("logit_parts", wsrc[:9].copy(), None)
+    assert done == 0 and np.isfinite(plain).all() and np.array_equal(spec, plain)
+    assert np.array_equal(spec_w, wsrc[: k + 1]) and np.array_equal(plain_w, wsrc[: k + 1])
+    X, y = np.concatenate(arrays), np.concatenate(ys)
+    assert_pass_close(plain, xp_pass(np, X, y, np.ones(len(y)), (1.0, 1.0), wsrc[: k + 1]), dtype, len(y), "parts")
+    wsrc[9] = 0.0
+    skipped, skipped_w, done = run("logit_parts_spec", np.zeros(9), wsrc)
+    assert np.isnan(skipped).all() and np.isnan(skipped_w).all() and done == 0
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("world", [1, 3])
+def test_the_totals_and_step_after_an_all_gather(kernels, k, world):
+    """logit_gather_step_k* (after a chained pass's all-gather): the rows copied to the host as they are,
+    the totals exactly dask/_tasks.py sum_passes of the ranks' pass vectors (bit for bit: every rank and the
+    host path agree), and the step the solver's own rule gives from those totals (logit_step's, checked
+    against IRLSSolver in test_logistic_kernel.py) with the next weights w + step; no step without a rule,
+    and nothing (flag 0, totals untouched) after a speculative pass that did not run."""
+    from pystrom.dask._tasks import _EXTRA, sum_passes
+    from pystrom.ml._irls import IRLSSolver
+    from pystrom.ml._pass import PassTotals
+
+    rng = np.random.default_rng(110 + k + world)
+    m = layout_size(k)
+    width, p = m + _EXTRA, k + 1
+    rowlen = width + p + 2
+    w = np.zeros(9)
+    w[:p] = rng.normal(size=p) * 0.3
+    rows = np.zeros((world, rowlen))
+    for r in range(world):
+        n = 300 + 50 * r
+        X, y = rng.normal(size=(n, k)), (rng.random(n) < 0.4).astype(np.uint8)
+        rows[r, :m] = xp_pass(np, X, y, None, (1.0, 1.0), w[:p])
+        rows[r, m:width] = (n, r, float(r >= 1))  # rows, skipped, float32 seen (max, not sum)
+        rows[r, width : width + p] = w[:p]
+        rows[r, -2] = 1.0
+    want = sum_passes(*rows[:, :width])
+    free = list(range(p))
+
+    def run(step_on, source=None):
+        host_rows, totals, host_totals = np.full(world * rowlen, np.nan), np.full(width, np.nan), np.full(width, np.nan)
+        tail, wnext = np.full(19, np.nan), np.full(10, np.nan)
+        args = (rows, np.int32(world), np.int32(rowlen), np.int32(width), host_rows, totals, host_totals,
+                *(np.float64(v) for v in w), source, np.uint32(sum(1 << j for j in free)), np.int32(k),
+                np.float64(0.0), np.int32(step_on), tail, wnext)  # fmt: skip
+        kernels.launch_grid(f"logit_gather_step_k{k}", (1, 1), args, threads=THREADS)
+        return host_rows, totals, host_totals, tail, wnext
+
+    host_rows, totals, host_totals, tail, wnext = run(1)
+    assert np.array_equal(host_rows, rows.ravel())
+    assert np.array_equal(totals, want) and np.array_equal(host_totals, want)
+    solver = IRLSSolver(lambda w: None, k, True, 0.0, 10, 1e-8)
+    solver.active, solver.n_free_features = np.arange(p), k
+    step, _ = solver.newton_direction(w[:p], PassTotals.unpack(want[:m], k))
+    assert tail[18] == 1.0 and wnext[9] == 1.0
+    np.testing.assert_allclose(tail[:p], step, rtol=1e-10, atol=1e-12)
+    assert np.array_equal(tail[9 : 9 + p], w[:p] + tail[:p]) and np.array_equal(wnext[:p], tail[9 : 9 + p])
+    _, _, _, tail, wnext = run(0)
+    assert tail[18] == 0.0 and wnext[9] == 0.0, "no rule: no step, no speculative pass after it"
+    failed = np.zeros(10)  # the step before failed: the speculative pass did not run
+    _, totals, host_totals, tail, wnext = run(1, failed)
+    assert tail[18] == 0.0 and wnext[9] == 0.0 and np.isnan(totals).all() and np.isnan(host_totals).all()

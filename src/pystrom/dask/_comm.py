@@ -179,10 +179,32 @@ class NcclComm(Comm):
                 self._comm.allGather(send.data.ptr, recv.data.ptr, n, self._nccl.NCCL_FLOAT64, self._stream.ptr)
                 rt.memcpyAsync(pinned_recv.ctypes.data, recv.data.ptr, pinned_recv.nbytes, rt.memcpyDeviceToHost,
                                self._stream.ptr)  # fmt: skip
-                self._wait(end)
+                self._wait(end, lambda: self._stream.done)
                 return pinned_recv.reshape(self.world, n).copy()
         except BaseException:
             self.abort()  # whatever is in flight returns; the communicator is not used again
+            raise
+
+    @property
+    def stream(self) -> Any:
+        """The stream the all-gathers run on (dask/_chain.py queues its passes on it too)."""
+        return self._stream
+
+    def enqueue_allgather(self, send: int, recv: int, n: int) -> None:
+        """Queue an all-gather of ``n`` float64 at device address ``send`` into ``recv`` (world x n) on
+        :attr:`stream`, not waited for (:meth:`wait_for` waits)."""
+        if self._comm is None:
+            raise ClusterError(f"{self.who(self.rank)}: the NCCL communicator was aborted")
+        self.exchanges += 1
+        self._comm.allGather(send, recv, n, self._nccl.NCCL_FLOAT64, self._stream.ptr)
+
+    def wait_for(self, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()`` (a CUDA event queued after all-gathers on :attr:`stream`), within the
+        timeout, the cancel flag and NCCL's own errors as :meth:`allgather` waits (then aborted)."""
+        try:
+            self._wait(time.monotonic() + self.timeout, ready)
+        except BaseException:
+            self.abort()
             raise
 
     def _make_buffers(self, n: int) -> tuple[Any, ...]:
@@ -193,10 +215,10 @@ class NcclComm(Comm):
         device = cupy.empty(n, dtype=np.float64), cupy.empty(whole, dtype=np.float64)
         return (*device, cupyx.empty_pinned(n, dtype=np.float64), cupyx.empty_pinned(whole, dtype=np.float64))
 
-    def _wait(self, end: float) -> None:
+    def _wait(self, end: float, ready: Callable[[], bool]) -> None:
         start = time.monotonic()
         look = start
-        while not self._stream.done:
+        while not ready():
             now = time.monotonic()
             if now >= look:  # every millisecond: the deadline, the cancel flag, NCCL's own error
                 look = now + 0.001

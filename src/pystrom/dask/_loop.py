@@ -375,6 +375,9 @@ class _WorkerFit:
                     "loop_s": r["loop_s"],
                     "formed_s": r["formed_s"],
                     "prepare_s": r["prepare_s"],
+                    "chained": r["chained"],  # passes queued on the GPU behind the step (dask/_chain.py)
+                    "speculated": r["speculated"],
+                    "hits": r["hits"],
                 }
                 for r in outcome.ranks
             ],

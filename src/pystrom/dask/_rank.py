@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 _KEEP = 2  # idle communicators a worker keeps per rank slot (the newest)
+CHAIN = True  # chain the passes on the GPU where every rank can (dask/_chain.py); False: the host's exchanges
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,15 @@ class LocalPasses:
         out[m:] = self._tail
         return out
 
+    def single_launch(self) -> tuple[Any, Any] | None:
+        """(backend, PartsPass) where one fused launch makes this worker's whole pass (dask/_chain.py)."""
+        return self._fused[0] if len(self._fused) == 1 and not self._others else None
+
+    @property
+    def tail(self) -> np.ndarray:
+        """The pass vector's tail here: rows, rows skipped for NULLs, float32 seen."""
+        return self._tail
+
     def check_finite(self) -> None:
         """Raise naming the column when a batch here holds NaN/Inf in its features."""
         for b in self.batches:
@@ -164,7 +174,14 @@ class _Deferred(Exception):
 
 
 class RankSource(Source):
-    """The passes of one rank: local sums, all-gathered, summed in rank order (the module docstring)."""
+    """The passes of one rank: local sums, all-gathered, summed in rank order (the module docstring).
+
+    What each rank sends a pass: its pass vector (``width`` values: the sums, then the counts), the
+    weights it used, whether it can chain its passes on the GPU (dask/_chain.py) and whether it failed.
+    After the first exchange every rank knows whether all of them can chain; if so, every later pass is
+    chained (the all-gather and the step queued on the GPU behind the pass, the next pass speculatively
+    behind them), else every pass goes through the host as the first did.
+    """
 
     path = "workers"
 
@@ -179,23 +196,78 @@ class RankSource(Source):
         self._failure = failure
         self._state = state
         self._width = layout_size(job.n_features) + _EXTRA
-        self.local_s = 0.0  # seconds in this worker's passes (launch to sums on the host)
-        self.comm_s = 0.0  # seconds in the all-gathers (waiting for the slowest rank included)
+        self._p = job.n_features + 1
+        self.local_s = 0.0  # seconds in this worker's passes (launch to sums on the host; chained: to the totals)
+        self.comm_s = 0.0  # seconds in the host's all-gathers (waiting for the slowest rank included)
         self.in_exchange = False  # an exception now leaves the communicator out of step
+        self.chained = 0  # passes made on the GPU's chain
+        self._plan: tuple | None = None
+        self._chain = self._make_chain(job) if failure is None and local is not None else None
+        self._chaining = False  # every rank can chain: agreed at the first exchange
+
+    def _make_chain(self, job: RankJob) -> Any:
+        """This rank's ChainedPasses, where it can make them (None: the host's exchanges)."""
+        if not CHAIN or job.comm not in ("nccl", "none") or (job.comm == "none") != (job.world == 1):
+            return None
+        single = self._local.single_launch()
+        if single is None:
+            return None
+        from ._chain import ChainedPasses
+
+        backend, fused = single
+        row = np.zeros(self._width + self._p + 2)
+        row[self._width - _EXTRA : self._width] = self._local.tail
+        row[-2] = 1.0  # can chain
+        try:
+            with backend.activate():
+                return ChainedPasses(fused, row, self._width, self._width,
+                                     self._comm if job.comm == "nccl" else None, backend.ordinal)  # fmt: skip
+        except Exception:  # noqa: BLE001 - no mapped memory, a kernel that does not load: the host's way
+            return None
 
     def batches(self) -> list:
         return []  # the check for NaN/Inf runs in _run, on every rank at the same exchange
 
+    def plan_steps(
+        self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True, exact_next: bool = False
+    ) -> None:
+        self._plan = (np.array(active), int(n_free_features), float(l2), bool(ahead))
+        if self._chain is not None:
+            self._chain.plan(*self._plan)
+
+    def close(self) -> None:
+        """Wait for a chained pass still queued (its all-gather is every rank's: it completes)."""
+        if self._chain is not None:
+            with self.backend.activate():
+                self._chain.close()
+
+    def retire(self) -> None:
+        """The chain's buffers outlive whatever its stream still runs (after an abort)."""
+        if self._chain is not None:
+            from ._chain import retire
+
+            with self.backend.activate():
+                retire(self._chain)
+
+    def chain_counts(self) -> dict:
+        """Passes made on the chain, speculative passes queued, and those the solver used."""
+        c = self._chain
+        return {"chained": self.chained, "speculated": c.speculated if c else 0, "hits": c.hits if c else 0}
+
     def _run(self, w: np.ndarray, first: bool) -> np.ndarray:
-        local = None
-        if self._failure is None:
-            start = time.perf_counter()
-            try:
-                local = self._local(self.class_weight, w)
-            except Exception as exc:  # noqa: BLE001 - raised after the all-gather has told the others
-                self._failure = exc
-            self.local_s += time.perf_counter() - start
-        total = self._gather(local, w)
+        self._step = None
+        if self._chaining:
+            total = self._chained(w)
+        else:
+            local = None
+            if self._failure is None:
+                start = time.perf_counter()
+                try:
+                    local = self._local(self.class_weight, w)
+                except Exception as exc:  # noqa: BLE001 - raised after the all-gather has told the others
+                    self._failure = exc
+                self.local_s += time.perf_counter() - start
+            total = self._gather(local, w)
         self._state["passes"] = self.passes
         vec, (rows, skipped, single) = total[:-_EXTRA], total[-_EXTRA:]
         if first:
@@ -206,20 +278,44 @@ class RankSource(Source):
             raise _Deferred(DataError("the pass met non-finite values (NaN/Inf) in the features"))
         return vec
 
+    def _chained(self, w: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        self.in_exchange = True
+        with self.backend.activate():
+            rows, totals, self._step = self._chain(self.class_weight, w)
+        self.in_exchange = False
+        self.local_s += time.perf_counter() - start
+        self.chained += 1
+        self._rule = self._chain.rule
+        self._check(rows)
+        return totals
+
     def _gather(self, local: np.ndarray | None, w: np.ndarray) -> np.ndarray:
-        """All ranks' [sums, coefficients, failed flag]; the summed totals, or the stop every rank makes."""
-        width, p = self._width, self.n_features + 1
-        mine = np.zeros(width + p + 1)
+        """All ranks' [sums, coefficients, chain flag, failed flag]; the summed totals, or the stop every rank makes."""
+        width, p = self._width, self._p
+        mine = np.zeros(width + p + 2)
         if local is None:
             mine[-1] = 1.0
         else:
             mine[:width] = local
         mine[width : width + p] = w
+        mine[-2] = float(self._chain is not None)
         start = time.perf_counter()
         self.in_exchange = True
         rows = self._comm.allgather(mine)
         self.in_exchange = False
         self.comm_s += time.perf_counter() - start
+        self._check(rows)
+        if self.passes == 1:
+            self._chaining = bool(rows[:, -2].all())
+            if self._chaining and self._plan is not None:
+                self._chain.plan(*self._plan)
+        return sum_passes(*rows[:, :width])
+
+    def _check(self, rows: np.ndarray) -> None:
+        """Stop where a rank failed (raising its error here, if it is this one), or where the ranks'
+        coefficients differ (their solvers diverged)."""
+        width, p = self._width, self._p
         failed = np.flatnonzero(rows[:, -1])
         if len(failed):
             if self._failure is not None:
@@ -232,7 +328,6 @@ class RankSource(Source):
             raise ClusterError(f"at pass {self.passes} the coefficients of {', '.join(map(self._comm.who, odd))} "
                                f"differ from {self._comm.who(0)}'s: the workers' solvers diverged (their hosts "
                                "round differently?); use pystrom.defaults.dask_fit_loop='client'")  # fmt: skip
-        return sum_passes(*rows[:, :width])
 
 
 # -- the task -------------------------------------------------------------------------------------------
@@ -331,6 +426,10 @@ def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
             warnings.simplefilter("always")
             res = job.spec.build(source).solve()
         loop = time.perf_counter() - loop
+        source.in_exchange = True  # (a speculative pass's all-gather may still be queued)
+        source.close()
+        source.in_exchange = False
+        chain = source.chain_counts()
         out = {
             "rank": rank,
             "address": job.peers[rank],
@@ -346,20 +445,40 @@ def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
             "exchanges": source.passes,
             "formed_s": formed if fresh else 0.0,
             "prepare_s": prepared,
+            **chain,
         }
         _give_back(job, rank, comm, healthy=True)
         return out
     except _Deferred as stop:
         if comm is not None:
-            _give_back(job, rank, comm, healthy=not source.in_exchange)
+            _give_back(job, rank, comm, healthy=_settle(source, comm))
         return {"rank": rank, "address": job.peers[rank], "deferred": stop.fallback}
     except BaseException:
         if comm is not None:
-            _give_back(job, rank, comm, healthy=source is not None and not source.in_exchange)
+            _give_back(job, rank, comm, healthy=_settle(source, comm))
         raise
     finally:
         with _LOCK:
             _RUNNING.pop((job.fit_id, rank), None)
+
+
+def _settle(source: RankSource | None, comm: Comm) -> bool:
+    """After a rank stopped on an error: whether its communicator is still in step with the others'.
+    A chained pass still queued is waited for (every rank queued it) where the stop was outside an
+    exchange; otherwise the communicator is aborted (its kernels then return) and the chain's buffers
+    are kept until its stream has passed them (:func:`._chain.retire`)."""
+    if source is None:
+        return True
+    healthy = not source.in_exchange
+    if healthy:
+        try:
+            source.close()
+        except Exception:  # noqa: BLE001 - its all-gather did not complete: not kept
+            healthy = False
+    if not healthy:
+        comm.abort()
+        source.retire()
+    return healthy
 
 
 async def run_rank_here(job: RankJob, ranks: dict, uid: Any, dask_worker: Any = None) -> dict:

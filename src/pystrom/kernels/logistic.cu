@@ -422,18 +422,30 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
 // PartsPass): `parts` holds PART_FIELDS int64 per array (X's address, n, rs, cs, y's address, sw's
 // address, has_sw, vec), and every thread takes its share of each array in turn into the same sums, so
 // the arrays cost one launch and one reduction, not one each (16 partitions launched one by one from
-// Python cost a dask worker's pass 0.8 ms where its GPU work was under 0.5: issue 35).
+// Python cost a dask worker's pass 0.8 ms where its GPU work was under 0.5: issue 35). The weights as
+// logit_pass takes them (SPEC: from wsrc, the step after the pass before); `wout` (where not null) gets
+// the weights the pass used, for the all-gather that follows a chained pass (dask/_chain.py).
 constexpr int PART_FIELDS = 8;
 
-template <typename T, int K>
+template <typename T, int K, bool SPEC>
 __device__ void logit_parts(const long long* __restrict__ parts, int nparts, double cw0, double cw1,
-                            const double (&w)[9], double* __restrict__ partials, unsigned int* __restrict__ done,
-                            double* __restrict__ out) {
+                            const double (&w)[9], const double* __restrict__ wsrc, double* __restrict__ wout,
+                            double* __restrict__ partials, unsigned int* __restrict__ done, double* __restrict__ out) {
   using L = Layout<K>;
   constexpr int P = L::P, NS = L::NS;
   double wv[P];
+  if constexpr (SPEC) {
+    if (wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
 #pragma unroll
-  for (int j = 0; j < P; ++j) wv[j] = w[j];
+    for (int j = 0; j < P; ++j) wv[j] = wsrc[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) wv[j] = w[j];
+  }
+  if (wout != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) wout[j] = wv[j];
+  }
   double acc[NS];
 #pragma unroll
   for (int j = 0; j < NS; ++j) acc[j] = 0.0;
@@ -444,6 +456,48 @@ __device__ void logit_parts(const long long* __restrict__ parts, int nparts, dou
                    reinterpret_cast<const double*>(d[5]), (int)d[6], (int)d[7], cw0, cw1, wv, acc, min_margin);
   }
   finish_pass<K>(acc, min_margin, partials, done, out, nullptr);
+}
+
+// After a chained pass's all-gather (dask/_chain.py): `rows` holds `world` rows of `rowlen` values in
+// rank order, each a rank's pass vector of `width` values (the M sums, then the rows counted, rows
+// skipped for NULLs and the float32 flag), its weights and its flags. Every thread copies its share of
+// the rows to `host_rows` (mapped host memory: the host checks them); thread 0 sums the pass vectors in
+// rank order as dask/_tasks.py sum_passes does (values added one rank after another, the margin at M - 1
+// by min, the last value by max) into `totals` (device) and `host_totals`, then, where `step_on`, the
+// Newton step from the totals as logit_step does (else the flag 0: no speculative pass after it). Every
+// rank runs it on the same rows, so every rank has the same totals and step, bit for bit.
+template <int K>
+__device__ void gather_step(const double* __restrict__ rows, int world, int rowlen, int width,
+                            double* __restrict__ host_rows, double* __restrict__ totals,
+                            double* __restrict__ host_totals, const Weights wt, const double* __restrict__ wsrc,
+                            unsigned mask, int nfree, double l2, int step_on, double* __restrict__ tail,
+                            double* __restrict__ wnext) {
+  for (int i = threadIdx.x; i < world * rowlen; i += blockDim.x) host_rows[i] = rows[i];
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if ((wsrc && wsrc[STEP_STRIDE] == 0.0) || width < Layout<K>::M) {  // the speculative pass did not run
+    tail[2 * STEP_STRIDE] = 0.0;
+    wnext[STEP_STRIDE] = 0.0;
+    return;
+  }
+  const int margin = Layout<K>::M - 1;
+  for (int j = 0; j < width; ++j) {
+    double t = rows[j];
+    for (int r = 1; r < world; ++r) {
+      const double v = rows[(long long)r * rowlen + j];
+      t = j == margin ? fmin(t, v) : j == width - 1 ? fmax(t, v) : t + v;
+    }
+    totals[j] = t;
+    host_totals[j] = t;
+  }
+  if (!step_on) {
+    tail[2 * STEP_STRIDE] = 0.0;
+    wnext[STEP_STRIDE] = 0.0;
+    return;
+  }
+  Weights w = wt;
+  if (wsrc)
+    for (int j = 0; j < STEP_STRIDE; ++j) w.v[j] = wsrc[j];
+  newton_step<K>(totals, w, mask, nfree, l2, tail, wnext);
 }
 
 // 128 threads a block; the bound caps registers so that 4 (K <= 4), 3 or 2 blocks stay resident per SM
@@ -470,20 +524,23 @@ __device__ void logit_parts(const long long* __restrict__ parts, int nparts, dou
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
     logit_pass<T, K, SPEC>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, w, wsrc, sums, partials, done, out);  \
   }
-// logit_parts_<t>_k<K>: one pass over the arrays `parts` describes (logit_parts), the weights as scalars.
-#define LOGIT_PARTS(TNAME, T, K)                                                                             \
+// logit_parts_<t>_k<K>: one pass over the arrays `parts` describes (logit_parts), the weights as scalars;
+// logit_parts_spec_<t>_k<K> from wsrc.
+#define LOGIT_PARTS_KIND(NAME, SPEC, TNAME, T, K)                                                            \
   extern "C" __global__ void __launch_bounds__(LOGIT_THREADS, LOGIT_MIN_BLOCKS(K))                          \
-      logit_parts_##TNAME##_k##K(const long long* __restrict__ parts, int nparts, double cw0, double cw1,   \
-                                 double w0, double w1, double w2, double w3, double w4, double w5, double w6, \
-                                 double w7, double w8, double* __restrict__ partials,                      \
-                                 unsigned int* __restrict__ done, double* __restrict__ out) {               \
+      NAME##_##TNAME##_k##K(const long long* __restrict__ parts, int nparts, double cw0, double cw1,        \
+                            double w0, double w1, double w2, double w3, double w4, double w5, double w6,     \
+                            double w7, double w8, const double* __restrict__ wsrc, double* __restrict__ wout, \
+                            double* __restrict__ partials, unsigned int* __restrict__ done,                  \
+                            double* __restrict__ out) {                                                      \
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
-    logit_parts<T, K>(parts, nparts, cw0, cw1, w, partials, done, out);                                     \
+    logit_parts<T, K, SPEC>(parts, nparts, cw0, cw1, w, wsrc, wout, partials, done, out);                  \
   }
-#define LOGIT_PASS(TNAME, T, K)                      \
-  LOGIT_PASS_KIND(logit_pass, false, TNAME, T, K)    \
-  LOGIT_PASS_KIND(logit_spec, true, TNAME, T, K)     \
-  LOGIT_PARTS(TNAME, T, K)
+#define LOGIT_PASS(TNAME, T, K)                              \
+  LOGIT_PASS_KIND(logit_pass, false, TNAME, T, K)            \
+  LOGIT_PASS_KIND(logit_spec, true, TNAME, T, K)             \
+  LOGIT_PARTS_KIND(logit_parts, false, TNAME, T, K)          \
+  LOGIT_PARTS_KIND(logit_parts_spec, true, TNAME, T, K)
 
 // The step after a pass (newton_step): `sums` its M sums, the weights it used (scalars, or wsrc when it
 // was speculative: flag 0 there means it did not run, and neither does this step), the rule, and where
@@ -504,11 +561,23 @@ __device__ void logit_parts(const long long* __restrict__ parts, int nparts, dou
       for (int j = 0; j < STEP_STRIDE; ++j) wt.v[j] = wsrc[j];                                              \
     newton_step<K>(sums, wt, mask, nfree, l2, tail, wnext);                                                 \
   }
+// logit_gather_step_k<K>: the totals and the step after a chained pass's all-gather (gather_step).
+#define LOGIT_GATHER_STEP(K)                                                                                 \
+  extern "C" __global__ void logit_gather_step_k##K(                                                        \
+      const double* __restrict__ rows, int world, int rowlen, int width, double* __restrict__ host_rows,    \
+      double* __restrict__ totals, double* __restrict__ host_totals, double w0, double w1, double w2,       \
+      double w3, double w4, double w5, double w6, double w7, double w8, const double* __restrict__ wsrc,    \
+      unsigned mask, int nfree, double l2, int step_on, double* __restrict__ tail, double* __restrict__ wnext) { \
+    const Weights wt = {{w0, w1, w2, w3, w4, w5, w6, w7, w8}};                                              \
+    gather_step<K>(rows, world, rowlen, width, host_rows, totals, host_totals, wt, wsrc, mask, nfree, l2,     \
+                   step_on, tail, wnext);                                                                   \
+  }
 
 #define LOGIT_PASS_BOTH(K)        \
   LOGIT_PASS(f32, float, K)       \
   LOGIT_PASS(f64, double, K)      \
-  LOGIT_STEP(K)
+  LOGIT_STEP(K)                   \
+  LOGIT_GATHER_STEP(K)
 
 LOGIT_PASS_BOTH(1)
 LOGIT_PASS_BOTH(2)

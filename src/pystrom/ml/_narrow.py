@@ -191,7 +191,9 @@ class PartsPass:
     """One fused pass over the rows of several arrays on one GPU (a dask worker's partitions): one
     launch of ``logit_parts_<t>_k<K>`` (kernels/logistic.cu) instead of one per array, the sums written
     straight into mapped host memory. ``parts``: (X, y, sw or None) each, every X of one dtype and width.
-    The sums equal those of one pass over the arrays' rows stacked, to the order of the additions."""
+    The sums equal those of one pass over the arrays' rows stacked, to the order of the additions.
+    :meth:`launch` queues a pass anywhere (dask/_chain.py: into the row its all-gather sends, or at the
+    weights the step before it wrote)."""
 
     def __init__(self, parts: list[tuple[Any, Any, Any]], ordinal: int):
         import cupy
@@ -204,7 +206,11 @@ class PartsPass:
             raise ValueError(f"one fused pass needs arrays of one dtype and width; got {dtypes} and {widths}")
         (dtype,), (k,) = dtypes, widths
         self.k, self.m = k, layout_size(k)
-        self.fn = kernel("logistic", f"logit_parts_{'f32' if dtype == np.float32 else 'f64'}_k{k}", ordinal)
+        tname = "f32" if dtype == np.float32 else "f64"
+        self.fn = kernel("logistic", f"logit_parts_{tname}_k{k}", ordinal)
+        self.spec_fn = kernel("logistic", f"logit_parts_spec_{tname}_k{k}", ordinal)
+        # as KernelPass's, but against the plain kind (float64 K = 4 spills 16 bytes in both)
+        self.spec_ok = _local_bytes(self.spec_fn) <= _local_bytes(self.fn)
         fields = []
         for X, y, sw in parts:
             rs, cs, vec = _reading(X)
@@ -217,18 +223,24 @@ class PartsPass:
         self.done = cupy.zeros(1, dtype=np.uint32)
         self.host, ptr = _mapped(self.m, np.float64)
         self.out = None if self.host is not None else cupy.empty(self.m, dtype=np.float64)
-        out_ptr = ptr if self.host is not None else self.out.data.ptr
-        # the launch's arguments around the class weights and the nine weights (Python floats: doubles)
+        self._out = ptr if self.host is not None else self.out.data.ptr
         self._head = (self.table, np.int32(len(parts)))
-        self._tail = (self.partials, self.done, np.uint64(out_ptr))
         self._grid, self._block = (self.blocks,), (_THREADS,)
+
+    def launch(self, cw: tuple[float, float], w: np.ndarray | None, wsrc: int = 0, out: int = 0, wout: int = 0) -> None:
+        """Queue a pass on the current stream: at ``w``, or (``w`` None) at the weights in device memory
+        at ``wsrc`` (9 weights, then a flag: 0 makes the pass do nothing); the sums to ``out`` (default: this
+        object's result) and the weights it used to ``wout`` (0: nowhere)."""
+        weights = [0.0] * 9 if w is None else [float(v) for v in w] + [0.0] * (9 - len(w))
+        fn = self.fn if w is not None else self.spec_fn
+        fn(self._grid, self._block, (*self._head, float(cw[0]), float(cw[1]), *weights, np.uint64(wsrc),
+           np.uint64(wout), self.partials, self.done, np.uint64(out or self._out)))  # fmt: skip
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
         """The pass at ``w`` on the current stream, waited for: the flat float64 sums on the host."""
         import cupy
 
-        weights = [float(v) for v in w] + [0.0] * (9 - len(w))
-        self.fn(self._grid, self._block, (*self._head, float(cw[0]), float(cw[1]), *weights, *self._tail))
+        self.launch(cw, w)
         if self.host is None:
             return self.out.get()
         cupy.cuda.get_current_stream().synchronize()
