@@ -460,12 +460,14 @@ __device__ void logit_parts(const long long* __restrict__ parts, int nparts, dou
 
 // After a chained pass's all-gather (dask/_chain.py): `rows` holds `world` rows of `rowlen` values in
 // rank order, each a rank's pass vector of `width` values (the M sums, then the rows counted, rows
-// skipped for NULLs and the float32 flag), its weights and its flags. Every thread copies its share of
-// the rows to `host_rows` (mapped host memory: the host checks them); thread 0 sums the pass vectors in
-// rank order as dask/_tasks.py sum_passes does (values added one rank after another, the margin at M - 1
-// by min, the last value by max) into `totals` (device) and `host_totals`, then, where `step_on`, the
-// Newton step from the totals as logit_step does (else the flag 0: no speculative pass after it). Every
-// rank runs it on the same rows, so every rank has the same totals and step, bit for bit.
+// skipped for NULLs and the float32 flag), its weights and its flags. The block's threads copy the rows
+// to `host_rows` (mapped host memory: the host checks them) and sum the pass vectors, thread j value j,
+// in rank order as dask/_tasks.py sum_passes does (added one rank after another, the margin at M - 1 by
+// min, the last value by max) into `totals` (device) and `host_totals`; then thread 0, where `step_on`,
+// the Newton step from the totals as logit_step does (else the flag 0: no speculative pass after it).
+// Every rank runs it on the same rows, so every rank has the same totals and step, bit for bit. (One
+// thread summing every value waited on ~4 x 30 dependent loads from L2 a pass.) Launched with at
+// least `width` threads.
 template <int K>
 __device__ void gather_step(const double* __restrict__ rows, int world, int rowlen, int width,
                             double* __restrict__ host_rows, double* __restrict__ totals,
@@ -473,23 +475,22 @@ __device__ void gather_step(const double* __restrict__ rows, int world, int rowl
                             unsigned mask, int nfree, double l2, int step_on, double* __restrict__ tail,
                             double* __restrict__ wnext) {
   for (int i = threadIdx.x; i < world * rowlen; i += blockDim.x) host_rows[i] = rows[i];
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  if ((wsrc && wsrc[STEP_STRIDE] == 0.0) || width < Layout<K>::M) {  // the speculative pass did not run
-    tail[2 * STEP_STRIDE] = 0.0;
-    wnext[STEP_STRIDE] = 0.0;
-    return;
-  }
-  const int margin = Layout<K>::M - 1;
-  for (int j = 0; j < width; ++j) {
-    double t = rows[j];
-    for (int r = 1; r < world; ++r) {
-      const double v = rows[(long long)r * rowlen + j];
-      t = j == margin ? fmin(t, v) : j == width - 1 ? fmax(t, v) : t + v;
+  const bool ran = !(wsrc && wsrc[STEP_STRIDE] == 0.0) && width >= Layout<K>::M && (int)blockDim.x >= width;
+  if (ran) {  // else the speculative pass did not run: nothing to sum
+    const int j = threadIdx.x, margin = Layout<K>::M - 1;
+    if (j < width) {
+      double t = rows[j];
+      for (int r = 1; r < world; ++r) {
+        const double v = rows[(long long)r * rowlen + j];
+        t = j == margin ? fmin(t, v) : j == width - 1 ? fmax(t, v) : t + v;
+      }
+      totals[j] = t;
+      host_totals[j] = t;
     }
-    totals[j] = t;
-    host_totals[j] = t;
   }
-  if (!step_on) {
+  __syncthreads();  // the totals are written before thread 0 reads them
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (!ran || !step_on) {
     tail[2 * STEP_STRIDE] = 0.0;
     wnext[STEP_STRIDE] = 0.0;
     return;
