@@ -210,6 +210,67 @@ def test_a_communicator_gone_since_the_last_fit_is_formed_again_without_a_restar
     assert_same_model(third, first, rtol=0)
 
 
+def test_a_partition_moved_since_the_last_fit_is_found_again_without_a_restart(client, on_workers, tmp_path):
+    """The second fit over the same partitions takes their placement from the first (no who_has round trip
+    to the scheduler); where that placement has gone stale (a partition named on a worker that no longer
+    holds it), its rank says so, the fit asks the scheduler again and ends with the same model, no restart
+    counted."""
+    from pystrom.dask import _fit, _loop
+
+    parts = _persisted(client, _write(tmp_path, logreg_data(4000)))
+    first = fit_on(client, parts, columns=FEATURES, target="y")
+    key = list(_loop._PLANNED)[-1]  # the first fit's placement, remembered last
+    asked = []
+    real = _fit.DaskSource._where
+
+    def spied(self):
+        asked.append(1)
+        return real(self)
+
+    _fit.DaskSource._where = spied
+    try:
+        again = fit_on(client, parts, columns=FEATURES, target="y")
+        assert asked == [], "the placement of the first fit was used"
+        plan = _loop._PLANNED[key]
+        a, b = sorted(plan)
+        stale = {a: plan[a][1:], b: plan[b] + plan[a][:1]}  # one of a's partitions said to be on b
+        _loop._PLANNED[key] = stale
+        third = fit_on(client, parts, columns=FEATURES, target="y")
+        assert asked == [1], "the scheduler was asked again once"
+    finally:
+        _fit.DaskSource._where = real
+    assert _loop._PLANNED[key] == plan
+    info = third.fit_info_
+    assert info["path"] == "workers" and info["restarts"] == 0, info
+    assert_same_model(again, first, rtol=0)
+    assert_same_model(third, first, rtol=0)
+
+
+def test_workers_the_client_cannot_reach_are_called_through_the_scheduler(client, on_workers, tmp_path):
+    """The ranks are called straight from the client; where it cannot connect to a worker (a client
+    outside the cluster's network), the call goes through the scheduler (Client.run) and the fit is the same."""
+    parts = _persisted(client, _write(tmp_path, logreg_data(4000)))
+    direct = fit_on(client, parts, columns=FEATURES, target="y")
+    real = client.rpc.connect
+    workers = set(client.scheduler_info()["workers"])
+    refused = []
+
+    async def connect(address, *args, **kwargs):
+        if address not in workers:
+            return await real(address, *args, **kwargs)  # the scheduler's, reachable
+        refused.append(address)
+        raise OSError(f"no route to {address} (test)")
+
+    client.rpc.connect = connect
+    try:
+        relayed = fit_on(client, parts, columns=FEATURES, target="y")
+    finally:
+        client.rpc.connect = real
+    assert len(set(refused)) == 2, refused  # both ranks' workers, each then reached through the scheduler
+    assert relayed.fit_info_["path"] == "workers" and relayed.fit_info_["restarts"] == 0
+    assert_same_model(relayed, direct, rtol=0)
+
+
 def test_one_class_and_no_rows_are_the_in_memory_errors(client, on_workers, tmp_path):
     data = logreg_data(2000)
     one = data.set_column(data.schema.get_field_index("y"), "y", pa.array(np.zeros(2000, dtype=bool)))

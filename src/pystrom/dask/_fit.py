@@ -98,10 +98,8 @@ class DaskSource(Source):
     def _leaves_token(self) -> Any:
         return [[k for _, k in leaf] for leaf in self._leaves]
 
-    def _where(self) -> tuple[Any, dict] | None:
-        """(client, {worker address: [input keys of each partition it holds]}) when every partition's
-        inputs are persisted and held together by one worker; None otherwise (lazy inputs are read by
-        scheduled tasks in every pass: the out-of-core fit)."""
+    def _futures(self) -> list[Any] | None:
+        """The futures of every partition's inputs, where all are persisted (None: some are lazy)."""
         try:
             from distributed import Future
         except ImportError:
@@ -113,7 +111,14 @@ class DaskSource(Source):
                     if not isinstance(g.get(k), Future):
                         return None
                     futures.append(g[k])
-        if not futures:
+        return futures or None
+
+    def _where(self) -> tuple[Any, dict] | None:
+        """(client, {worker address: [input keys of each partition it holds]}) when every partition's
+        inputs are persisted and held together by one worker; None otherwise (lazy inputs are read by
+        scheduled tasks in every pass: the out-of-core fit)."""
+        futures = self._futures()
+        if futures is None:
             return None
         client = futures[0].client
         who = client.who_has(futures)
