@@ -231,6 +231,8 @@ def _fits(client: Any, parts: Any, repeat: int) -> dict:
                 allgather=max(r.get("allgather_s", float("nan")) for r in ranks),
                 loop_pass=ranks[0].get("loop_s", float("nan")) / max(1, model.n_passes_),
                 formed=max(r.get("formed_s", 0.0) for r in ranks),
+                chained=f"{min(r.get('chained', 0) for r in ranks)}/{model.n_passes_} "
+                f"({min(r.get('hits', 0) for r in ranks)} speculative)",
                 prepare=max(r.get("prepare_s", 0.0) for r in ranks),
                 outside=times[-1] - ranks[0].get("loop_s", float("nan")),  # the last fit's time outside its loop
                 # per rank: partitions/rows and its own pass (an uneven placement shows as the slowest pass)
@@ -274,10 +276,12 @@ def _print_table(rows_out: list[dict], big: dict | None) -> None:
     except Exception:  # noqa: BLE001 - a dry run on CPU workers
         gpu = "no GPU"
     print(f"\nscale-out on {gpu}, {os.cpu_count()} cores (PostgreSQL on the same host)\n")
-    head = ("| rows | GPUs | read+persist | server COPY, same backends | read / COPY | read efficiency (COPY's "
-            "own) | fit 20 it | fit efficiency | per pass (fit / passes) | in-loop pass | slowest GPU's pass | "
-            "all-gather | client's loop, fit 20 it | path | coef. diff vs 1 GPU | stat. rel. diff | split: read / "
-            "COPY |")  # fmt: skip
+    head = (
+        "| rows | GPUs | read+persist | server COPY, same backends | read / COPY | read efficiency (COPY's "
+        "own) | fit 20 it | fit efficiency | per pass (fit / passes) | in-loop pass | slowest rank's pass "
+        "(chained: with its all-gather) | host all-gathers | chained passes (speculative used) | "
+        "client's loop, fit 20 it | path | coef. diff vs 1 GPU | stat. rel. diff | split: read / COPY |"
+    )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     one = {}
@@ -292,14 +296,16 @@ def _print_table(rows_out: list[dict], big: dict | None) -> None:
         print(f"| {r['rows']} | {n} | {r['read']:.3f} s | {r['copy']:.3f} s | {r['read'] / r['copy']:.2f} | "
               f"{read_eff:.2f} ({copy_eff:.2f}) | {r['fit']:.3f} s | {fit_eff:.2f} | "
               f"{1e3 * r['fit'] / r['passes']:.2f} ms | {1e3 * r['loop_pass']:.2f} ms | {1e3 * r['gpu_pass']:.2f} ms | "
-              f"{1e3 * r['allgather']:.3f} ms | {r['fit_client']:.3f} s | {r['path']} | {r['coef_diff']:.1e} | "
+              f"{1e3 * r['allgather']:.3f} ms | {r['chained']} | {r['fit_client']:.3f} s | {r['path']} | "
+              f"{r['coef_diff']:.1e} | "
               f"{r['stat_diff']:.1e} | {split} |")  # fmt: skip
     if big:
         print(f"| big: {big['rows'] / 1e6:.0f}M ({big['gb']:.0f} GB, {big['ratio']:.2f}x one GPU) | {big['gpus']} | "
               f"{big['read']:.2f} s scan+persist ({big['gb'] / big['read']:.1f} GB/s) | - | - | - | "
               f"{big['fit']:.3f} s | - | "
               f"{1e3 * big['fit'] / big['passes']:.2f} ms | {1e3 * big['loop_pass']:.2f} ms | "
-              f"{1e3 * big['gpu_pass']:.2f} ms | {1e3 * big['allgather']:.3f} ms | - | {big['path']} | "
+              f"{1e3 * big['gpu_pass']:.2f} ms | {1e3 * big['allgather']:.3f} ms | {big['chained']} | - | "
+              f"{big['path']} | "
               f"{big['coef_diff']:.1e} vs the block's own fit | - | - |")  # fmt: skip
         print(f"\nbig table: GPU memory in use per GPU (GB): {', '.join(f'{b / 1e9:.1f}' for b in big['gpu_gb'])}")
     for r in rows_out:
@@ -380,7 +386,9 @@ def _bigger_than_one_gpu(gpus: int, quick: bool) -> dict | None:
                    passes=model.n_passes_, path=f"{info['path']}/{info['comm']}", coef_diff=diff, gpu_gb=per_gpu,
                    gpu_pass=max(r.get("pass_s", float("nan")) for r in ranks),
                    allgather=max(r.get("allgather_s", float("nan")) for r in ranks),
-                   loop_pass=ranks[0].get("loop_s", float("nan")) / max(1, model.n_passes_))  # fmt: skip
+                   loop_pass=ranks[0].get("loop_s", float("nan")) / max(1, model.n_passes_),
+                   chained=f"{min(r.get('chained', 0) for r in ranks)}/{model.n_passes_} "
+                   f"({min(r.get('hits', 0) for r in ranks)} speculative)")  # fmt: skip
         print(f"  big on {gpus} GPUs: scan+persist {t_read:.2f} s ({nbytes / t_read / 1e9:.1f} GB/s), "
               f"{parts.npartitions} partitions; GPU memory in use per GPU (GB): "
               f"{', '.join(f'{b / 1e9:.1f}' for b in per_gpu)}; fit 20 it {fits[-1]:.3f} s (first {fits[0]:.3f} s; "
