@@ -62,34 +62,35 @@ def assert_same_model(got, want, rtol: float = 1e-9) -> None:
 
 
 def _pass_hook():
-    """RankSource._run as it was (every pass of a rank goes through it, chained on the GPU or not), and
-    the module whose class the helpers patch."""
-    from pystrom.dask import _rank
+    """RankSource._run as it was (every pass of a rank goes through it, chained on the GPU or not)."""
+    from pystrom.dask._rank_source import RankSource
 
-    original = _rank.RankSource.__dict__.get("_unslowed", _rank.RankSource._run)
-    _rank.RankSource._unslowed = original
-    return _rank, original
+    original = RankSource.__dict__.get("_unslowed", RankSource._run)
+    RankSource._unslowed = original
+    return RankSource, original
 
 
 def slow_passes(pause: float) -> None:
     """On a worker: each pass of its ranks sleeps ``pause`` s first (0: as it was)."""
-    _rank, original = _pass_hook()
+    source, original = _pass_hook()
     if not pause:
-        _rank.RankSource._run = original
+        source._run = original
         return
 
     def run(self, w, first):
         time.sleep(pause)
         return original(self, w, first)
 
-    _rank.RankSource._run = run
+    source._run = run
 
 
 def stall_rank(rank: int, after: int, attempt: int | None = None) -> None:
     """On a worker: rank ``rank``'s pass number ``after`` + 1 (in attempt ``attempt`` of the fit only, or
     in every one) does not start until the client cancels the attempt (as a hung worker would not end at
     all), so the other ranks wait for it at the exchange."""
-    _rank, original = _pass_hook()
+    from pystrom.dask import _rank
+
+    source, original = _pass_hook()
     seen = {"n": 0}
 
     def run(self, w, first):
@@ -100,7 +101,7 @@ def stall_rank(rank: int, after: int, attempt: int | None = None) -> None:
                 _rank.cancel_event(mine[0]["fit"], mine[0]["attempt"]).wait(600)
         return original(self, w, first)
 
-    _rank.RankSource._run = run
+    source._run = run
 
 
 def kill_when(client, rank: int, passes: int, found: dict, timeout: float = 60.0) -> threading.Thread:

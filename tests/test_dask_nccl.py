@@ -141,9 +141,9 @@ def test_the_nccl_fit_equals_the_in_memory_fit(client, timeout, arrow_file, conf
 
 
 def _chain(on: bool) -> None:
-    from pystrom.dask import _rank
+    from pystrom.dask import _rank_source
 
-    _rank.CHAIN = on
+    _rank_source.CHAIN = on
 
 
 def test_the_chained_passes_equal_the_host_exchanges(client, timeout, arrow_file):

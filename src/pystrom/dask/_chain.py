@@ -11,7 +11,7 @@ same holds across ranks, because every rank sums the same rows in the same order
    written into the row the all-gather sends (the rest of the row, the counts and flags, is constant);
 2. ``ncclAllGather`` of that row (:meth:`._comm.NcclComm.enqueue_allgather`; none for one rank);
 3. ``logit_gather_step``: the rows copied to mapped host memory (the host checks them as
-   :class:`._rank.RankSource` does an unchained exchange's), their sums in rank order, and under the
+   :class:`._rank_source.RankSource` does an unchained exchange's), their sums in rank order, and under the
    solver's step rule the Newton step and the weights after it;
 4. with the solver's plan ``ahead``, steps 1-3 again at those weights (a speculative pass). The host
    hands the solver the device's step; when the solver asks for exactly the weights the device formed,
@@ -20,8 +20,8 @@ same holds across ranks, because every rank sums the same rows in the same order
 
 The host waits for a pass's step 3 through the communicator (its timeout, cancel flag and NCCL's own
 errors). Used where every rank of an NCCL (or one-rank) fit has its partitions in one fused launch and
-mapped host memory (:meth:`._rank.RankSource._agree` decides with the first exchange, so all ranks chain
-or none does).
+mapped host memory (:class:`._rank_source.RankSource` decides with the first exchange, so all ranks
+chain or none does).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def retire(chain: ChainedPasses) -> None:
 
 class ChainedPasses:
     """The chained passes of one rank (module docstring). ``fused``: its partitions' pass; ``row``: its
-    constant row, laid out as :class:`._rank.RankSource` sends it (the pass vector's M sums, the counts, the
+    constant row, laid out as :class:`._rank_source.RankSource` sends it (the pass vector's M sums, the counts, the
     weights, the flags), of which a pass writes the sums at 0 and the weights at ``weights_at``; ``comm``:
     an NCCL communicator, or None for one rank."""
 
