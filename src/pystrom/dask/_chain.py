@@ -27,30 +27,45 @@ chain or none does).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from ..ml._narrow import STEP_TAIL, PartsPass, _mapped, layout_size
 
-__all__ = ["ChainedPasses", "retire"]
+__all__ = ["ChainedPasses", "prune", "retire"]
 
 _STRIDE = 9  # STEP_STRIDE in kernels/logistic.cu
 _RETIRED: list[tuple[Any, Any]] = []  # (chain, an event after its last work): kept until the event is done
 _RETIRED_LOCK = threading.Lock()
 
 
-def retire(chain: ChainedPasses) -> None:
+def retire(chain: ChainedPasses, wait: float = 5.0) -> None:
     """Keep ``chain`` (its buffers and the partitions its pass reads) alive until its stream has passed
     what is queued now: after a communicator is aborted its kernels still run, and memory freed to CuPy's
-    pool under them could be handed out again. Chains retired earlier and done by now are let go."""
+    pool under them could be handed out again. Waits up to ``wait`` seconds for that (NCCL's kernels
+    return at the abort, the others within milliseconds); a chain still running then is kept in
+    ``_RETIRED`` until a later :func:`prune` finds it done."""
     import cupy
 
     event = cupy.cuda.Event(disable_timing=True)
     event.record(chain.stream)
-    with _RETIRED_LOCK:
-        _RETIRED[:] = [(c, e) for c, e in _RETIRED if not e.done]
-        _RETIRED.append((chain, event))
+    end = time.monotonic() + wait
+    while not event.done and time.monotonic() < end:
+        time.sleep(0.001)
+    prune()
+    if not event.done:
+        with _RETIRED_LOCK:
+            _RETIRED.append((chain, event))
+
+
+def prune() -> None:
+    """Let go of retired chains whose streams are done (each rank's start looks, so that none holds its
+    partitions' memory past the next fit on that worker)."""
+    if _RETIRED:
+        with _RETIRED_LOCK:
+            _RETIRED[:] = [(c, e) for c, e in _RETIRED if not e.done]
 
 
 class ChainedPasses:

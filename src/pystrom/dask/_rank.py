@@ -145,6 +145,10 @@ def run_rank(job: RankJob, rank: int, uid: Any, inputs: list[tuple]) -> dict:
     partition, its Table, or its X, y and weight blocks). Rank 0 returns the solver's result. Runs in a
     thread of its own (:func:`run_rank_here`), never one of the worker's task threads."""
     cancel = cancel_event(job.fit_id, job.attempt)
+    if job.comm in ("nccl", "none"):
+        from ._chain import prune
+
+        prune()  # chains kept after an earlier fit's abort, done by now
     state = {"fit": job.fit_id, "attempt": job.attempt, "rank": rank, "passes": 0, "address": job.peers[rank]}
     with _LOCK:
         _RUNNING[(job.fit_id, rank)] = state
