@@ -21,7 +21,6 @@ Errors of the data or the fit itself (a NaN named in its column, one class) are 
 from __future__ import annotations
 
 import concurrent.futures
-import pickle
 import threading
 import time
 import uuid
@@ -33,7 +32,8 @@ from .._settings import defaults
 from ..errors import ClusterError, CollectiveTimeoutError
 from ..ml._irls import IRLSResult
 from ..ml._sources import SolverSpec
-from ._rank import CommunicatorNotKept, PartitionNotHere, RankJob, cancel, probe, run_rank_here, unique_id
+from ._rank import CommunicatorNotKept, PartitionNotHere, RankJob, cancel, probe, unique_id
+from ._rank_call import RankCall, rank_payload
 
 __all__ = ["solve"]
 
@@ -241,7 +241,7 @@ class _WorkerFit:
             )
             assigned = {address: (r, plan[address]) for r, address in enumerate(ranks)}
             payload = rank_payload(job, assigned, uid)
-            futures = {r: _RankCall(self.client, address, payload) for r, address in enumerate(ranks)}
+            futures = {r: RankCall(self.client, address, payload) for r, address in enumerate(ranks)}
             outcome = self._watch(futures, ranks, attempt)
             ok = outcome.result is not None
             return outcome
@@ -437,71 +437,6 @@ class _WorkerFit:
             ],
         }
         return res
-
-
-class _RankCall:
-    """One rank's call of :func:`._rank.run_rank_here` on its worker, sent straight from the client's
-    event loop over a pooled connection (the worker's ``run`` handler, as ``Client.run`` reaches it
-    through the scheduler), so that the client watches every rank while they run; ``status`` as a dask
-    future's. ``Client.run`` opens a new connection from the scheduler to the worker each call and, made
-    from a thread per rank, reached the fourth of 4 H200 workers ~4 ms after the first; a worker the
-    client cannot connect to is still called that way. ``payload``: the function and its arguments,
-    pickled once for every rank."""
-
-    def __init__(self, client: Any, address: str, payload: tuple[bytes, bytes]):
-        import asyncio
-
-        self.future: concurrent.futures.Future = asyncio.run_coroutine_threadsafe(
-            _call_rank(client, address, payload), client.loop.asyncio_loop
-        )
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    @property
-    def status(self) -> str:
-        if not self.future.done():
-            return "pending"
-        return "error" if self.future.exception() is not None else "finished"
-
-
-def rank_payload(*args: Any) -> tuple[bytes, bytes]:
-    """:func:`._rank.run_rank_here` and ``args``, pickled as the worker's ``run`` handler takes them."""
-    from distributed.protocol.pickle import dumps
-
-    return dumps(run_rank_here), dumps(args)
-
-
-async def _call_rank(client: Any, address: str, payload: tuple[bytes, bytes]) -> dict:
-    from distributed.core import clean_exception, send_recv
-
-    function, args = payload
-    try:
-        comm = await client.rpc.connect(address)
-    except Exception:  # noqa: BLE001 - not reachable from here: through the scheduler (its error if gone)
-        comm = None
-    if comm is None:
-        got = await client._run(run_rank_here, *_unpickle(args), workers=[address], on_error="return")
-        value = got.get(address)  # (absent where the worker left before the call reached it)
-        if value is None:
-            raise ClusterError(f"worker {address} did not answer the fit (it left the cluster?)") from None
-        if isinstance(value, BaseException):
-            raise value
-        return pickle.loads(value)
-    try:
-        reply = await send_recv(comm, close=False, op="run", function=function, args=args, wait=True)
-    finally:
-        client.rpc.reuse(address, comm)
-    if reply.get("status") == "OK":
-        return pickle.loads(reply["result"])  # run_rank_here pickles its result (one frame)
-    _, exc, tb = clean_exception(**reply)
-    raise exc.with_traceback(tb)
-
-
-def _unpickle(data: bytes) -> tuple:
-    from distributed.protocol.pickle import loads
-
-    return loads(data)
 
 
 def _nccl_problems(ranks: list[str], infos: dict) -> str:
