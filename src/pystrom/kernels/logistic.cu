@@ -357,6 +357,14 @@ __device__ __forceinline__ void add_rows(const T* __restrict__ X, long long n, l
 #endif
 }
 
+// A thread's sums at the start of a pass: every sum 0, the minimum margin +inf.
+template <int NS>
+__device__ __forceinline__ void clear_sums(double (&acc)[NS], double& min_margin) {
+#pragma unroll
+  for (int j = 0; j < NS; ++j) acc[j] = 0.0;
+  min_margin = __longlong_as_double(0x7ff0000000000000LL);
+}
+
 // The block's sums into its row of `partials`; the last block to finish reduces every block's row in a
 // fixed order into `out` (and `sums`, where not null) and resets `done` for the next launch.
 template <int K>
@@ -375,9 +383,7 @@ __device__ __forceinline__ void finish_pass(double (&acc)[Layout<K>::NS], double
   if (threadIdx.x == 0) is_last = (atomicAdd(done, 1u) == gridDim.x - 1);
   __syncthreads();
   if (is_last) {  // thread t sums the rows of blocks t, t + blockDim, ...; then the same block reduction
-#pragma unroll
-    for (int j = 0; j < NS; ++j) acc[j] = 0.0;
-    min_margin = __longlong_as_double(0x7ff0000000000000LL);
+    clear_sums<NS>(acc, min_margin);
     for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
       const double* row = partials + (long long)b * M;
 #pragma unroll
@@ -389,6 +395,25 @@ __device__ __forceinline__ void finish_pass(double (&acc)[Layout<K>::NS], double
   }
 }
 
+// A pass's weights into `wv`: the kernel parameters `w`, which the compiler reads from the constant bank
+// as operands, or for a speculative pass (SPEC) the ones the step after the pass before it computed
+// (newton_step), in registers; false where that step failed (wsrc's flag 0: the pass does nothing). A
+// kernel of each kind: one kernel choosing at run time held them in registers for every pass, and where
+// registers were short the sums spilled (float64 K = 4 on an H100: 310 -> 378 us).
+template <int K, bool SPEC>
+__device__ __forceinline__ bool pass_weights(const double (&w)[9], const double* __restrict__ wsrc,
+                                             double (&wv)[Layout<K>::P]) {
+  if constexpr (SPEC) {
+    if (wsrc[STEP_STRIDE] == 0.0) return false;
+#pragma unroll
+    for (int j = 0; j < Layout<K>::P; ++j) wv[j] = wsrc[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < Layout<K>::P; ++j) wv[j] = w[j];
+  }
+  return true;
+}
+
 template <typename T, int K, bool SPEC>
 __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, long long cs,
                            const unsigned char* __restrict__ y, const double* __restrict__ sw, int has_sw,
@@ -397,23 +422,10 @@ __device__ void logit_pass(const T* __restrict__ X, long long n, long long rs, l
                            double* __restrict__ out) {
   using L = Layout<K>;
   constexpr int P = L::P, NS = L::NS;
-  // The weights: kernel parameters, which the compiler reads from the constant bank as operands, or for
-  // a speculative pass (SPEC) the ones the step after the pass before it computed (newton_step), in
-  // registers. A kernel of each kind: one kernel choosing at run time held them in registers for every
-  // pass, and where registers were short the sums spilled (float64 K = 4 on an H100: 310 -> 378 us).
   double wv[P];
-  if constexpr (SPEC) {
-    if (wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
-#pragma unroll
-    for (int j = 0; j < P; ++j) wv[j] = wsrc[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < P; ++j) wv[j] = w[j];
-  }
-  double acc[NS];
-#pragma unroll
-  for (int j = 0; j < NS; ++j) acc[j] = 0.0;
-  double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
+  if (!pass_weights<K, SPEC>(w, wsrc, wv)) return;  // it took no step: nothing to do, nothing written
+  double acc[NS], min_margin;
+  clear_sums<NS>(acc, min_margin);
   add_rows<T, K>(X, n, rs, cs, y, sw, has_sw, vec, cw0, cw1, wv, acc, min_margin);
   finish_pass<K>(acc, min_margin, partials, done, out, sums);
 }
@@ -434,22 +446,13 @@ __device__ void logit_parts(const long long* __restrict__ parts, int nparts, dou
   using L = Layout<K>;
   constexpr int P = L::P, NS = L::NS;
   double wv[P];
-  if constexpr (SPEC) {
-    if (wsrc[STEP_STRIDE] == 0.0) return;  // it took no step: nothing to do, nothing written
-#pragma unroll
-    for (int j = 0; j < P; ++j) wv[j] = wsrc[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < P; ++j) wv[j] = w[j];
-  }
+  if (!pass_weights<K, SPEC>(w, wsrc, wv)) return;  // it took no step: nothing to do, nothing written
   if (wout != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
 #pragma unroll
     for (int j = 0; j < P; ++j) wout[j] = wv[j];
   }
-  double acc[NS];
-#pragma unroll
-  for (int j = 0; j < NS; ++j) acc[j] = 0.0;
-  double min_margin = __longlong_as_double(0x7ff0000000000000LL);  // +inf
+  double acc[NS], min_margin;
+  clear_sums<NS>(acc, min_margin);
   for (int q = 0; q < nparts; ++q) {
     const long long* d = parts + (long long)q * PART_FIELDS;
     add_rows<T, K>(reinterpret_cast<const T*>(d[0]), d[1], d[2], d[3], reinterpret_cast<const unsigned char*>(d[4]),
