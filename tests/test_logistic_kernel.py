@@ -248,3 +248,25 @@ def test_kernel_keeps_the_residuals_of_saturated_rows(emulated, dtype):
         t = PassTotals.unpack(out[: layout_size(k)], k)
         assert t.saturated_rows == len(y)
         assert_saturated_gradient(t.gradient, X, y, sw, w, f"k={k} {dtype.__name__}")
+
+
+def test_the_host_side_of_speculation():
+    """What KernelPass and dask's ChainedPasses share on the host: the nine weight arguments, the step
+    rule and its bit mask, and whether a queued pass is the one asked for (its weights bit for bit, its
+    class weights, and a step that succeeded)."""
+    from pystrom.ml._narrow import pass_weights, speculation_hit, step_rule
+
+    w = np.array([0.5, -1.25, 3.0])
+    args = pass_weights(w)
+    assert len(args) == 9 and all(isinstance(a, np.float64) for a in args) and args[:3] == list(w)
+    assert args[3:] == [0.0] * 6 and pass_weights(None) == [0.0] * 9
+    rule, mask = step_rule(np.array([0, 2, 3], dtype=np.intp), 2, 0.5)
+    assert rule == ((0, 2, 3), 2, 0.5) and mask == 0b1101
+    before = np.zeros(19)  # the step, the next weights (at 9), the flag (at 18)
+    before[9:12] = w
+    before[18] = 1.0
+    assert speculation_hit(before, 2, (1.0, 2.0), (1.0, 2.0), w)
+    assert not speculation_hit(before, 2, (1.0, 2.0), (1.0, 2.5), w), "other class weights"
+    assert not speculation_hit(before, 2, (1.0, 2.0), (1.0, 2.0), np.nextafter(w, 9.0)), "one ulp off"
+    before[18] = 0.0
+    assert not speculation_hit(before, 2, (1.0, 2.0), (1.0, 2.0), w), "the step failed"

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ml._narrow import STEP_TAIL, PartsPass, _mapped, layout_size
+from ..ml._narrow import STEP_TAIL, PartsPass, _mapped, layout_size, pass_weights, speculation_hit, step_rule
 
 __all__ = ["ChainedPasses", "prune", "retire"]
 
@@ -108,8 +108,7 @@ class ChainedPasses:
 
     def plan(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
         """The solver's step rule, as :meth:`~pystrom.ml._narrow.KernelPass.plan` takes it."""
-        self.rule = (tuple(int(j) for j in active), int(n_free_features), float(l2))
-        self._mask = sum(1 << int(j) for j in active)
+        self.rule, self._mask = step_rule(active, n_free_features, l2)
         self.ahead = bool(ahead) and self.fused.spec_ok
 
     def _views(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,12 +124,12 @@ class ChainedPasses:
         lid = self.launches
         slot = lid % 2
         wsrc = self.wnext[(lid - 1) % 2].data.ptr if w is None else 0
-        weights = [0.0] * 9 if w is None else [float(v) for v in w] + [0.0] * (9 - len(w))
+        weights = pass_weights(w)
         mine = self.mine[slot].data.ptr
         base = self._host_ptr + 8 * slot * self._slot_size
         n = self.world * self.rowlen
         with self.stream:
-            self.fused.launch(cw, w, wsrc=wsrc, out=mine, wout=mine + 8 * self._weights_at)
+            self.fused.launch(cw, weights, wsrc=wsrc, out=mine, wout=mine + 8 * self._weights_at)
             if self.world > 1:
                 self.comm.enqueue_allgather(mine, self.rows[slot].data.ptr, self.rowlen)
             rows = self.rows[slot].data.ptr if self.world > 1 else mine
@@ -168,8 +167,7 @@ class ChainedPasses:
         lid, spec_cw = self.pending
         self.pending = None
         before = self._views((lid - 1) % 2)[2]  # the pass it followed: done, its tail written
-        nxt = before[_STRIDE : _STRIDE + self.k + 1]
-        if spec_cw == cw and before[2 * _STRIDE] == 1.0 and np.array_equal(nxt, w):
+        if speculation_hit(before, self.k, spec_cw, cw, w):
             self.hits += 1
             return lid
         return None

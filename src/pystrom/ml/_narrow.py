@@ -35,6 +35,9 @@ __all__ = [
     "PartsPass",
     "kernel_pass",
     "layout_size",
+    "pass_weights",
+    "speculation_hit",
+    "step_rule",
     "uses_kernel",
     "vector_loads",
 ]
@@ -51,6 +54,30 @@ def layout_size(k: int) -> int:
     """Values in a pass's flat result for k features (the layout: ``_pass.py``'s docstring)."""
     p = k + 1
     return p * (p + 1) // 2 + p + 6
+
+
+def pass_weights(w: np.ndarray | None) -> list[np.float64]:
+    """A pass kernel's nine weight arguments: ``w`` padded with zeros (None: all zeros, for a speculative
+    pass, which reads its weights from device memory)."""
+    padded = np.zeros(9)
+    if w is not None:
+        padded[: len(w)] = w
+    return list(padded)
+
+
+def step_rule(active: np.ndarray, n_free_features: int, l2: float) -> tuple[tuple, int]:
+    """The solver's step rule as the step kernels take it: (free parameters, features among them, L2
+    penalty), and the free parameters as a bit mask."""
+    rule = (tuple(int(j) for j in active), int(n_free_features), float(l2))
+    return rule, sum(1 << j for j in rule[0])
+
+
+def speculation_hit(before: np.ndarray, k: int, spec_cw: tuple[float, float], cw: tuple[float, float],
+                    w: np.ndarray) -> bool:  # fmt: skip
+    """Whether the pass queued speculatively after a pass whose step tail is ``before`` (the step, the
+    next weights, the flag) is the pass at ``w`` with class weights ``cw``."""
+    nxt = before[_STRIDE : _STRIDE + k + 1]
+    return spec_cw == cw and before[2 * _STRIDE] == 1.0 and np.array_equal(nxt, w)
 
 
 class KernelPass:
@@ -114,8 +141,7 @@ class KernelPass:
         the step there without a copy)."""
         if not self.mapped:
             return
-        self.rule = (tuple(int(j) for j in active), int(n_free_features), float(l2))
-        self._mask = sum(1 << int(j) for j in active)
+        self.rule, self._mask = step_rule(active, n_free_features, l2)
         self.ahead = bool(ahead) and self.spec_ok
 
     def launch(self, cw: tuple[float, float], w: np.ndarray | None) -> int:
@@ -124,12 +150,8 @@ class KernelPass:
         self.launches += 1
         lid = self.launches
         slot = lid % 2
-        if w is None:
-            weights = [np.float64(0.0)] * 9
-            wsrc = self.wnext[(lid - 1) % 2].data.ptr
-        else:
-            weights = [np.float64(v) for v in w] + [np.float64(0.0)] * (9 - len(w))
-            wsrc = 0
+        weights = pass_weights(w)
+        wsrc = self.wnext[(lid - 1) % 2].data.ptr if w is None else 0
         sums = self.sums[slot].data.ptr if self.rule else 0
         fn = self.fn if w is not None else self.spec_fn
         fn((self.blocks,), (_THREADS,), (*self.data_args, self.has_sw, self.vec, np.float64(cw[0]), np.float64(cw[1]),
@@ -172,8 +194,7 @@ class KernelPass:
         lid, spec_cw = self.pending
         self.pending = None
         before = self.slots[(lid - 1) % 2][0][self.m :]  # the pass it followed: done, its tail written
-        nxt = before[_STRIDE : _STRIDE + self.k + 1]
-        if spec_cw == cw and before[2 * _STRIDE] == 1.0 and np.array_equal(nxt, w):
+        if speculation_hit(before, self.k, spec_cw, cw, w):
             self.hits += 1
             return lid
         return None
@@ -227,12 +248,11 @@ class PartsPass:
         self._head = (self.table, np.int32(len(parts)))
         self._grid, self._block = (self.blocks,), (_THREADS,)
 
-    def launch(self, cw: tuple[float, float], w: np.ndarray | None, wsrc: int = 0, out: int = 0, wout: int = 0) -> None:
-        """Queue a pass on the current stream: at ``w``, or (``w`` None) at the weights in device memory
-        at ``wsrc`` (9 weights, then a flag: 0 makes the pass do nothing); the sums to ``out`` (default: this
-        object's result) and the weights it used to ``wout`` (0: nowhere)."""
-        weights = [0.0] * 9 if w is None else [float(v) for v in w] + [0.0] * (9 - len(w))
-        fn = self.fn if w is not None else self.spec_fn
+    def launch(self, cw: tuple[float, float], weights: list, wsrc: int = 0, out: int = 0, wout: int = 0) -> None:
+        """Queue a pass on the current stream: at ``weights`` (:func:`pass_weights`), or where ``wsrc`` is
+        given at the weights in device memory there (9 weights, then a flag: 0 makes the pass do nothing);
+        the sums to ``out`` (default: this object's result) and the weights it used to ``wout`` (0: nowhere)."""
+        fn = self.spec_fn if wsrc else self.fn
         fn(self._grid, self._block, (*self._head, float(cw[0]), float(cw[1]), *weights, np.uint64(wsrc),
            np.uint64(wout), self.partials, self.done, np.uint64(out or self._out)))  # fmt: skip
 
@@ -240,7 +260,7 @@ class PartsPass:
         """The pass at ``w`` on the current stream, waited for: the flat float64 sums on the host."""
         import cupy
 
-        self.launch(cw, w)
+        self.launch(cw, pass_weights(w))
         if self.host is None:
             return self.out.get()
         cupy.cuda.get_current_stream().synchronize()
