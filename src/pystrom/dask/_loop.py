@@ -65,7 +65,7 @@ def solve(source: Any, spec: SolverSpec) -> IRLSResult:
     planned = None  # the key of a plan remembered from an earlier fit over the same partitions
     placement = None
     if futures is not None:
-        key = (futures[0].client.id, tuple(str(f.key) for f in futures))
+        key = _plan_key(futures)
         with _KEPT_LOCK:
             plan = _PLANNED.get(key)
         if plan is not None:
@@ -79,6 +79,11 @@ def solve(source: Any, spec: SolverSpec) -> IRLSResult:
         return _on_client(source, spec, "the partitions are not all persisted in the workers' memory (persist() "
                           "them): every pass reads them, from the client's loop", None)  # fmt: skip
     return _WorkerFit(source, spec, placement[0], mode, planned).run(placement[1])
+
+
+def _plan_key(futures: list[Any]) -> tuple:
+    """Where _PLANNED keeps the placement of these partitions' inputs: (client id, their keys)."""
+    return (futures[0].client.id, tuple(str(f.key) for f in futures))
 
 
 def _remember(cache: dict, key: tuple, value: Any) -> None:
@@ -165,7 +170,7 @@ class _WorkerFit:
                 raise outcome.error
             restarts += 1
             plan = self._partitions_back(outcome.error)
-            _remember(_PLANNED, self._planned_key(), plan)
+            _remember(_PLANNED, _plan_key(self.source._futures()), plan)
 
     # -- choosing ---------------------------------------------------------------------------------------
 
@@ -371,11 +376,8 @@ class _WorkerFit:
             _PROBED.pop(self._probe_key(self.source._placement[1]), None)
         self.planned = None
         plan = self._partitions_back(error)
-        _remember(_PLANNED, self._planned_key(), plan)
+        _remember(_PLANNED, _plan_key(self.source._futures()), plan)
         return plan
-
-    def _planned_key(self) -> tuple:
-        return (self.client.id, tuple(str(f.key) for f in self.source._futures() or ()))
 
     def _partitions_back(self, error: BaseException | None) -> dict:
         """The plan once every partition is in some worker's memory again (lost ones recomputed by the scheduler)."""
