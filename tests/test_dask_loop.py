@@ -246,29 +246,50 @@ def test_a_partition_moved_since_the_last_fit_is_found_again_without_a_restart(c
     assert_same_model(third, first, rtol=0)
 
 
-def test_workers_the_client_cannot_reach_are_called_through_the_scheduler(client, on_workers, tmp_path):
+def test_workers_the_client_cannot_reach_are_called_through_the_scheduler(client, on_workers, tmp_path, monkeypatch):
     """The ranks are called straight from the client; where it cannot connect to a worker (a client
-    outside the cluster's network), the call goes through the scheduler (Client.run) and the fit is the same."""
+    outside the cluster's network), the call goes through the scheduler (Client.run) and the fit is the same.
+    The connect waits at most 5 s (not distributed's 30), and a worker it could not reach is not tried again by
+    the next fits (each would wait as long) until _UNREACHABLE_S has passed."""
+    from pystrom.dask import _rank_call
+
     parts = _persisted(client, _write(tmp_path, logreg_data(4000)))
     direct = fit_on(client, parts, columns=FEATURES, target="y")
     real = client.rpc.connect
     workers = set(client.scheduler_info()["workers"])
-    refused = []
+    refused, reached, timeouts = [], [], []
 
-    async def connect(address, *args, **kwargs):
+    async def refusing(address, *args, **kwargs):
         if address not in workers:
             return await real(address, *args, **kwargs)  # the scheduler's, reachable
         refused.append(address)
+        timeouts.append(kwargs.get("timeout"))
         raise OSError(f"no route to {address} (test)")
 
-    client.rpc.connect = connect
+    async def counting(address, *args, **kwargs):
+        if address in workers:
+            reached.append(address)
+        return await real(address, *args, **kwargs)
+
     try:
+        client.rpc.connect = refusing
         relayed = fit_on(client, parts, columns=FEATURES, target="y")
+        assert len(set(refused)) == 2, refused  # both ranks' workers, each then reached through the scheduler
+        assert all(t is not None and 0 < t <= 5 for t in timeouts), timeouts
+        again = fit_on(client, parts, columns=FEATURES, target="y")
+        assert len(refused) == 2, refused  # remembered: not tried again
+        client.rpc.connect = counting
+        still = fit_on(client, parts, columns=FEATURES, target="y")
+        assert reached == []  # within _UNREACHABLE_S of the failure
+        monkeypatch.setattr(_rank_call, "_UNREACHABLE_S", 0.0)
+        back = fit_on(client, parts, columns=FEATURES, target="y")
+        assert sorted(set(reached)) == sorted(workers), reached  # tried again, and reached
     finally:
         client.rpc.connect = real
-    assert len(set(refused)) == 2, refused  # both ranks' workers, each then reached through the scheduler
-    assert relayed.fit_info_["path"] == "workers" and relayed.fit_info_["restarts"] == 0
-    assert_same_model(relayed, direct, rtol=0)
+        _rank_call._UNREACHABLE.clear()
+    for got in (relayed, again, still, back):
+        assert got.fit_info_["path"] == "workers" and got.fit_info_["restarts"] == 0
+        assert_same_model(got, direct, rtol=0)
 
 
 def test_one_class_and_no_rows_are_the_in_memory_errors(client, on_workers, tmp_path):

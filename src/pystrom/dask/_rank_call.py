@@ -5,12 +5,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import pickle
+import time
 from typing import Any
 
 from ..errors import ClusterError
 from ._rank import run_rank_here
 
 __all__ = ["RankCall", "rank_payload"]
+
+# A client outside the workers' network (another site, a laptop through the scheduler's port only) cannot
+# connect to them: a connect there may hang until distributed's connect timeout (30 s by default) when the
+# route drops packets. So the direct connect gets at most _CONNECT_S, and a worker it failed to reach is
+# called through the scheduler, without trying again, for _UNREACHABLE_S (each fit would pay the wait).
+_CONNECT_S = 5.0
+_UNREACHABLE_S = 600.0
+_UNREACHABLE: dict[tuple[str, str], float] = {}  # (client id, worker address) -> when its connect failed
+_UNREACHABLE_MAX = 1024
 
 
 class RankCall:
@@ -48,11 +58,8 @@ async def _call_rank(client: Any, address: str, payload: tuple[bytes, bytes]) ->
     from distributed.core import clean_exception, send_recv
 
     function, args = payload
-    try:
-        comm = await client.rpc.connect(address)
-    except Exception:  # noqa: BLE001 - not reachable from here: through the scheduler (its error if gone)
-        comm = None
-    if comm is None:
+    comm = await _connect(client, address)
+    if comm is None:  # not reachable from here: through the scheduler (its error if the worker is gone)
         got = await client._run(run_rank_here, *_unpickle(args), workers=[address], on_error="return")
         value = got.get(address)  # (absent where the worker left before the call reached it)
         if value is None:
@@ -68,6 +75,28 @@ async def _call_rank(client: Any, address: str, payload: tuple[bytes, bytes]) ->
         return pickle.loads(reply["result"])  # run_rank_here pickles its result (one frame)
     _, exc, tb = clean_exception(**reply)
     raise exc.with_traceback(tb)
+
+
+async def _connect(client: Any, address: str) -> Any:
+    """A pooled connection from the client to the worker at ``address``, or None where it cannot be
+    reached (now, or within the last _UNREACHABLE_S seconds)."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    key = (client.id, address)
+    failed = _UNREACHABLE.get(key)
+    if failed is not None and time.monotonic() - failed < _UNREACHABLE_S:
+        return None
+    limit = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="seconds")
+    try:
+        comm = await client.rpc.connect(address, timeout=min(_CONNECT_S, limit))
+    except Exception:  # noqa: BLE001 - refused, unroutable, timed out: remembered
+        while len(_UNREACHABLE) >= _UNREACHABLE_MAX:
+            del _UNREACHABLE[next(iter(_UNREACHABLE))]
+        _UNREACHABLE[key] = time.monotonic()
+        return None
+    _UNREACHABLE.pop(key, None)
+    return comm
 
 
 def _unpickle(data: bytes) -> tuple:
