@@ -49,6 +49,24 @@ def test_properties(device):
     assert t.column(0).name == "x" and t.column(-1).name == "flag"
 
 
+def test_a_table_is_not_iterable_and_says_so(device):
+    """Python iterated a Table through table[0], table[1], ... (ColumnNotFoundError 'got 0'); iterating the names
+    instead made np.asarray(table) and pandas.DataFrame(table) silently arrays of names. So iter() refuses."""
+    from collections.abc import Iterable
+
+    t = _sample(device)
+    with pytest.raises(TypeError, match="'Table' object is not iterable"):
+        iter(t)
+    with pytest.raises(TypeError, match="not iterable"):
+        list(t)
+    assert not isinstance(t, Iterable)
+    with pytest.raises(TypeError):
+        np.asarray(t)
+    with pytest.raises(TypeError, match="got one Table"):
+        pystrom.concat(t)
+    assert "x" in t and t.column_names[0] == "x"  # the names as ever
+
+
 def test_columns_are_zero_copy_views_inside_the_allocation(device, xp):
     t = _sample(device)
     block = t._block

@@ -35,6 +35,8 @@ def concat(tables: Sequence[Table]) -> Table:
     """
     from .table import Table  # up: concat builds a Table; table operations (fill_null) use concat
 
+    if isinstance(tables, Table):
+        raise TypeError("concat takes a list of pystrom Tables; got one Table (pystrom.concat([a, b]))")
     tables = list(tables)
     if not tables:
         raise ValueError("concat needs at least one table")

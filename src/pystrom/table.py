@@ -202,6 +202,12 @@ class Table(TableOps):
     def __contains__(self, name: object) -> bool:
         return name in self._index
 
+    # Not iterable: Python would otherwise iterate through table[0], table[1], ... and raise
+    # ColumnNotFoundError, and iterating the names (pandas' way) made np.asarray(table) and
+    # pandas.DataFrame(table) silently build arrays of the column names. None makes iter() raise
+    # TypeError and isinstance(table, Iterable) False; the names are column_names, the columns columns.
+    __iter__ = None
+
     # -- views ------------------------------------------------------------------------------------
 
     def select(self, columns: Iterable[str | int]) -> Table:
