@@ -87,6 +87,23 @@ def test_a_refused_statement_is_shown_as_written(pg, breast_cancer):
         pystrom.read_postgres(pg.conninfo, f"SELECT nope FROM {breast_cancer}")
     with pytest.raises(PostgresError, match="at the end of the statement .it stops short."):
         pystrom.read_postgres(pg.conninfo, f"SELECT * FROM {breast_cancer} WHERE")
+    assert "psycopg" not in message  # a typo inside a query gets no hint about other statements
+
+
+@pytest.mark.parametrize(
+    "statement,keyword",
+    [("DROP TABLE {t}", "DROP"), ("delete from {t} returning *", "DELETE"), ("VACUUM {t}", "VACUUM"),
+     ("  -- a comment\n /* another */ (INSERT INTO {t} DEFAULT VALUES RETURNING 1)", "INSERT")],
+)  # fmt: skip
+def test_a_statement_that_is_not_a_query_is_named(pg, breast_cancer, statement, keyword):
+    """read_postgres reads SELECT * FROM (the statement); another statement there is a syntax error, and the
+    message says what read_postgres reads and where the statement goes instead. Nothing runs."""
+    before = pg.fetch(f"SELECT count(*) FROM {breast_cancer}")[0][0]
+    with pytest.raises(
+        PostgresError, match=f"syntax error.*reads the rows of a query .*run a {keyword} statement with psycopg"
+    ):
+        pystrom.read_postgres(pg.conninfo, statement.format(t=breast_cancer))
+    assert pg.fetch(f"SELECT count(*) FROM {breast_cancer}")[0][0] == before
 
 
 def test_write_postgres_arguments_out_of_order_show_the_signature(pg):

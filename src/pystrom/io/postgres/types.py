@@ -102,7 +102,28 @@ def _in_statement(exc: PostgresError, conn: Any, select: Any) -> str:
     else:
         message += f"; the statement: {_excerpt(text, 0)}"
     hint = getattr(diag, "message_hint", None)
-    return message + (f" (hint: {hint})" if hint else "")
+    message += f" (hint: {hint})" if hint else ""
+    keyword = _first_keyword(text)
+    if getattr(diag, "sqlstate", None) == "42601" and keyword in _OTHER_STATEMENTS:
+        message += (f"; read_postgres reads the rows of a query (SELECT, WITH ... SELECT, VALUES or TABLE): run a "
+                    f"{keyword.upper()} statement with psycopg")  # fmt: skip
+    return message
+
+
+# Statements that cannot stand inside ``SELECT * FROM (...)`` (only SELECT, WITH ... SELECT, VALUES and TABLE
+# can): a syntax error in one of them is that, not a typo inside a query.
+_OTHER_STATEMENTS = frozenset(
+    "insert update delete merge create drop alter truncate grant revoke copy vacuum analyze begin start commit "
+    "rollback set reset call do refresh comment cluster reindex lock explain show listen notify prepare execute "
+    "discard checkpoint".split()
+)
+_LEADING = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/|\()*", re.S)
+
+
+def _first_keyword(text: str) -> str | None:
+    """The statement's first word, past whitespace, comments and opening parentheses (lower case)."""
+    m = re.match(r"[A-Za-z_]+", text[_LEADING.match(text).end() :])
+    return m.group(0).lower() if m else None
 
 
 def _excerpt(text: str, at: int, width: int = 40) -> str:
