@@ -525,7 +525,11 @@ def test_bad_inputs_give_clear_errors(device):
         est.fit(Xd, yd[:-1])
     with pytest.raises(pystrom.DataError, match="one class only"):
         est.fit(Xd, on(device, np.ones_like(y)))
-    with pytest.raises(pystrom.DataError, match="Only binary"):
+    with pytest.raises(pystrom.DataError, match="one class only .True.; logistic regression needs two"):
+        est.fit(Xd, on(device, np.ones(len(y), dtype=bool)))  # the class as Python shows it (not np.True_)
+    n3 = int(np.count_nonzero(np.arange(len(y)) % 3 == 1))
+    with pytest.raises(pystrom.DataError, match=rf"{n3:,} rows hold neither its smallest value \(0\) nor its largest "
+                       r"\(2\)\. Only binary"):  # fmt: skip
         est.fit(Xd, on(device, np.arange(len(y)) % 3))
     bad = X.copy()
     bad[5, 1] = np.nan

@@ -106,7 +106,9 @@ def encode_target(xp: Any, y: Any, name: str, binary01: bool) -> tuple[Any, np.n
         what = "values other than 0 and 1" if binary01 else "more than two distinct values"
         if y.dtype.kind == "f" and bool((y != xp.floor(y)).any()):
             what = f"{what}, not whole numbers (Unknown label type: continuous)"
-        raise DataError(f"target {name} has {what} ({others:,} rows). Only binary classification is supported.")
+        which = "neither 0 nor 1" if binary01 else f"neither its smallest value ({lo:g}) nor its largest ({hi:g})"
+        raise DataError(f"target {name} has {what}: {others:,} rows hold {which}. Only binary classification is "
+                        "supported.")  # fmt: skip
     classes = np.array([lo, hi], dtype=y.dtype) if y.dtype.kind != "f" else np.array([lo, hi])
     return (y == hi).astype(np.uint8), classes
 
@@ -124,7 +126,7 @@ def not_2d_message(X: Any) -> str:
 
 def _class_count_message(name: str, classes: np.ndarray) -> str:
     if len(classes) < 2:
-        shown = f"one class only ({classes[0]!r})" if len(classes) else "no values"
+        shown = f"one class only ({np.asarray(classes[0]).item()!r})" if len(classes) else "no values"
         return f"target {name} has {shown}; logistic regression needs two classes"
     return f"target {name} has {len(classes)} classes. Only binary classification is supported."
 
