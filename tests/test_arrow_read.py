@@ -239,7 +239,7 @@ def test_truncated_file(tmp_path, device, keep):
     bad = tmp_path / "trunc.arrow"
     bad.write_bytes(data[: int(len(data) * keep)])
     before = _pool_used(device)
-    with pytest.raises(pystrom.FileFormatError, match="trunc.arrow"):
+    with pytest.raises(pystrom.FileFormatError, match="trunc.arrow.*does not end with it: cut short, or still being"):
         pystrom.read_arrow(bad, device=device)
     assert _pool_used(device) == before
 

@@ -229,9 +229,14 @@ class ArrowFile:
             self.raw_schema = self.schema  # with any footer statistics, for the statistics reader
             self.schema = _without_footer_stats(self.schema)
         except ARROW_ERRORS as exc:
+            # A file's footer ends with the magic too: a file read while its writer is still at it, or cut short
+            # by a full disk or an interrupted copy, starts as one and does not end as one.
+            cut = not self.is_stream and self.size >= 6 and self._whole.slice(self.size - 6).to_pybytes() != b"ARROW1"
             self.close()
             kind = "pre-0.15 legacy IPC stream" if self.legacy_stream else "Arrow IPC file"
-            raise FileFormatError(f"{path!r} is not a readable {kind}: {type(exc).__name__}: {exc}") from None
+            why = (" (it starts with the file magic 'ARROW1' but does not end with it: cut short, or still being"
+                   " written)") if cut else ""  # fmt: skip
+            raise FileFormatError(f"{path!r} is not a readable {kind}{why}: {type(exc).__name__}: {exc}") from None
         self.compressed = False  # pyarrow inflated (or byte-swapped) a body: every column goes through the host
         # each record batch's custom metadata where :mod:`.read.batches` parsed the messages itself (asking
         # pyarrow parses the batch again, and inflates a compressed one whole): KeyValueMetadata, {} for none
