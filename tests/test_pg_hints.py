@@ -93,7 +93,8 @@ def test_a_refused_statement_is_shown_as_written(pg, breast_cancer):
 @pytest.mark.parametrize(
     "statement,keyword",
     [("DROP TABLE {t}", "DROP"), ("delete from {t} returning *", "DELETE"), ("VACUUM {t}", "VACUUM"),
-     ("  -- a comment\n /* another */ (INSERT INTO {t} DEFAULT VALUES RETURNING 1)", "INSERT")],
+     ("  -- a comment\n /* another */ (INSERT INTO {t} DEFAULT VALUES RETURNING 1)", "INSERT"),
+     ("/* comments /* nest */ in PostgreSQL */ DROP TABLE {t}", "DROP")],
 )  # fmt: skip
 def test_a_statement_that_is_not_a_query_is_named(pg, breast_cancer, statement, keyword):
     """read_postgres reads SELECT * FROM (the statement); another statement there is a syntax error, and the

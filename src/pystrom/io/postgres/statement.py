@@ -217,31 +217,58 @@ def _statement_body(text: str) -> str:
     end = 0  # just past the last significant token that is not ';'
     i, n = 0, len(text)
     while i < n:
-        c = text[i]
-        if c.isspace():
+        if text[i].isspace() or text[i] == ";":
             i += 1
             continue
-        if text.startswith("--", i):
-            newline = text.find("\n", i)
-            i = n if newline < 0 else newline + 1
-            continue
-        if text.startswith("/*", i):  # block comments nest in PostgreSQL
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if text.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-            end = i if depth else end  # an unclosed comment: left for the server to refuse
-            continue
-        if c == ";":
-            i += 1
-            continue
-        i = _token_end(text, i)
-        end = i
+        comment = _comment_end(text, i)
+        if comment < 0:  # an unclosed comment: left for the server to refuse
+            i = end = n
+        elif comment > i:
+            i = comment
+        else:
+            i = end = _token_end(text, i)
     return text[:end]
+
+
+def first_keyword(text: str) -> str | None:
+    """The statement's first word in lower case, past whitespace, comments (as :func:`_statement_body`
+    skips them) and opening parentheses; None where it starts with something else."""
+    i, n = 0, len(text)
+    while i < n:
+        if text[i].isspace() or text[i] == "(":
+            i += 1
+            continue
+        comment = _comment_end(text, i)
+        if comment < 0:
+            return None
+        if comment == i:
+            break
+        i = comment
+    word = _WORD.match(text, i)
+    return word.group(0).lower() if word else None
+
+
+_WORD = re.compile(r"[A-Za-z_]+")
+
+
+def _comment_end(text: str, i: int) -> int:
+    """Where the comment starting at ``text[i]`` ends: ``i`` itself where none starts there, -1 for a
+    block comment never closed. Block comments nest in PostgreSQL."""
+    n = len(text)
+    if text.startswith("--", i):
+        newline = text.find("\n", i)
+        return n if newline < 0 else newline + 1
+    if not text.startswith("/*", i):
+        return i
+    depth, i = 1, i + 2
+    while i < n and depth:
+        if text.startswith("/*", i):
+            depth, i = depth + 1, i + 2
+        elif text.startswith("*/", i):
+            depth, i = depth - 1, i + 2
+        else:
+            i += 1
+    return -1 if depth else i
 
 
 def _token_end(text: str, i: int) -> int:

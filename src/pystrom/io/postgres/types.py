@@ -21,7 +21,7 @@ from ...errors import ColumnNotFoundError, PostgresError, SchemaMismatchError, U
 from .arrays import ARRAYS, TEXT_ARRAYS, array_column, array_refusal, server_lengths
 from .columns import STRUCT_KIND, PgColumn, flattened, part_items, part_sql, quoted
 from .pump import Kind
-from .statement import Plan, cast_item, rewrite_columns
+from .statement import Plan, cast_item, first_keyword, rewrite_columns
 
 __all__ = ["describe", "describe_read", "check_partition_key"]
 
@@ -103,7 +103,7 @@ def _in_statement(exc: PostgresError, conn: Any, select: Any) -> str:
         message += f"; the statement: {_excerpt(text, 0)}"
     hint = getattr(diag, "message_hint", None)
     message += f" (hint: {hint})" if hint else ""
-    keyword = _first_keyword(text)
+    keyword = first_keyword(text)
     if getattr(diag, "sqlstate", None) == "42601" and keyword in _OTHER_STATEMENTS:
         message += (f"; read_postgres reads the rows of a query (SELECT, WITH ... SELECT, VALUES or TABLE): run a "
                     f"{keyword.upper()} statement with psycopg")  # fmt: skip
@@ -117,13 +117,6 @@ _OTHER_STATEMENTS = frozenset(
     "rollback set reset call do refresh comment cluster reindex lock explain show listen notify prepare execute "
     "discard checkpoint".split()
 )
-_LEADING = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/|\()*", re.S)
-
-
-def _first_keyword(text: str) -> str | None:
-    """The statement's first word, past whitespace, comments and opening parentheses (lower case)."""
-    m = re.match(r"[A-Za-z_]+", text[_LEADING.match(text).end() :])
-    return m.group(0).lower() if m else None
 
 
 def _excerpt(text: str, at: int, width: int = 40) -> str:
