@@ -23,6 +23,8 @@ def _check(seeds, outcomes, cases):
     # a run over devices ("<cpu> | <cuda>") agrees on every mutant (checked above): count the first device's
     counts = af.summary({i: o.split(" | ")[0] for i, o in outcomes.items()})
     assert not bad, f"{len(bad)} mutants crashed, hung, leaked a foreign error or answered wrongly: {bad}"
+    # libzstd and pyarrow's codec decoding one corrupt frame to different bytes: rare (1 of 900 seen)
+    assert counts["zstd-version"] <= len(cases) // 100
     assert counts["same"] > len(cases) // 10  # the mutants are not all trivially broken
     assert sum(v for k, v in counts.items() if k.startswith("error:")) > len(cases) // 10
 

@@ -253,10 +253,10 @@ def test_native_decoding_equals_pyarrows_codec(monkeypatch):
         assert (out[at + claim : at + claim + 64] == 0xEE).all(), name
 
 
-@pytest.mark.parametrize("decoder", ["pyarrow", "libzstd"])
+@pytest.mark.parametrize("decoder", ["auto", "pyarrow", "libzstd"])
 def test_read_arrow_with_either_zstd_decoder(tmp_path, decoder, monkeypatch):
-    """``defaults.zstd_decoder``: the same table either way (pyarrow's codec where no libzstd loads); a
-    frame that does not fill its claim refused either way."""
+    """``defaults.zstd_decoder``: the same table either way (pyarrow's codec where no libzstd loads, and
+    'auto', the default, is libzstd where it does); a frame that does not fill its claim refused either way."""
     from pystrom.io.arrow.codecs import host as ih
 
     table = pa.table({"x": np.arange(5000, dtype=np.int64), "y": np.random.default_rng(1).random(5000)})
@@ -267,4 +267,21 @@ def test_read_arrow_with_either_zstd_decoder(tmp_path, decoder, monkeypatch):
     monkeypatch.setattr(ih._core, "zstd_frames_decode", lambda *a: calls.append(1) or real(*a))
     with pystrom.defaults.set(zstd_decoder=decoder):
         assert pystrom.read_arrow(path, device="cpu").to_arrow().equals(table)
-    assert bool(calls) == (decoder == "libzstd" and ih._libzstd_loads())
+    native = ih._libzstd_version() >= (ih._AUTO_LIBZSTD if decoder == "auto" else 1)
+    assert bool(calls) == (decoder != "pyarrow" and native)
+
+
+def test_auto_takes_libzstd_from_the_version_pyarrow_bundles(monkeypatch):
+    """'auto' (the default) decodes through the system's libzstd only from 1.5.7 on (older ones notice less
+    corruption inside a frame); 'libzstd' through any that loads; 'pyarrow' never."""
+    from pystrom.io.arrow.codecs import host as ih
+
+    assert pystrom.defaults.zstd_decoder == "auto" or "PYSTROM_ZSTD_DECODER" in os.environ
+    for version, auto in ((0, False), (10504, False), (10505, False), (10507, True), (10600, True)):
+        monkeypatch.setattr(ih, "_libzstd_version", lambda version=version: version)
+        with pystrom.defaults.set(zstd_decoder="auto"):
+            assert ih.native_zstd() is auto, version
+        with pystrom.defaults.set(zstd_decoder="libzstd"):
+            assert ih.native_zstd() is (version > 0), version
+        with pystrom.defaults.set(zstd_decoder="pyarrow"):
+            assert ih.native_zstd() is False
