@@ -133,6 +133,30 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 static inline void __syncwarp(unsigned = 0xffffffffu) { emu_block->warps[threadIdx.x / 32]->arrive_and_wait(); }
+static inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+template <typename T>
+static inline T __shfl_sync(unsigned, T v, int src, int = 32) {
+  static_assert(sizeof(T) <= 8, "8-byte slots");
+  const unsigned t = threadIdx.x, w = t / 32;
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  emu_block->slots[t] = bits;
+  emu_block->warps[w]->arrive_and_wait();
+  T out;
+  bits = emu_block->slots[w * 32 + ((unsigned)src & 31)];
+  std::memcpy(&out, &bits, sizeof(T));
+  emu_block->warps[w]->arrive_and_wait();
+  return out;
+}
+static inline int __all_sync(unsigned, int pred) {
+  const unsigned t = threadIdx.x, w = t / 32;
+  emu_block->slots[t] = pred != 0;
+  emu_block->warps[w]->arrive_and_wait();
+  int all = 1;
+  for (unsigned i = 0; i < 32; ++i) all &= emu_block->slots[w * 32 + i] != 0;
+  emu_block->warps[w]->arrive_and_wait();
+  return all;
+}
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
   s &= 31;

@@ -186,7 +186,10 @@ def test_which_codecs_are_staged(monkeypatch):
 
     assert not staged(resolve_device("cpu"), "zstd") and not staged(resolve_device("cpu"), "lz4_frame")
     monkeypatch.delenv("PYSTROM_NVCOMP", raising=False)
-    assert staged(Gpu(), "zstd") and not staged(Gpu(), "lz4_frame")
+    # ZSTD: kernels/zstd.cu by default, the CPU codecs (staged) with gpu_zstd_decoder="host"
+    assert not staged(Gpu(), "zstd") and not staged(Gpu(), "lz4_frame")
+    with pystrom.defaults.set(gpu_zstd_decoder="host"):
+        assert staged(Gpu(), "zstd") and not staged(Gpu(), "lz4_frame")
     monkeypatch.setenv("PYSTROM_NVCOMP", "1")
     from pystrom.io.arrow.codecs.device import nvcomp_available
 
@@ -341,15 +344,20 @@ def test_host_copies_twin():
 @pytest.mark.gpu
 @needs_gpu
 def test_zstd_on_a_gpu_is_staged_by_itself(tmp_path, monkeypatch):
+    """With gpu_zstd_decoder="host" every ZSTD frame takes the staged path; by default (kernels/zstd.cu) none."""
     monkeypatch.delenv("PYSTROM_NVCOMP", raising=False)
     seen = _spy(monkeypatch)
     table = _table(20_000, True)
     path = tmp_path / "z.arrow"
     _write(path, table, "zstd", lengths=[37] * 500)
-    _assert_same(_read_quietly(path, device="cuda"), _reference(path))
+    with pystrom.defaults.set(gpu_zstd_decoder="host"):
+        _assert_same(_read_quietly(path, device="cuda"), _reference(path))
     reader = seen[-1]
     assert reader._staged.slices > 0 and reader.slices == reader._staged.slices  # no frame on the device path
     assert reader.bytes_read > 0
+    _assert_same(_read_quietly(path, device="cuda"), _reference(path))
+    reader = seen[-1]
+    assert reader._staged.slices == 0 and reader.slices > 0
 
 
 @pytest.mark.gpu

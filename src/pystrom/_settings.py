@@ -117,6 +117,15 @@ _OPTIONS: dict[str, _Option] = {
         "alike; a frame corrupt inside (Arrow's carry no checksum) may decode to other bytes through another "
         "version, and older ones notice less corruption.",
     ),
+    "gpu_zstd_decoder": _Option(
+        "PYSTROM_GPU_ZSTD_DECODER",
+        str,
+        "kernel",
+        lambda v: v in ("kernel", "host"),
+        "What decodes the ZSTD bodies of Arrow files read onto a GPU: 'kernel', pystrom's decoder "
+        "(kernels/zstd.cu, a warp a frame; a frame with a content checksum goes to the host codec); 'host', the "
+        "CPU codec (zstd_decoder) into pinned staging. PYSTROM_NVCOMP=1 hands them to nvCOMP instead of either.",
+    ),
     "logit_hessian": _Option(
         "PYSTROM_LOGIT_HESSIAN",
         str,

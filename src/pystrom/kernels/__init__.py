@@ -50,15 +50,16 @@ def launch(source_name: str, function: str, ordinal: int, work_items: int, args:
     launch_function(kernel(source_name, function, ordinal), ordinal, work_items, args)
 
 
-def launch_function(function: Any, ordinal: int, work_items: int, args: tuple) -> None:
-    """Launch a compiled grid-stride kernel (from :func:`kernel` or :func:`generated`) over ``work_items``."""
+def launch_function(function: Any, ordinal: int, work_items: int, args: tuple, threads: int = _THREADS) -> None:
+    """Launch a compiled grid-stride kernel (from :func:`kernel` or :func:`generated`) over ``work_items``,
+    in blocks of ``threads`` (a kernel whose shared memory is sized for fewer than 256 says so)."""
     if work_items <= 0:
         return
     import cupy
 
-    blocks = min((work_items + _THREADS - 1) // _THREADS, _max_blocks(ordinal))
+    blocks = min((work_items + threads - 1) // threads, _max_blocks(ordinal) * (_THREADS // threads))
     with cupy.cuda.Device(ordinal):
-        function((blocks,), (_THREADS,), args)
+        function((blocks,), (threads,), args)
 
 
 # Generated sources (one per predicate and schema) are many but each is asked for again on every

@@ -2,11 +2,13 @@
 
 - LZ4_FRAME: :file:`kernels/lz4.cu`, one warp per frame. nvCOMP's LZ4 decodes independent raw
   blocks, and Arrow's writer links the blocks of a frame (LZ4F's default), so nvCOMP cannot take them.
-- ZSTD: the CPU codecs (a host round trip) by default; a compressed file's reader does not come here for
-  them (:mod:`.codecs.staged` reads, decodes and copies them up without the round trip).
-  ``PYSTROM_NVCOMP=1`` in the environment (read at each call) hands them to nVCOMP's batched decoder
-  instead (RAW bitstreams are standard zstd frames; 1 GiB of 512 KiB frames at 28 GB/s on an H100),
-  only frames that pass
+- ZSTD: :file:`kernels/zstd.cu`, one warp per frame (``pystrom.defaults.gpu_zstd_decoder = "kernel"``,
+  the default): every table, bitstream and offset checked, so a corrupt frame gives -1; a frame with a
+  content checksum (Arrow's writers set none) goes through the CPU codecs, which verify it. With
+  ``"host"`` the CPU codecs decode them (a compressed file's reader then does not come here:
+  :mod:`.codecs.staged` reads, decodes and copies them up). ``PYSTROM_NVCOMP=1`` in the environment
+  (read at each call) hands them to nVCOMP's batched decoder instead (RAW bitstreams are standard zstd
+  frames; 1 GiB of 512 KiB frames at 28 GB/s on an H100), only frames that pass
   :func:`.codecs.host.check_zstd` on the host (one device-to-host copy of the group's frames; it reads
   headers only). That is opt-in for files one trusts: a truncated frame made nvCOMP fault
   (cudaErrorIllegalAddress, which poisons the CUDA context), and the check stops those, but on an
@@ -32,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from ...._dist import missing
-from ....kernels import launch
+from ...._settings import defaults
+from ....kernels import kernel, launch, launch_function
 from .host import check_zstd, inflate_host
 
 __all__ = ["_inflate_device", "decodes_on_host", "nvcomp_available"]
@@ -57,11 +60,13 @@ def nvcomp_available() -> bool:
 
 
 def decodes_on_host(codec: str) -> bool:
-    """Whether a GPU leaves ``codec``'s frames to the CPU codecs: ZSTD unless nvCOMP is enabled. Enabled
-    (``PYSTROM_NVCOMP=1``) where nvCOMP does not import is an error naming the extra, not a quiet
-    fallback: whoever set it expects nvCOMP's decoder."""
-    if codec != "zstd" or not _nvcomp_zstd():
-        return codec == "zstd"
+    """Whether a GPU leaves ``codec``'s frames to the CPU codecs: ZSTD with ``gpu_zstd_decoder="host"``
+    and nvCOMP not enabled. Enabled (``PYSTROM_NVCOMP=1``) where nvCOMP does not import is an error naming
+    the extra, not a quiet fallback: whoever set it expects nvCOMP's decoder."""
+    if codec != "zstd":
+        return False
+    if not _nvcomp_zstd():
+        return defaults.gpu_zstd_decoder == "host"
     if not nvcomp_available():
         try:
             from nvidia import nvcomp  # noqa: F401  (again, for the reason it fails)
@@ -85,6 +90,8 @@ def _inflate_device(backend: Any, frames: Any, addresses: np.ndarray, wait: bool
     if frames.codec == "lz4_frame":
         return _lz4(backend, frames, n, addresses, wait)
     if frames.codec == "zstd":
+        if not _nvcomp_zstd() and defaults.gpu_zstd_decoder == "kernel":
+            return _zstd_kernel(backend, frames, n, addresses)
         return _zstd(backend, frames, n)
     raise ValueError(f"unknown codec {frames.codec!r}")
 
@@ -99,6 +106,25 @@ def _lz4(backend: Any, frames: Any, n: int, addresses: np.ndarray, wait: bool) -
     produced = cp.empty(n, dtype=cp.int64)
     launch("lz4", "lz4_frames", backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), produced))
     return produced.get() if wait else produced
+
+
+_ZSTD_THREADS = 128  # kernels/zstd.cu's ZSTD_WARPS warps a block (its shared tables are sized for them)
+
+
+def _zstd_kernel(backend: Any, frames: Any, n: int, addresses: np.ndarray) -> np.ndarray:
+    """ZSTD frames through kernels/zstd.cu on the current stream (waited for); the frames with a content
+    checksum (-2) through the CPU codecs."""
+    cp = backend.xp
+    table = np.concatenate([frames.src_offsets, frames.src_sizes, addresses, frames.dst_sizes])
+    dtable = cp.asarray(table.astype(np.int64, copy=False))
+    produced = cp.empty(n, dtype=cp.int64)
+    function = kernel("zstd", "zstd_frames", backend.ordinal)
+    launch_function(function, backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), produced), _ZSTD_THREADS)
+    got = produced.get()
+    host = np.flatnonzero(got == -2)
+    if len(host):
+        got[host] = _on_host(backend, frames, host)
+    return got
 
 
 def _zstd(backend: Any, frames: Any, n: int) -> np.ndarray:
