@@ -70,43 +70,50 @@ __device__ __forceinline__ u64 le_bytes(const u8* p, int k) {
 // ---------------------------------------------------------------------------------------------------
 // A backward bitstream (RFC 8878 4.1): read from its end towards its start, after the end mark (the
 // last byte's highest set bit). Bits before the start read as zeros; pos < 0 means it read past it.
+// Positions are 32-bit: a stream lies inside one block (at most 128 KiB).
 struct BackBits {
   const u8* p;
-  i64 n;
-  i64 pos;    // the bits not yet read are [0, pos)
+  int n;
+  int pos;    // the bits not yet read are [0, pos)
   u64 cache;  // bits [lo, lo + 64) of the stream
-  i64 lo;
+  int lo;
 };
 
+// The 8 bytes p[first, first + 8) as a little-endian number, bytes outside [0, n) as zeros.
+__device__ __forceinline__ u64 load8(const u8* p, int n, int first) {
+  u64 v = 0;
+  if (first >= 0 && first + 8 <= n) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v |= (u64)p[first + i] << (8 * i);
+  } else {
+    for (int i = 0; i < 8; ++i) v |= (u64)byte_at(p, n, first + i) << (8 * i);
+  }
+  return v;
+}
+
 __device__ __forceinline__ bool back_init(BackBits& b, const u8* p, i64 n) {
-  if (n < 1 || p[n - 1] == 0) return false;
+  if (n < 1 || n > (1 << 24) || p[n - 1] == 0) return false;
   b.p = p;
-  b.n = n;
-  b.pos = (n - 1) * 8 + high_bit(p[n - 1]);
-  b.lo = (i64)1 << 62;  // nothing cached
+  b.n = (int)n;
+  b.pos = (int)(n - 1) * 8 + high_bit(p[n - 1]);
+  b.lo = 1 << 30;  // nothing cached
   return true;
 }
 
-// The next n bits (n <= 32) as a number whose highest bit is the stream's bit pos - 1, not consumed.
-__device__ __forceinline__ u32 back_peek(BackBits& b, int n) {
-  const i64 from = b.pos - n;
+// The next k bits (k <= 32) as a number whose highest bit is the stream's bit pos - 1, not consumed.
+__device__ __forceinline__ u32 back_peek(BackBits& b, int k) {
+  const int from = b.pos - k;
   if (from < b.lo) {  // cache bytes [ceil(pos / 8) - 8, ceil(pos / 8)): covers [pos - 57, pos)
-    const i64 first = ((b.pos + 7) >> 3) - 8;
-    u64 v = 0;
-    if (first >= 0) {
-      for (int i = 0; i < 8; ++i) v |= (u64)b.p[first + i] << (8 * i);
-    } else {
-      for (int i = 0; i < 8; ++i) v |= (u64)byte_at(b.p, b.n, first + i) << (8 * i);
-    }
-    b.cache = v;
+    const int first = ((b.pos + 7) >> 3) - 8;
+    b.cache = load8(b.p, b.n, first);
     b.lo = first * 8;
   }
-  return n == 0 ? 0u : (u32)((b.cache >> (from - b.lo)) & ((1ull << n) - 1));
+  return k == 0 ? 0u : (u32)(b.cache >> (from - b.lo)) & (u32)((1ull << k) - 1);
 }
 
-__device__ __forceinline__ u32 back_read(BackBits& b, int n) {
-  const u32 v = back_peek(b, n);
-  b.pos -= n;
+__device__ __forceinline__ u32 back_read(BackBits& b, int k) {
+  const u32 v = back_peek(b, k);
+  b.pos -= k;
   return v;
 }
 
@@ -292,16 +299,37 @@ __device__ i64 read_huffman(const u8* p, i64 n, ZstdTables& t, int* max_bits, in
 }
 
 // One Huffman stream p[0, n) decoded into out[0, count): false where it is corrupt or not consumed exactly.
+// Four symbols a refill of 57 bits (codes are at most 11 bits long), no checks between them: this loop,
+// four lanes of a warp, is most of the decoding time of incompressible columns.
 __device__ bool huffman_stream(const u8* p, i64 n, const u16* huf, int bits, u8* out, i64 count) {
-  BackBits b;
-  if (!back_init(b, p, n)) return false;
-  for (i64 k = 0; k < count; ++k) {
-    const u16 e = huf[back_peek(b, bits)];
-    out[k] = (u8)(e >> 8);
-    b.pos -= e & 0xFF;
-    if (b.pos < 0) return false;
+  if (n < 1 || n > (1 << 24) || p[n - 1] == 0) return false;
+  int pos = (int)(n - 1) * 8 + high_bit(p[n - 1]);
+  const u32 mask = (1u << bits) - 1;
+  const int total = (int)count;  // at most 128 KiB
+  int k = 0;
+  while (k < total) {
+    const int first = ((pos + 7) >> 3) - 8;
+    const u64 cache = load8(p, (int)n, first);
+    int rel = pos - first * 8;  // 57 to 64 bits cached above `first`
+    if (total - k >= 4) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const u16 e = huf[(u32)(cache >> (rel - bits)) & mask];
+        out[k + j] = (u8)(e >> 8);
+        rel -= e & 0xFF;
+      }
+      k += 4;
+    } else {
+      for (; k < total; ++k) {
+        const u16 e = huf[(u32)(cache >> (rel - bits)) & mask];
+        out[k] = (u8)(e >> 8);
+        rel -= e & 0xFF;
+      }
+    }
+    pos = first * 8 + rel;
+    if (pos < 0) return false;
   }
-  return b.pos == 0;
+  return pos == 0;
 }
 
 // ---------------------------------------------------------------------------------------------------
