@@ -525,35 +525,67 @@ __device__ i64 compressed_block(const u8* b, i64 n, u8* out, i64 o, i64 cap, i64
     BackBits bs;
     if (!back_init(bs, b + at, n - at)) return -1;
     u32 ll_state = back_read(bs, f.ll_log), of_state = back_read(bs, f.of_log), ml_state = back_read(bs, f.ml_log);
+    // the repeated offsets in registers (f is in memory; an indexed array would be too)
+    u64 r0 = f.rep[0], r1 = f.rep[1], r2 = f.rep[2];
     for (i64 k = 0; k < count; ++k) {
       const u32 le = t.ll[ll_state], me = t.ml[ml_state], oe = t.of[of_state];
       const u32 ll_code = le & 0xFF, ml_code = me & 0xFF, of_code = oe & 0xFF;
       if (ll_code > 35 || ml_code > 52 || of_code > 31) return -1;
-      u64 offset = ((u64)1 << of_code) + back_read(bs, (int)of_code);  // Offset_Value
-      const i64 match = ML_BASE[ml_code] + back_read(bs, ML_BITS[ml_code]);
-      const i64 lits = LL_BASE[ll_code] + back_read(bs, LL_BITS[ll_code]);
+      const bool more = k + 1 < count;
+      const u32 ml_bits = ML_BITS[ml_code], ll_bits = LL_BITS[ll_code];
+      const u32 ll_nb = (le >> 8) & 0xFF, ml_nb = (me >> 8) & 0xFF, of_nb = (oe >> 8) & 0xFF;
+      const int need = (int)(of_code + ml_bits + ll_bits + (more ? ll_nb + ml_nb + of_nb : 0));
+      u32 of_extra, ml_extra, ll_extra;
+      if (need <= 56) {  // almost always: one refill at most, then the fields are shifts of one word
+        if (bs.pos - need < bs.lo) {
+          const int first = ((bs.pos + 7) >> 3) - 8;
+          bs.cache = load8(bs.p, bs.n, first);
+          bs.lo = first * 8;
+        }
+        int rel = bs.pos - bs.lo;  // >= need
+        auto take = [&](u32 bits) -> u32 {
+          rel -= (int)bits;
+          return (u32)(bs.cache >> rel) & ((1u << bits) - 1u);
+        };
+        of_extra = take(of_code);
+        ml_extra = take(ml_bits);
+        ll_extra = take(ll_bits);
+        if (more) {
+          ll_state = (le >> 16) + take(ll_nb);
+          ml_state = (me >> 16) + take(ml_nb);
+          of_state = (oe >> 16) + take(of_nb);
+        }
+        bs.pos = bs.lo + rel;
+      } else {
+        of_extra = back_read(bs, (int)of_code);
+        ml_extra = back_read(bs, (int)ml_bits);
+        ll_extra = back_read(bs, (int)ll_bits);
+        if (more) {
+          ll_state = (le >> 16) + back_read(bs, (int)ll_nb);
+          ml_state = (me >> 16) + back_read(bs, (int)ml_nb);
+          of_state = (oe >> 16) + back_read(bs, (int)of_nb);
+        }
+      }
+      u64 offset = ((u64)1 << of_code) + of_extra;  // Offset_Value
+      const i64 match = ML_BASE[ml_code] + ml_extra;
+      const i64 lits = LL_BASE[ll_code] + ll_extra;
       if (offset > 3) {
         offset -= 3;
-        f.rep[2] = f.rep[1];
-        f.rep[1] = f.rep[0];
-        f.rep[0] = offset;
+        r2 = r1;
+        r1 = r0;
+        r0 = offset;
       } else {
         const u32 idx = (u32)offset - 1 + (lits == 0);
         if (idx == 0) {
-          offset = f.rep[0];
+          offset = r0;
         } else {
-          u64 v = idx == 3 ? f.rep[0] - 1 : f.rep[idx];
+          const u64 v = idx == 1 ? r1 : idx == 2 ? r2 : r0 - 1;
           if (v == 0) return -1;
-          if (idx != 1) f.rep[2] = f.rep[1];
-          f.rep[1] = f.rep[0];
-          f.rep[0] = v;
+          if (idx != 1) r2 = r1;
+          r1 = r0;
+          r0 = v;
           offset = v;
         }
-      }
-      if (k + 1 < count) {
-        ll_state = (le >> 16) + back_read(bs, (le >> 8) & 0xFF);
-        ml_state = (me >> 16) + back_read(bs, (me >> 8) & 0xFF);
-        of_state = (oe >> 16) + back_read(bs, (oe >> 8) & 0xFF);
       }
       if (bs.pos < 0) return -1;
       // the copies: inside the output, never past the literals still to be read
@@ -567,6 +599,9 @@ __device__ i64 compressed_block(const u8* b, i64 n, u8* out, i64 o, i64 cap, i64
       warp_match(out, o, (i64)offset, match, lane);
       o += match;
     }
+    f.rep[0] = r0;
+    f.rep[1] = r1;
+    f.rep[2] = r2;
     if (bs.pos != 0) return -1;  // the bitstream consumed exactly
   } else if (at != n) {
     return -1;
