@@ -354,7 +354,8 @@ __device__ void warp_move(u8* out, const u8* src, i64 n, int lane) {
 }
 
 // out[o, o + n) = the n bytes that start `offset` back (a match; it may overlap what it writes, which
-// repeats the last `offset` bytes); reads only [o - offset, o). A match is at most 128 KiB long, so the remainders are 32-bit (a 64-bit one cost a tenth of a sequence-heavy frame's time).
+// repeats the last `offset` bytes); reads only [o - offset, o). A match is at most 128 KiB long, so
+// the remainders are 32-bit (cheaper than 64-bit ones).
 __device__ __forceinline__ void warp_match(u8* out, i64 o, i64 offset, i64 n, int lane) {
   const u8* from = out + o - offset;
   if (offset >= n) {
