@@ -50,35 +50,36 @@ static EmuBlock* emu_block;
 #define __restrict__
 #define __launch_bounds__(...)
 static inline void __syncthreads() { emu_block->block->arrive_and_wait(); }
-template <typename T>
-static inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
+// A warp shuffle: every lane publishes v, then reads the value of lane source(lane) (its own where that
+// is 32 or more), between two barriers of the warp.
+template <typename T, typename Source>
+static inline T emu_shuffle(T v, Source source) {
   static_assert(sizeof(T) <= 8, "8-byte slots");
   const unsigned t = threadIdx.x, w = t / 32;
   unsigned long long bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   emu_block->slots[t] = bits;
   emu_block->warps[w]->arrive_and_wait();
-  T out;
-  bits = emu_block->slots[w * 32 + ((t % 32) ^ (unsigned)mask)];
-  std::memcpy(&out, &bits, sizeof(T));
-  emu_block->warps[w]->arrive_and_wait();
-  return out;
-}
-template <typename T>
-static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
-  static_assert(sizeof(T) <= 8, "8-byte slots");
-  const unsigned t = threadIdx.x, w = t / 32, lane = t % 32;
-  unsigned long long bits = 0;
-  std::memcpy(&bits, &v, sizeof(T));
-  emu_block->slots[t] = bits;
-  emu_block->warps[w]->arrive_and_wait();
-  T out = v;  // a lane past the warp's end keeps its own value
-  if (lane + delta < 32) {
-    bits = emu_block->slots[w * 32 + lane + delta];
+  T out = v;
+  const unsigned from = source(t % 32);
+  if (from < 32) {
+    bits = emu_block->slots[w * 32 + from];
     std::memcpy(&out, &bits, sizeof(T));
   }
   emu_block->warps[w]->arrive_and_wait();
   return out;
+}
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
+  return emu_shuffle(v, [mask](unsigned lane) { return lane ^ (unsigned)mask; });  // out of range: its own
+}
+template <typename T>
+static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
+  return emu_shuffle(v, [delta](unsigned lane) { return lane + delta; });  // past the end: its own value
+}
+template <typename T>
+static inline T __shfl_sync(unsigned, T v, int src, int = 32) {
+  return emu_shuffle(v, [src](unsigned) { return (unsigned)src & 31; });
 }
 template <typename T>
 static inline T __ldcg(const T* p) { return *p; }
@@ -134,20 +135,6 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 static inline void __syncwarp(unsigned = 0xffffffffu) { emu_block->warps[threadIdx.x / 32]->arrive_and_wait(); }
 static inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
-template <typename T>
-static inline T __shfl_sync(unsigned, T v, int src, int = 32) {
-  static_assert(sizeof(T) <= 8, "8-byte slots");
-  const unsigned t = threadIdx.x, w = t / 32;
-  unsigned long long bits = 0;
-  std::memcpy(&bits, &v, sizeof(T));
-  emu_block->slots[t] = bits;
-  emu_block->warps[w]->arrive_and_wait();
-  T out;
-  bits = emu_block->slots[w * 32 + ((unsigned)src & 31)];
-  std::memcpy(&out, &bits, sizeof(T));
-  emu_block->warps[w]->arrive_and_wait();
-  return out;
-}
 static inline int __all_sync(unsigned, int pred) {
   const unsigned t = threadIdx.x, w = t / 32;
   emu_block->slots[t] = pred != 0;
