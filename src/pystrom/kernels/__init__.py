@@ -57,7 +57,7 @@ def launch_function(function: Any, ordinal: int, work_items: int, args: tuple, t
         return
     import cupy
 
-    blocks = min((work_items + threads - 1) // threads, _max_blocks(ordinal) * (_THREADS // threads))
+    blocks = min((work_items + threads - 1) // threads, max(1, _max_blocks(ordinal) * _THREADS // threads))
     with cupy.cuda.Device(ordinal):
         function((blocks,), (threads,), args)
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ...._dist import missing
 from ...._settings import defaults
-from ....kernels import kernel, launch, launch_function
+from ....kernels import kernel, launch_function
 from .host import check_zstd, inflate_host
 
 __all__ = ["_inflate_device", "decodes_on_host", "nvcomp_available"]
@@ -96,31 +96,34 @@ def _inflate_device(backend: Any, frames: Any, addresses: np.ndarray, wait: bool
     raise ValueError(f"unknown codec {frames.codec!r}")
 
 
-def _lz4(backend: Any, frames: Any, n: int, addresses: np.ndarray, wait: bool) -> Any:
+def _launch_frames(backend: Any, frames: Any, n: int, addresses: np.ndarray, codec: str, threads: int) -> Any:
+    """``<codec>_frames`` of kernels/<codec>.cu over the ``n`` frames, a warp a frame, in blocks of
+    ``threads``: the bytes each produced, a device array (ready when the current stream gets there)."""
     cp = backend.xp
-    if (addresses % 64).any():
-        raise ValueError("LZ4 frames are inflated to 64-byte aligned outputs")
-    # the kernel takes each frame's output address (kernels/lz4.cu): int64 holds a device pointer
+    # the kernels take each frame's output address: int64 holds a device pointer
     table = np.concatenate([frames.src_offsets, frames.src_sizes, addresses, frames.dst_sizes])
     dtable = cp.asarray(table.astype(np.int64, copy=False))
     produced = cp.empty(n, dtype=cp.int64)
-    launch("lz4", "lz4_frames", backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), produced))
+    function = kernel(codec, f"{codec}_frames", backend.ordinal)
+    launch_function(function, backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), produced), threads)
+    return produced
+
+
+def _lz4(backend: Any, frames: Any, n: int, addresses: np.ndarray, wait: bool) -> Any:
+    if (addresses % 64).any():
+        raise ValueError("LZ4 frames are inflated to 64-byte aligned outputs")
+    produced = _launch_frames(backend, frames, n, addresses, "lz4", _LZ4_THREADS)
     return produced.get() if wait else produced
 
 
+_LZ4_THREADS = 256  # kernels/lz4.cu's WARPS_PER_BLOCK warps a block (its rings are sized for them)
 _ZSTD_THREADS = 128  # kernels/zstd.cu's ZSTD_WARPS warps a block (its shared tables are sized for them)
 
 
 def _zstd_kernel(backend: Any, frames: Any, n: int, addresses: np.ndarray) -> np.ndarray:
     """ZSTD frames through kernels/zstd.cu on the current stream (waited for); the frames with a content
     checksum (-2) through the CPU codecs."""
-    cp = backend.xp
-    table = np.concatenate([frames.src_offsets, frames.src_sizes, addresses, frames.dst_sizes])
-    dtable = cp.asarray(table.astype(np.int64, copy=False))
-    produced = cp.empty(n, dtype=cp.int64)
-    function = kernel("zstd", "zstd_frames", backend.ordinal)
-    launch_function(function, backend.ordinal, n * 32, (frames.src, dtable, np.int32(n), produced), _ZSTD_THREADS)
-    got = produced.get()
+    got = _launch_frames(backend, frames, n, addresses, "zstd", _ZSTD_THREADS).get()
     host = np.flatnonzero(got == -2)
     if len(host):
         got[host] = _on_host(backend, frames, host)
