@@ -49,6 +49,62 @@ def _write_compressed(path: str, rows: int, codec: str) -> None:
             writer.write_batch(batch)
 
 
+def _write_rows(table, tmp: str, raw_bytes: int) -> list[Result]:
+    """``write_arrow(compression="lz4")`` of 2 GiB on the GPU (128 MiB with --quick), LZ4 compressed on the
+    GPU (kernels/lz4_encode.cu) against the CPU codec on every core (``gpu_compressor="host"``) and against
+    pyarrow (``to_arrow`` + ``feather.write_feather``, LZ4): a quarter of the read table (random floats,
+    barely compressible), and as many rows of small and sorted integers (compressible to about a third)."""
+    if table is None:
+        return []
+    import cupy
+
+    rows = table.num_rows // 4
+    rng = cupy.random.default_rng(1)
+    ints = {f"k{i}": rng.integers(0, 1000, rows) for i in range(6)}
+    ints["ts"] = cupy.arange(rows, dtype=cupy.int64)
+    ints["day"] = ints["ts"] // 100_000
+    parts = {"floats": table.slice(0, rows), "small ints": pystrom.Table.from_arrays(ints, device=table.device)}
+    results = []
+    for kind, part in parts.items():
+        results.extend(_write_one(kind, part, tmp, raw_bytes // 4))
+    return results
+
+
+def _write_one(kind: str, part, tmp: str, nbytes: int) -> list[Result]:
+    out = os.path.join(tmp, "written.arrow")
+    theirs = os.path.join(tmp, "written.feather")
+
+    def ours() -> None:
+        pystrom.write_arrow(part, out, compression="lz4")
+
+    def host() -> None:
+        with pystrom.defaults.set(gpu_compressor="host"):
+            pystrom.write_arrow(part, out, compression="lz4")
+
+    def pyarrow_write() -> None:
+        feather.write_feather(part.to_arrow(), theirs, compression="lz4")
+
+    def nothing() -> None:
+        pass
+
+    ours()
+    assert feather.read_table(out).equals(part.to_arrow()), "the GPU-compressed file reads back differently"
+    ratio = os.path.getsize(out) / nbytes
+    host()
+    ratio_host = os.path.getsize(out) / nbytes
+    gpu_s, host_s, theirs_s = (measure(f, nothing, 2) for f in (ours, host, pyarrow_write))
+    print(f"  write lz4 {kind}: GPU {nbytes / gpu_s / 1e9:.2f} GB/s ({ratio:.3f} of it), "
+          f"CPU codec {nbytes / host_s / 1e9:.2f} GB/s ({ratio_host:.3f}), "
+          f"pyarrow {nbytes / theirs_s / 1e9:.2f} GB/s")  # fmt: skip
+    label = f"write_arrow LZ4 {nbytes / 2**30:.1f} GiB {kind} from the GPU, GPU compressor"
+    for path in (out, theirs):
+        os.unlink(path)
+    return [
+        Result(label, "gpu_compressor='host' (CPU codec, every core)", gpu_s, host_s, nbytes),
+        Result(label, "to_arrow + feather.write_feather lz4", gpu_s, theirs_s, nbytes),
+    ]
+
+
 def run(device: str, quick: bool) -> list[Result]:
     rows = (512 << 20) // 64 if quick else (8 << 30) // 64
     raw_bytes = rows * 64
@@ -77,11 +133,13 @@ def run(device: str, quick: bool) -> list[Result]:
             t = ours()
             want = feather.read_table(path)
             assert t.to_arrow().equals(want), f"read_arrow of the {codec} file differs from pyarrow's"
-            del t, want
+            del want
             warm = measure(ours, sync, repeat)
             results.append(Result(f"read_arrow {label}, warm", "feather.read_table + asarray", warm,
                                   measure(baseline, sync, repeat), raw_bytes))  # fmt: skip
             print(f"  {codec} warm: {raw_bytes / warm / 1e9:.1f} GB/s of decompressed output (goal >= 20 on a GPU)")
+            if codec == "lz4":
+                results.extend(_write_rows(t if gpu else None, tmp, raw_bytes))
             cold = _measure_cold(path, ours, sync, 1 if quick else 2)
             results.append(Result(f"read_arrow {label}, cold", "feather.read_table + asarray", cold,
                                   _measure_cold(path, baseline, sync, 1), raw_bytes))  # fmt: skip
@@ -91,6 +149,7 @@ def run(device: str, quick: bool) -> list[Result]:
                                       cold, dd / 0.9, raw_bytes))  # fmt: skip
                 print(f"  {codec} cold: {raw_bytes / cold / 1e9:.2f} GB/s out; disk {size / dd / 1e9:.2f} GB/s x "
                       f"ratio {1 / ratio:.2f} = {raw_bytes / dd / 1e9:.2f} GB/s")  # fmt: skip
+            del t
             os.unlink(path)
 
         path = os.path.join(tmp, "data.arrow")

@@ -135,15 +135,29 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 static inline void __syncwarp(unsigned = 0xffffffffu) { emu_block->warps[threadIdx.x / 32]->arrive_and_wait(); }
 static inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
-static inline int __all_sync(unsigned, int pred) {
+// The lanes' predicates (__ballot_sync) or the lanes holding the same value (__match_any_sync) as a mask,
+// between two barriers of the warp.
+template <typename Bit>
+static inline unsigned emu_vote(unsigned long long v, Bit bit) {
   const unsigned t = threadIdx.x, w = t / 32;
-  emu_block->slots[t] = pred != 0;
+  emu_block->slots[t] = v;
   emu_block->warps[w]->arrive_and_wait();
-  int all = 1;
-  for (unsigned i = 0; i < 32; ++i) all &= emu_block->slots[w * 32 + i] != 0;
+  unsigned mask = 0;
+  for (unsigned i = 0; i < 32; ++i) mask |= bit(emu_block->slots[w * 32 + i], v) ? 1u << i : 0u;
   emu_block->warps[w]->arrive_and_wait();
-  return all;
+  return mask;
 }
+static inline unsigned __ballot_sync(unsigned, int pred) {
+  return emu_vote(pred != 0, [](unsigned long long other, unsigned long long) { return other != 0; });
+}
+template <typename T>
+static inline unsigned __match_any_sync(unsigned, T v) {
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  return emu_vote(bits, [](unsigned long long other, unsigned long long mine) { return other == mine; });
+}
+static inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
   s &= 31;

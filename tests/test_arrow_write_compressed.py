@@ -298,6 +298,22 @@ def test_deflater_threads_and_errors():
         assert d.threads == 1 and d.submit([b"a" * 100]).result()[0][0] == 100
     with pytest.raises(pystrom.InvalidArgumentError, match="codec"):
         Deflater(None)
+    with pytest.raises(pystrom.InvalidArgumentError, match="'lz4' at its one level only; got 'zstd'"):
+        Deflater("zstd", device=object())
+    with pytest.raises(pystrom.InvalidArgumentError, match="got 'lz4', level 9"):
+        Deflater("lz4", 9, device=object())
+
+
+def test_which_writes_compress_on_a_gpu():
+    """Only LZ4 at its default level, of a Table or scan on a GPU, and only while gpu_compressor is
+    "kernel" (tests/test_lz4_encode.py checks the GPU side)."""
+    from pystrom.io.arrow.write.write import _gpu_compressor
+
+    table = pystrom.Table.from_arrow(pa.table({"x": [1, 2, 3]}), device="cpu")
+    assert _gpu_compressor(table, "lz4", None) is None  # on the CPU
+    assert _gpu_compressor(pa.table({"x": [1]}), "lz4", None) is None  # host data
+    with pytest.raises(ValueError, match="invalid value 'nvcomp' for setting 'gpu_compressor'"):
+        pystrom.defaults.set(gpu_compressor="nvcomp")
 
 
 @pytest.mark.parametrize(

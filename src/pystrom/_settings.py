@@ -126,6 +126,16 @@ _OPTIONS: dict[str, _Option] = {
         "(kernels/zstd.cu, a warp a frame; a frame with a content checksum goes to the host codec); 'host', the "
         "CPU codec (zstd_decoder) into pinned staging. PYSTROM_NVCOMP=1 hands them to nvCOMP instead of either.",
     ),
+    "gpu_compressor": _Option(
+        "PYSTROM_GPU_COMPRESSOR",
+        str,
+        "kernel",
+        lambda v: v in ("kernel", "host"),
+        "What compresses write_arrow(compression='lz4') of a Table or scan on a GPU: 'kernel', pystrom's LZ4 "
+        "compressor (kernels/lz4_encode.cu, a warp a 64 KiB block; only the compressed bytes cross to the host); "
+        "'host', the CPU codec on compress_threads threads. A compression_level, and 'zstd', always use the CPU "
+        "codec.",
+    ),
     "logit_hessian": _Option(
         "PYSTROM_LOGIT_HESSIAN",
         str,

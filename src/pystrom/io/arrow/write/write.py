@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ...._settings import defaults
 from ....errors import SchemaMismatchError
 from ....interop.arrow_import import as_arrow_table
 from ....table import Table
@@ -94,9 +95,11 @@ def write_arrow(
         Compress the record batch bodies the way Arrow does (``BodyCompression``: every buffer one LZ4
         frame or Zstandard frame after its int64 uncompressed length; a buffer that would not shrink is
         stored raw after -1), readable by pyarrow, polars and ``read_arrow``. Buffers are compressed in
-        parallel on ``pystrom.defaults.compress_threads`` threads (0: the CPU count) and still start on
-        64-byte file offsets; the statistics are written as without compression. None writes
-        uncompressed, which ``read_arrow`` reads fastest (compressed bodies are decompressed on the host).
+        parallel on ``pystrom.defaults.compress_threads`` threads (0: the CPU count), or, for a Table or
+        scan on a GPU with ``"lz4"`` and no level, on that GPU (``pystrom.defaults.gpu_compressor``;
+        independent 64 KiB blocks, about liblz4's ratio), and still start on 64-byte file offsets; the
+        statistics are written as without compression. None writes uncompressed, which ``read_arrow``
+        reads fastest.
     compression_level : int, optional
         The codec's level: zstd -131072..22 (default 1), lz4 1..12 (pyarrow's ranges); None picks the
         codec's default.
@@ -120,4 +123,14 @@ def write_arrow(
         footer_stats=footer_stats,
         compression=compression,
         compression_level=compression_level,
+        compress_on=_gpu_compressor(data, compression, compression_level),
     )
+
+
+def _gpu_compressor(data: Any, compression: str | None, level: int | None) -> Any:
+    """The GPU that compresses: the one a Table (or a scan) is on, for LZ4 at its default level, unless
+    ``pystrom.defaults.gpu_compressor`` is ``"host"``."""
+    if compression != "lz4" or level is not None or defaults.gpu_compressor != "kernel":
+        return None
+    backend = data._live().backend if isinstance(data, Table) else data.backend if isinstance(data, ArrowScan) else None
+    return backend if backend is not None and backend.kind == "cuda" else None

@@ -57,10 +57,9 @@ MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
 _ZEROS = bytes(ALIGNMENT)
 _IOV_MAX = 512  # well under Linux's 1024 iovecs per writev
-# Compressed writes hold batches ahead while they total under this (and 16 MiB per compressing thread),
+# Compressed writes hold batches ahead while they total under this (or the deflater's ahead_bytes, if more),
 # their frames too: about twice as much memory at most
 _AHEAD_BYTES = 64 << 20
-_AHEAD_BYTES_PER_THREAD = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -205,8 +204,8 @@ def _stats_threads(stats: bool) -> Iterator[_StatsTasks | None]:
         cf.wait(tasks.futures)
 
 
-def _deflater(compression: str | None, level: int | None) -> Any:
-    return contextlib.nullcontext(None) if compression is None else Deflater(compression, level)
+def _deflater(compression: str | None, level: int | None, device: Any) -> Any:
+    return contextlib.nullcontext(None) if compression is None else Deflater(compression, level, device=device)
 
 
 def _temp_name(path: str) -> str:
@@ -224,6 +223,7 @@ def write_ipc_file(
     footer_stats: bool = True,
     compression: str | None = None,
     compression_level: int | None = None,
+    compress_on: Any = None,
 ) -> WriteSummary:
     """Write ``batches`` to an Arrow IPC file with every body buffer 64-byte aligned.
 
@@ -255,6 +255,8 @@ def write_ipc_file(
         ``pystrom.defaults.compress_threads`` threads. Buffers still start on 64-byte offsets.
     compression_level : int, optional
         The codec's level (None: its default; zstd -131072..22, lz4 1..12 as pyarrow reports).
+    compress_on : CUDA backend, optional
+        Compress on this GPU instead (``compression="lz4"`` without a level only; :mod:`.codecs.device_deflate`).
 
     Returns
     -------
@@ -324,8 +326,8 @@ def write_ipc_file(
         # too) while they total under ``ahead`` bytes, so that every thread has a buffer to work on.
         pending: collections.deque = collections.deque()
         held = 0
-        with _stats_threads(stats) as pool, _deflater(compression, compression_level) as deflater:
-            ahead = 0 if deflater is None else max(_AHEAD_BYTES, deflater.threads * _AHEAD_BYTES_PER_THREAD)
+        with _stats_threads(stats) as pool, _deflater(compression, compression_level, compress_on) as deflater:
+            ahead = 0 if deflater is None else max(_AHEAD_BYTES, deflater.ahead_bytes)
             for index, batch in enumerate(batches):
                 check_batch(cols, schema, batch, index)
                 found = [
