@@ -147,3 +147,23 @@ def test_a_gpu_compresses_lz4_at_its_one_level_only(gpu_backend):
         Deflater("zstd", device=gpu_backend)
     with pytest.raises(InvalidArgumentError, match="level 3"):
         Deflater("lz4", 3, device=gpu_backend)
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_every_type_of_a_gpu_table_in_odd_batches(tmp_path, compression):
+    """A GPU table's batches come down one by one (write.py's _device_batches), sliced at rows that are no
+    multiple of 8 (bitmaps and offsets rebased), and compress on the GPU: the file is pyarrow's table."""
+    from test_arrow_write_compressed import _every_type
+
+    table = pystrom.Table.from_arrow(_every_type(200, nulls=True).drop_columns(["uuid"]), device="cuda")
+    want = table.to_arrow()  # large strings and binaries come back as string and binary
+    path = tmp_path / "t.arrow"
+    summary = pystrom.write_arrow(table, path, batch_rows=7, compression=compression)
+    assert summary.num_batches == 29
+    assert feather.read_table(path).equals(want)
+    reference = tmp_path / "reference.arrow"
+    pystrom.write_arrow(want, reference, batch_rows=7)
+    with pa.ipc.open_file(path) as ours, pa.ipc.open_file(reference) as theirs:
+        for i in range(summary.num_batches):  # the same batches, statistics included
+            a, b = ours.get_batch_with_custom_metadata(i), theirs.get_batch_with_custom_metadata(i)
+            assert a.batch.equals(b.batch) and a.custom_metadata == b.custom_metadata, i

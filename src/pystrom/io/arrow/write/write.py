@@ -7,6 +7,8 @@ Tables, pyarrow data, scans and iterables of them are turned into a stream of re
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures as cf
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -24,8 +26,36 @@ from .writer import write_ipc_file
 __all__ = ["write_arrow"]
 
 
+def _device_batches(table: Table, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """A GPU table's record batches, each brought to the host when the writer gets near it: the next two
+    copying down on a thread while the writer writes this one, and never the whole table on the host
+    (a whole ``to_arrow`` first held a copy of it all and made the writer wait for it)."""
+    starts = range(0, table.num_rows, batch_rows)
+
+    def fetch(start: int) -> list[pa.RecordBatch]:
+        return table.slice(start, batch_rows).to_arrow().to_batches()
+
+    with cf.ThreadPoolExecutor(1, thread_name_prefix="pystrom-to-host") as pool:
+        pending = collections.deque(pool.submit(fetch, start) for start in starts[:_BATCHES_AHEAD])
+        try:
+            for start in starts[_BATCHES_AHEAD:]:
+                batches = pending.popleft().result()
+                pending.append(pool.submit(fetch, start))
+                yield from batches
+            while pending:
+                yield from pending.popleft().result()
+        finally:  # the writer stopped early (an error): nothing left copying for it
+            for future in pending:
+                future.cancel()
+
+
+_BATCHES_AHEAD = 2
+
+
 def _record_batches(data: Any, batch_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     if isinstance(data, Table):
+        if data.num_rows and data._live().backend.kind == "cuda":
+            return data.schema, _device_batches(data, batch_rows)
         return data.schema, iter(data.to_arrow().to_batches(max_chunksize=batch_rows))
     if isinstance(data, ArrowScan):
         scan = data
