@@ -585,6 +585,10 @@ def _kind(part: str) -> str:
     return word.split(":")[0] if word.startswith("FOREIGN") else word
 
 
+def _kinds_differ(parts: list[str]) -> bool:
+    return len({_kind(p) for p in parts}) > 1
+
+
 def stricter_zstd(parts: list[str]) -> bool:
     """Devices that disagree only because a GPU refused a ZSTD frame as corrupt where libzstd on the CPU
     decoded it (to garbage: Arrow's frames carry no checksum; kernels/zstd.cu checks more than libzstd)."""
@@ -601,7 +605,7 @@ def failed(outcome: str) -> bool:
     parts = outcome.split(" | ")
     if any(p.startswith(FAILURES) for p in parts):
         return True
-    return len({_kind(p) for p in parts}) > 1 and not stricter_zstd(parts)
+    return _kinds_differ(parts) and not stricter_zstd(parts)
 
 
 def device_summary(outcomes: dict[int, str]) -> dict[str, int]:
@@ -617,7 +621,7 @@ def device_summary(outcomes: dict[int, str]) -> dict[str, int]:
         "signals": sum(any(x.startswith("SIGNAL") for x in p) for p in parts),
         "hangs": sum(any(x == "HANG" for x in p) for p in parts),
         "different": sum(any(x == "DIFFERENT" for x in p) for p in parts),
-        "stricter zstd": sum(len({_kind(x) for x in p}) > 1 and stricter_zstd(p) for p in parts),
+        "stricter zstd": sum(_kinds_differ(p) and stricter_zstd(p) for p in parts),
     }
 
 

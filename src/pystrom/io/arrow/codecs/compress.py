@@ -110,7 +110,7 @@ class Deflater:
             raise InvalidArgumentError(f"a GPU compresses 'lz4' at its one level only; got {codec!r}, level {level}")
         self.codec = codec
         self.device = device
-        self._codec = pa.Codec(codec, compression_level=level)
+        self._codec = None if device is not None else pa.Codec(codec, compression_level=level)
         # on a GPU a few threads, each on a stream of its own: batches' copies and host work while others'
         # kernels run
         self.threads = (
