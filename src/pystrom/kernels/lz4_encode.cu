@@ -7,13 +7,15 @@
 // warp-wide: each round the 32 lanes hash the 4 bytes at ip + lane and look for the latest earlier
 // position with the same hash (a lower lane of the round with an equal hash, else the warp's table);
 // the first lane whose candidate really matches starts the next match, which the warp extends back
-// (LZ4's catch-up) and forward, 32 bytes a step. Positions up to that lane are entered in the table, the highest lane winning a shared hash, so
-// the table holds what a one-position-at-a-time scan would hold and the output does not depend on timing.
-// No skipping ahead on incompressible data (LZ4's acceleration): every position is looked at.
+// (LZ4's catch-up) and forward, 32 bytes a step. Positions up to that lane are entered in the table,
+// the highest lane winning a shared hash, so the table holds what a one-position-at-a-time scan would
+// hold and the output does not depend on timing. No skipping ahead on incompressible data (LZ4's
+// acceleration): every position is looked at.
 //
 // A chunk whose block would not be smaller than the chunk is stored raw (the block size's high bit).
 // CPU twin: liblz4 (pyarrow's codec) reads what this writes; tests/test_lz4_encode*.py check the round
-// trip and the format's end rules, which liblz4's decoder enforces.
+// trip, and the format's end rules (no match in the last 5 bytes, none starting in the last 12), which
+// liblz4's decoder does not all enforce, through tests/lz4_blocks.py.
 
 typedef unsigned char u8;
 typedef unsigned short u16;

@@ -86,16 +86,6 @@ class Deflated:
         return [f.result() for f in self._futures]
 
 
-class _OnDevice:
-    """The result of one batch compressed on a GPU: :meth:`result` of a future that gives all its pairs."""
-
-    def __init__(self, future: cf.Future) -> None:
-        self._future = future
-
-    def result(self) -> list[tuple[int, Any]]:
-        return self._future.result()
-
-
 class Deflater:
     """Compresses lists of buffers on ``threads`` threads (0: ``pystrom.defaults.compress_threads``,
     whose 0 is the CPU count), or, given ``device`` (a CUDA backend; LZ4 at its one level only), on that
@@ -121,10 +111,11 @@ class Deflater:
         # a CPU thread; several whole batches for a GPU, whose every batch waits on copies and a launch
         self.ahead_bytes = self.threads * (_DEVICE_AHEAD_PER_THREAD if device is not None else _AHEAD_PER_THREAD)
 
-    def submit(self, buffers: Sequence[Any]) -> Deflated | _OnDevice:
-        """Start compressing ``buffers`` (host memory: anything with the buffer protocol, or pa.Buffer)."""
+    def submit(self, buffers: Sequence[Any]) -> Deflated | cf.Future:
+        """Start compressing ``buffers`` (host memory: anything with the buffer protocol, or pa.Buffer).
+        On a GPU the batch is one task, whose future gives all its pairs as :meth:`Deflated.result` does."""
         if self.device is not None:
-            return _OnDevice(self._pool.submit(_on_device, self.device, list(buffers)))
+            return self._pool.submit(_on_device, self.device, list(buffers))
         futures: list[Any] = []
         for buf in buffers:
             if memoryview(buf).nbytes == 0:
