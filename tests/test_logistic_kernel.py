@@ -9,9 +9,11 @@ shuffles are the identity. It needs a C++ compiler (the project's extension need
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import shutil
 import subprocess
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,14 +108,11 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def emulated(tmp_path_factory, request):
+def _build(work, source: str) -> ctypes.CDLL:
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler to build the CPU emulation of the kernel")
-    source = resources.files("pystrom.kernels").joinpath("logistic.cu").read_text(encoding="utf-8")
-    work = tmp_path_factory.mktemp("logit_kernel")
-    (work / "k.cpp").write_text(SHIM + VARIANTS[request.param] + source + DRIVER)
+    (work / "k.cpp").write_text(SHIM + source + DRIVER)
     built = subprocess.run(
         [cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(work / "k.so"), str(work / "k.cpp")],
         capture_output=True,
@@ -121,6 +120,12 @@ def emulated(tmp_path_factory, request):
     )
     assert built.returncode == 0, f"the kernel source does not compile as C++:\n{built.stderr[-3000:]}"
     return ctypes.CDLL(str(work / "k.so"))
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def emulated(tmp_path_factory, request):
+    source = resources.files("pystrom.kernels").joinpath("logistic.cu").read_text(encoding="utf-8")
+    return _build(tmp_path_factory.mktemp("logit_kernel"), VARIANTS[request.param] + source)
 
 
 P_, I64, F64 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
@@ -270,3 +275,42 @@ def test_the_host_side_of_speculation():
     assert not speculation_hit(before, 2, (1.0, 2.0), (1.0, 2.0), np.nextafter(w, 9.0)), "one ulp off"
     before[18] = 0.0
     assert not speculation_hit(before, 2, (1.0, 2.0), (1.0, 2.0), w), "the step failed"
+
+
+def _narrow_variants():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "narrow_variants.py"
+    spec = importlib.util.spec_from_file_location("narrow_variants", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NARROW_VARIANTS = _narrow_variants()
+
+
+@pytest.mark.parametrize("bound", sorted(NARROW_VARIANTS.BOUNDS))
+def test_the_benchmarks_bounds_still_compute_the_pass(tmp_path, bound):
+    """benchmarks/narrow_variants.py --bounds times edits of this source that do part of each row's
+    arithmetic in float32. They bound what a redesign could gain only while they compute the same pass:
+    every sum within float32 rounding of the twin's (a wrong index or term is off by far more), the counts
+    exact. The edits also fail loudly once the kernel's text they edit has changed."""
+    lib = _build(tmp_path, NARROW_VARIANTS.kernel_source(NARROW_VARIANTS.BOUNDS[bound]))
+    rng = np.random.default_rng(7)
+    cw = (1.0, 1.0) if bound in NARROW_VARIANTS.UNWEIGHTED_ONLY else (0.7, 1.3)
+    for k in (1, 4, 8):
+        for weighted in (False,) if bound in NARROW_VARIANTS.UNWEIGHTED_ONLY else (False, True):
+            n = 2000
+            X = np.asarray(rng.normal(size=(n, k)), dtype=np.float32)
+            X[5, k - 1] = np.nan
+            y = (rng.random(n) < 0.4).astype(np.uint8)
+            sw = rng.random(n) * 2 if weighted else None
+            w = rng.normal(size=k + 1) * 0.5
+            ref = xp_pass(np, X, y, sw, cw, w)
+            out, _, done = drive(lib, X, y, sw, cw, w, blocks=3)
+            got = out[: layout_size(k)]
+            what = f"{bound}: k={k} weighted={weighted}"
+            # ~670 rows a thread summed in float32: at most that many float32 ulps of each sum's magnitude
+            np.testing.assert_allclose(got[:-1], ref[:-1], rtol=1e-4, atol=1e-4 * n, err_msg=what)
+            np.testing.assert_array_equal(got[-3:-1], ref[-3:-1], err_msg=what)  # non-finite, saturated counts
+            np.testing.assert_allclose(got[-1], ref[-1], rtol=1e-5, err_msg=what)  # the margin
+            assert done == 0
