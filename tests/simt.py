@@ -194,16 +194,25 @@ extern "C" void emu_block_end() {
 """
 
 
-def build(source_name: str, wrappers: str, work: Path, mutant: tuple[str, str] | None = None) -> ctypes.CDLL:
+def build(
+    source_name: str,
+    wrappers: str,
+    work: Path,
+    mutant: tuple[str, str] | None = None,
+    defines: tuple[str, ...] = (),
+) -> ctypes.CDLL:
     """``kernels/<source_name>.cu`` after the emulator, then ``wrappers`` (more C++), as a shared library
     in ``work``. ``mutant``: (text, replacement) made once in the source first (a planted bug that the
-    test using it must catch); the text must be there."""
+    test using it must catch); the text must be there. ``defines``: ``"NAME=value"`` for the compiler, as
+    ``kernels.kernel`` passes them to NVRTC."""
     source = resources.files("pystrom.kernels").joinpath(f"{source_name}.cu").read_text(encoding="utf-8")
     stem = source_name
     if mutant is not None:
         assert source.count(mutant[0]) == 1, f"the mutant's text is not in {source_name}.cu once: {mutant[0]!r}"
         source = source.replace(mutant[0], mutant[1])
         stem += f"_mutant{abs(hash(mutant)) % 10**8}"
+    if defines:
+        stem += f"_defines{abs(hash(defines)) % 10**8}"
     cpp, lib = work / f"{stem}_emulated.cpp", work / f"{stem}_emulated.so"
     cpp.write_text(EMULATOR + source + wrappers)
     cmd = [
@@ -216,6 +225,7 @@ def build(source_name: str, wrappers: str, work: Path, mutant: tuple[str, str] |
         "-ffp-contract=off",
         "-shared",
         "-fPIC",
+        *(f"-D{d}" for d in defines),
         "-o",
         str(lib),
         str(cpp),

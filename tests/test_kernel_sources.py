@@ -101,3 +101,15 @@ def test_every_kernel_asked_for_is_defined(compiled):
 def test_the_check_sees_a_missing_kernel(compiled):
     assert hasattr(compiled["logistic_wide"], "logit_wide_finish")
     assert not hasattr(compiled["logistic_wide"], "logit_wide_fused_f32_z32_f1_r2_t256")  # R = 2: not compiled
+
+
+def test_one_width_of_the_logistic_kernels_builds_alone(tmp_path):
+    """ml/_narrow.py logit_kernel builds logistic.cu with LOGIT_K: every kernel a fit of that width asks
+    for, and no other width's (those would cost the first fit their compile time)."""
+    k = 3
+    lib = simt.build("logistic", "", tmp_path, defines=(f"LOGIT_K={k}",))
+    wanted = {name for source, name in _logistic_requests() if source == "logistic" and name.endswith(f"_k{k}")}
+    assert len(wanted) == 10
+    assert all(hasattr(lib, name) for name in wanted), sorted(n for n in wanted if not hasattr(lib, n))
+    others = [f"logit_pass_f32_k{j}" for j in range(1, MAX_KERNEL_FEATURES + 1) if j != k]
+    assert not any(hasattr(lib, name) for name in others)

@@ -31,7 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from ..ml._narrow import STEP_TAIL, PartsPass, _mapped, layout_size, pass_weights, speculation_hit, step_rule
+from ..ml._narrow import (
+    STEP_TAIL,
+    PartsPass,
+    _mapped,
+    layout_size,
+    logit_kernel,
+    pass_weights,
+    speculation_hit,
+    step_rule,
+)
 
 __all__ = ["ChainedPasses", "prune", "retire"]
 
@@ -74,8 +83,6 @@ class ChainedPasses:
     def __init__(self, fused: PartsPass, row: np.ndarray, weights_at: int, width: int, comm: Any, ordinal: int):
         import cupy
 
-        from ..kernels import kernel
-
         self.fused = fused
         self.k = k = fused.k
         self.m = layout_size(k)
@@ -90,7 +97,7 @@ class ChainedPasses:
             self.rows = cupy.empty((2, self.world * self.rowlen)) if self.world > 1 else None
             self.totals = cupy.zeros((2, width))
             self.wnext = cupy.zeros((2, _STRIDE + 1))  # per slot: the next weights and the flag
-            self.step_fn = kernel("logistic", f"logit_gather_step_k{k}", ordinal)
+            self.step_fn = logit_kernel(f"logit_gather_step_k{k}", k, ordinal)
             self._slot_size = self.world * self.rowlen + width + STEP_TAIL
             self.host, ptr = _mapped(2 * self._slot_size, np.float64)
         if self.host is None:

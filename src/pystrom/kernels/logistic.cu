@@ -583,6 +583,11 @@ __device__ void gather_step(const double* __restrict__ rows, int world, int rowl
   LOGIT_STEP(K)                   \
   LOGIT_GATHER_STEP(K)
 
+// LOGIT_K: only the kernels of that width (ml/_narrow.py logit_kernel builds one width at a time: NVRTC
+// compiles every kernel of a source, and all 80 of these took ~40 s on a cold cache).
+#ifdef LOGIT_K
+LOGIT_PASS_BOTH(LOGIT_K)
+#else
 LOGIT_PASS_BOTH(1)
 LOGIT_PASS_BOTH(2)
 LOGIT_PASS_BOTH(3)
@@ -591,3 +596,4 @@ LOGIT_PASS_BOTH(5)
 LOGIT_PASS_BOTH(6)
 LOGIT_PASS_BOTH(7)
 LOGIT_PASS_BOTH(8)
+#endif

@@ -50,6 +50,14 @@ STEP_TAIL = 2 * _STRIDE + 1  # after a pass's sums: the step, the next weights, 
 _PART_FIELDS = 8  # PART_FIELDS in logistic.cu: an array's descriptor for logit_parts
 
 
+def logit_kernel(function: str, k: int, ordinal: int) -> Any:
+    """``function`` of kernels/logistic.cu, from a build of only the kernels for ``k`` features (its
+    ``LOGIT_K``): a fit's first pass compiles those 10, not all 80 widths' (~40 s on a cold cache)."""
+    from ..kernels import kernel
+
+    return kernel("logistic", function, ordinal, (f"LOGIT_K={k}",))
+
+
 def layout_size(k: int) -> int:
     """Values in a pass's flat result for k features (the layout: ``_pass.py``'s docstring)."""
     p = k + 1
@@ -92,15 +100,13 @@ class KernelPass:
     def __init__(self, X: Any, y: Any, sw: Any | None, ordinal: int, to_host: bool = False):
         import cupy
 
-        from ..kernels import kernel
-
         n, k = X.shape
         self.k = k
         self.m = m = layout_size(k)
         tname = "f32" if X.dtype == np.float32 else "f64"
-        self.fn = kernel("logistic", f"logit_pass_{tname}_k{k}", ordinal)
-        self.spec_fn = kernel("logistic", f"logit_spec_{tname}_k{k}", ordinal)
-        self.step_fn = kernel("logistic", f"logit_step_k{k}", ordinal)
+        self.fn = logit_kernel(f"logit_pass_{tname}_k{k}", k, ordinal)
+        self.spec_fn = logit_kernel(f"logit_spec_{tname}_k{k}", k, ordinal)
+        self.step_fn = logit_kernel(f"logit_step_k{k}", k, ordinal)
         # the speculative kind holds the weights in registers: where that spills the sums (the compiler
         # moved some to local memory) it is slower than the host's round trip it saves
         self.spec_ok = _local_bytes(self.spec_fn) == 0
@@ -219,8 +225,6 @@ class PartsPass:
     def __init__(self, parts: list[tuple[Any, Any, Any]], ordinal: int):
         import cupy
 
-        from ..kernels import kernel
-
         dtypes = {X.dtype for X, _, _ in parts}
         widths = {X.shape[1] for X, _, _ in parts}
         if len(dtypes) != 1 or len(widths) != 1:
@@ -228,8 +232,8 @@ class PartsPass:
         (dtype,), (k,) = dtypes, widths
         self.k, self.m = k, layout_size(k)
         tname = "f32" if dtype == np.float32 else "f64"
-        self.fn = kernel("logistic", f"logit_parts_{tname}_k{k}", ordinal)
-        self.spec_fn = kernel("logistic", f"logit_parts_spec_{tname}_k{k}", ordinal)
+        self.fn = logit_kernel(f"logit_parts_{tname}_k{k}", k, ordinal)
+        self.spec_fn = logit_kernel(f"logit_parts_spec_{tname}_k{k}", k, ordinal)
         # as KernelPass's, but against the plain kind (float64 K = 4 spills 16 bytes in both)
         self.spec_ok = _local_bytes(self.spec_fn) <= _local_bytes(self.fn)
         fields = []
