@@ -113,3 +113,23 @@ def test_one_width_of_the_logistic_kernels_builds_alone(tmp_path):
     assert all(hasattr(lib, name) for name in wanted), sorted(n for n in wanted if not hasattr(lib, n))
     others = [f"logit_pass_f32_k{j}" for j in range(1, MAX_KERNEL_FEATURES + 1) if j != k]
     assert not any(hasattr(lib, name) for name in others)
+
+
+@pytest.mark.parametrize(
+    "defines, shape",
+    [
+        (("WIDE_FUSED_F=2", "WIDE_THREADS=256"), "fused_{t}_z{z}_f2_r1_t256"),
+        (("WIDE_VEC_Q=2", "WIDE_THREADS=1024"), "vec_{t}_z{z}_q2_t1024"),
+    ],
+)
+def test_one_shape_of_the_wide_kernels_builds_alone(tmp_path, defines, shape):
+    """ml/_wide.py builds logistic_wide.cu for the one shape a fit needs: its four kernels (two input
+    and two sum types) and the shared ones, no other shape's."""
+    lib = simt.build("logistic_wide", "", tmp_path, defines=defines)
+    mine = {f"logit_wide_{shape.format(t=t, z=z)}" for t in ("f32", "f64") for z in ("32", "64")}
+    shared = {"logit_wide_finish", "logit_wide_gram_sum_z32", "logit_wide_gram_sum_z64", "logit_wide_system",
+              "logit_wide_next"}  # fmt: skip
+    assert all(hasattr(lib, name) for name in mine | shared), sorted(n for n in mine | shared if not hasattr(lib, n))
+    every = {name for source, name in _logistic_requests() if source == "logistic_wide"}
+    assert len(every) == 36 and mine <= every
+    assert not [name for name in every - mine if hasattr(lib, name)]

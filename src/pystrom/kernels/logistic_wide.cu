@@ -194,7 +194,15 @@ __device__ __forceinline__ void wide_fused(const T* __restrict__ X, long long n,
   WIDE_FUSED_ALL(4, R, 256)     \
   WIDE_FUSED_ALL(8, R, 256)     \
   WIDE_FUSED_ALL(8, R, 1024)
+// WIDE_FUSED_F / WIDE_VEC_Q with WIDE_THREADS: only the kernels of that one shape (ml/_wide.py builds
+// the shape a fit needs: NVRTC compiles every kernel of a source, and all of them took 6.7 s on a cold
+// cache on an H200). WIDE_ONE_FUSED expands its arguments before WIDE_FUSED_ALL pastes them into names.
+#define WIDE_ONE_FUSED(F, THREADS) WIDE_FUSED_ALL(F, 1, THREADS)
+#if defined(WIDE_FUSED_F)
+WIDE_ONE_FUSED(WIDE_FUSED_F, WIDE_THREADS)
+#elif !defined(WIDE_VEC_Q)
 WIDE_FUSED_SHAPES(1)  // R = 2 and 4 were no faster (H100, 1M x 256: 0.632 / 0.694 ms a chunk against 0.611)
+#endif
 
 // The same pass with 16-byte loads and stores (rows of k = a multiple of N = 16 / sizeof(T) values,
 // 16-byte aligned): fewer instructions a value, where the scalar kernel is bound by issuing them (an
@@ -378,10 +386,15 @@ __device__ __forceinline__ void wide_fused_vec(const T* __restrict__ X, long lon
   WIDE_VEC(float, double, FQ, THREADS, f32_z64_q##FQ##_t##THREADS)      \
   WIDE_VEC(double, float, FQ, THREADS, f64_z32_q##FQ##_t##THREADS)      \
   WIDE_VEC(double, double, FQ, THREADS, f64_z64_q##FQ##_t##THREADS)
+#define WIDE_ONE_VEC(FQ, THREADS) WIDE_VEC_ALL(FQ, THREADS)
+#if defined(WIDE_VEC_Q)
+WIDE_ONE_VEC(WIDE_VEC_Q, WIDE_THREADS)
+#elif !defined(WIDE_FUSED_F)
 WIDE_VEC_ALL(1, 256)
 WIDE_VEC_ALL(2, 256)
 WIDE_VEC_ALL(2, 1024)
 WIDE_VEC_ALL(4, 1024)
+#endif
 
 // gram (k x k float64) = (or +=) the sum over ``blocks`` GEMM results (k x k each, column-major) of
 // the elements (r, c) with r <= c: the column-major upper triangle, which logit_wide_finish reads as

@@ -78,7 +78,7 @@ class WidePass:
     def __init__(self, backend: Any, X: Any, y: Any, sw: Any | None, to_host: bool = False):
         import cupy
 
-        from ..kernels import kernel, sm_count
+        from ..kernels import sm_count
 
         n, k = X.shape
         self.backend, self.X, self.y, self.sw = backend, X, y, sw
@@ -93,15 +93,17 @@ class WidePass:
         if self.vector:
             self.threads, q = next(shape for shape in _VECTOR if k <= shape[0] * shape[1] * width)
             names = {z: f"logit_wide_vec_{tname}_z{z}_q{q}_t{self.threads}" for z in ("32", "64")}
+            self._defines: tuple[str, ...] = (f"WIDE_VEC_Q={q}", f"WIDE_THREADS={self.threads}")
             rows_a_block = self.threads // 32
         else:
             self.threads, f = next(shape for shape in _FUSED if k <= shape[0] * shape[1])
             names = {z: f"logit_wide_fused_{tname}_z{z}_f{f}_r{_ROWS_PER_WARP}_t{self.threads}" for z in ("32", "64")}
+            self._defines = (f"WIDE_FUSED_F={f}", f"WIDE_THREADS={self.threads}")
             rows_a_block = self.threads // 32 * _ROWS_PER_WARP
-        self._fused = {z: kernel("logistic_wide", name, ordinal) for z, name in names.items()}
-        self._finish = kernel("logistic_wide", "logit_wide_finish", ordinal)
+        self._fused = {z: self._kernel(name) for z, name in names.items()}
+        self._finish = self._kernel("logit_wide_finish")
         self.panel = {exact: _panel_width(k, *shape) for exact, shape in _PANELS.items()}
-        self._gram_sum = {z: kernel("logistic_wide", f"logit_wide_gram_sum_z{z}", ordinal) for z in ("32", "64")}
+        self._gram_sum = {z: self._kernel(f"logit_wide_gram_sum_z{z}") for z in ("32", "64")}
         self._sms = sm_count(ordinal)
         resident = _resident(_function_ptr(self._fused["64"]), self.threads)
         self.grid = max(1, min(self._sms * resident, -(-n // rows_a_block)))
@@ -275,28 +277,32 @@ class WidePass:
             self._scratch[exact] = (Z, parts, chunk)
         return self._scratch[exact]
 
+    def _kernel(self, function: str) -> Any:
+        """``function`` of kernels/logistic_wide.cu from a build of only this fit's shape (its defines):
+        every kernel of the file took 6.7 s to compile on a cold cache."""
+        from ..kernels import kernel
+
+        return kernel("logistic_wide", function, self.backend.ordinal, self._defines)
+
     def _solve_step(self, out: Any, H: Any, wsrc: Any, slot: int, stream: Any) -> None:
         """The Newton step under the rule, from this pass's H and g, into out's tail and wnext[slot]."""
         from cupy.cuda import device
         from cupy_backends.cuda.libs import cusolver
 
-        from ..kernels import kernel
-
-        ordinal = self.backend.ordinal
         active, nfree, l2 = self.rule
         a_dev, A, rhs, work, lwork, info = self._system
         m = len(active)
         nt = self.p * (self.p + 1) // 2
         if m:
             blocks = max(1, min(-(-m * m // 256), self._sms * 8))
-            kernel("logistic_wide", "logit_wide_system", ordinal)(
+            self._kernel("logit_wide_system")(
                 (blocks,), (256,), (H, out[nt:], wsrc, a_dev, np.int32(m), np.int32(nfree), np.float64(l2),
                                    np.int32(self.p), A, rhs))  # fmt: skip
             handle = device.get_cusolver_handle()
             cusolver.setStream(handle, stream.ptr)
             cusolver.dpotrf(handle, _LOWER, m, A.data.ptr, m, work.data.ptr, lwork, info.data.ptr)
             cusolver.dpotrs(handle, _LOWER, m, 1, A.data.ptr, m, rhs.data.ptr, m, info.data.ptr + 4)
-        kernel("logistic_wide", "logit_wide_next", ordinal)(
+        self._kernel("logit_wide_next")(
             (1,), (256,), (rhs, a_dev, np.int32(m), info, wsrc, np.int32(self.p), out[self.m :], self.wnext[slot])
         )
 
