@@ -140,9 +140,9 @@ def mutate_handle(rng: random.Random, handle: bytes) -> bytes:
     return _reseal(head, memory, body, schema)
 
 
-def _write_garbage(rng: random.Random, table: pystrom.Table) -> list:
-    """Write into the exporter's offsets or bitmaps; returns what to restore."""
-    undo = []
+def _write_garbage(rng: random.Random, table: pystrom.Table, undo: list) -> None:
+    """Write into the exporter's offsets or bitmaps, appending what to restore to ``undo`` before each
+    write (restored last first: two writes may hit one place)."""
     for _ in range(rng.randint(1, 3)):
         col = rng.choice(table._columns)
         plan = col._plan
@@ -155,10 +155,10 @@ def _write_garbage(rng: random.Random, table: pystrom.Table) -> list:
         i = rng.randrange(arr.size)
         undo.append((arr, i, arr[i].copy()))
         if arr.dtype == np.int32:
-            arr[i] = rng.choice([-1, -(2**31), 2**31 - 1, 2**30, int(arr[i]) + rng.choice([-3, -1, 1, 3, 1000])])
+            nudged = int(arr[i]) + rng.choice([-3, -1, 1, 3, 1000])  # wraps as int32 would: an extreme
+            arr[i] = rng.choice([-1, -(2**31), 2**31 - 1, 2**30, (nudged + 2**31) % 2**32 - 2**31])
         else:
             arr[i] = rng.randrange(256)
-    return undo
 
 
 def _stop(deadline: float) -> bool:
@@ -179,7 +179,7 @@ def run_handles(seed: int, start: int, count: int, deadline: float) -> None:
         undo = []
         try:
             if rng.random() < 0.2:
-                undo = _write_garbage(rng, base)
+                _write_garbage(rng, base, undo)
                 handle = table.export()
             else:
                 handle = mutate_handle(rng, table.export())
@@ -191,7 +191,7 @@ def run_handles(seed: int, start: int, count: int, deadline: float) -> None:
             outcome = f"raw:{type(exc).__name__}:{str(exc)[:120]!r}"
             traceback.print_exc()
         finally:
-            for arr, k, old in undo:
+            for arr, k, old in reversed(undo):
                 arr[k] = old
         print(f"end {i} {outcome}", flush=True)
 
