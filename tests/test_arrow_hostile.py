@@ -344,3 +344,25 @@ def test_footer_reader_stays_inside_its_bytes():
             fmt.read_footer(bytes(bad))
         except fmt.FooterError:
             pass
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_nested_field_name_that_is_not_utf8_is_a_corrupt_file(tmp_path, device, stream):
+    """pyarrow decodes names lazily: a struct field's name inside a list that is not UTF-8 escaped a scan's
+    type check as a bare UnicodeDecodeError (the fuzzing campaign of 2026-11-29, seed 9302 case 58367),
+    while read_arrow reported it only through its catch-all. Both now refuse the file where its schema is
+    parsed, as a FileFormatError naming it."""
+    pairs = pa.array([[{"pqxyz": 1}], [{"pqxyz": 2}, {"pqxyz": 3}]], type=pa.list_(pa.struct([("pqxyz", pa.int64())])))
+    path = tmp_path / ("bad.arrows" if stream else "bad.arrow")
+    with (ipc.new_stream if stream else ipc.new_file)(path, pa.schema([("pairs", pairs.type)])) as w:
+        w.write_table(pa.table({"pairs": pairs}))
+    raw = path.read_bytes()
+    assert raw.count(b"pqxyz") == (1 if stream else 2)  # the schema message, and the footer's copy
+    path.write_bytes(raw.replace(b"pqxyz", b"\xf1qxyz"))  # a lead byte with no continuation
+    for read in (
+        lambda: pystrom.read_arrow(path, device=device),
+        lambda: pystrom.scan_arrow(path, device=device).collect(),
+        lambda: pystrom.scan_arrow(path, columns=["pairs"], device=device).collect(),
+    ):
+        with pytest.raises(pystrom.FileFormatError, match=r"bad\.arrows?.*not a readable.*UnicodeDecodeError"):
+            read()

@@ -64,6 +64,22 @@ _CONTINUATION = b"\xff\xff\xff\xff"
 ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, IndexError, KeyError, OverflowError, MemoryError)
 
 
+def _decode_every_name(schema: pa.Schema) -> None:
+    """pyarrow decodes names and metadata from the file lazily, so a name that is not UTF-8 (a corrupt
+    file) raises wherever it is first read: for a struct's field inside a list, the type check of a
+    scan, as a bare UnicodeDecodeError (fuzzing found it). Read every one, nested too, while the schema
+    is parsed and its errors are the file's."""
+    _ = schema.metadata
+    fields = list(schema)
+    while fields:  # no recursion: the nesting depth is the file's
+        field = fields.pop()
+        _ = field.name, field.metadata
+        t = field.type
+        while isinstance(t, (pa.DictionaryType, pa.BaseExtensionType)):  # they wrap the type with the fields
+            t = t.value_type if isinstance(t, pa.DictionaryType) else t.storage_type
+        fields.extend(t.field(i) for i in range(t.num_fields))
+
+
 def corrupt(path: str, what: str, exc: BaseException | None = None) -> FileFormatError:
     """The FileFormatError for a corrupt ``path``; ``what`` names the record batch and column."""
     why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
@@ -224,8 +240,7 @@ class ArrowFile:
                 footer = ipc.open_file(self._whole)
                 self.schema = footer.schema
                 self.num_batches = footer.num_record_batches
-            # names and metadata are decoded lazily by pyarrow: a mutated name would raise later
-            _ = [(f.name, f.metadata) for f in self.schema], self.schema.metadata
+            _decode_every_name(self.schema)
             self.raw_schema = self.schema  # with any footer statistics, for the statistics reader
             self.schema = _without_footer_stats(self.schema)
         except ARROW_ERRORS as exc:
