@@ -29,7 +29,7 @@ mutants, those equal on both, clean errors, raw errors, signals and hangs.
 
 A third of the mutants read every column, a third a few of the seed's columns (``columns=``: projections
 skip buffers, and a skipped buffer must not hide a corrupt one's effect on those read), a third scan with a
-``where`` that keeps every row.
+``where`` that keeps every row (unfiltered where the seed has no ``i64``: the nested seeds).
 """
 
 from __future__ import annotations
