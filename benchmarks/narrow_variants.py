@@ -223,8 +223,9 @@ def main() -> None:
     rows = []
     reference = None
     for name, (edits, options) in builds.items():
-        # LOGIT_K: only the 10 kernels of the timed width, as a fit builds them (~3 s, not ~40)
-        module = cupy.RawModule(code=kernel_source(edits), options=("--std=c++17", f"-DLOGIT_K={k}", *options))
+        # only a float32 fit's kernels of the timed width, as ml/_narrow.py logit_kernel builds them
+        only = (f"-DLOGIT_K={k}", "-DLOGIT_F32_ONLY", "-DLOGIT_ONE_ARRAY_ONLY")
+        module = cupy.RawModule(code=kernel_source(edits), options=("--std=c++17", *only, *options))
         fn = module.get_function("logit_pass_f32_k4")
         blocks = max(1, min((n + 127) // 128, sms * _resident_blocks(fn, 4)))
         partials = cupy.empty((blocks, m), dtype=np.float64)

@@ -103,16 +103,30 @@ def test_the_check_sees_a_missing_kernel(compiled):
     assert not hasattr(compiled["logistic_wide"], "logit_wide_fused_f32_z32_f1_r2_t256")  # R = 2: not compiled
 
 
-def test_one_width_of_the_logistic_kernels_builds_alone(tmp_path):
-    """ml/_narrow.py logit_kernel builds logistic.cu with LOGIT_K: every kernel a fit of that width asks
-    for, and no other width's (those would cost the first fit their compile time)."""
+@pytest.mark.parametrize("tname", ["f32", "f64"])
+def test_a_fit_builds_only_the_logistic_kernels_it_uses(tmp_path, monkeypatch, tname):
+    """ml/_narrow.py logit_kernel builds logistic.cu for one width, one input type and one use (a fit's
+    pass, speculative pass and step; a dask worker's parts kinds and the step after its all-gather): each
+    build holds every kernel asked of it and no other width's, type's or use's (those would cost the first
+    fit their compile time)."""
+    import pystrom.kernels
+    from pystrom.ml._narrow import logit_kernel
+
+    asked: dict[tuple[str, ...], set[str]] = {}
+
+    def kernel(source: str, fn: str, ordinal: int, defines: tuple[str, ...] = ()) -> None:
+        asked.setdefault(defines, set()).add(fn)
+
+    monkeypatch.setattr(pystrom.kernels, "kernel", kernel)
     k = 3
-    lib = simt.build("logistic", "", tmp_path, defines=(f"LOGIT_K={k}",))
-    wanted = {name for source, name in _logistic_requests() if source == "logistic" and name.endswith(f"_k{k}")}
-    assert len(wanted) == 10
-    assert all(hasattr(lib, name) for name in wanted), sorted(n for n in wanted if not hasattr(lib, n))
-    others = [f"logit_pass_f32_k{j}" for j in range(1, MAX_KERNEL_FEATURES + 1) if j != k]
-    assert not any(hasattr(lib, name) for name in others)
+    for fn in (f"logit_pass_{tname}_k{k}", f"logit_spec_{tname}_k{k}", f"logit_step_k{k}", f"logit_parts_{tname}_k{k}",
+               f"logit_parts_spec_{tname}_k{k}", f"logit_gather_step_k{k}"):  # fmt: skip
+        logit_kernel(fn, k, 0, tname)
+    assert len(asked) == 2 and all(len(fns) == 3 for fns in asked.values())
+    every = {name for source, name in _logistic_requests() if source == "logistic"}
+    for defines, fns in asked.items():
+        lib = simt.build("logistic", "", tmp_path, defines=defines)
+        assert {name for name in every if hasattr(lib, name)} == fns, defines
 
 
 @pytest.mark.parametrize(

@@ -540,10 +540,12 @@ __device__ void gather_step(const double* __restrict__ rows, int world, int rowl
     const double w[9] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                             \
     logit_parts<T, K, SPEC>(parts, nparts, cw0, cw1, w, wsrc, wout, partials, done, out);                  \
   }
-#define LOGIT_PASS(TNAME, T, K)                              \
-  LOGIT_PASS_KIND(logit_pass, false, TNAME, T, K)            \
-  LOGIT_PASS_KIND(logit_spec, true, TNAME, T, K)             \
-  LOGIT_PARTS_KIND(logit_parts, false, TNAME, T, K)          \
+// One array's pass kinds (KernelPass) and several arrays' (PartsPass, a dask worker's partitions)
+#define LOGIT_ONE_ARRAY_KINDS(TNAME, T, K)       \
+  LOGIT_PASS_KIND(logit_pass, false, TNAME, T, K) \
+  LOGIT_PASS_KIND(logit_spec, true, TNAME, T, K)
+#define LOGIT_MANY_ARRAYS_KINDS(TNAME, T, K)             \
+  LOGIT_PARTS_KIND(logit_parts, false, TNAME, T, K)       \
   LOGIT_PARTS_KIND(logit_parts_spec, true, TNAME, T, K)
 
 // The step after a pass (newton_step): `sums` its M sums, the weights it used (scalars, or wsrc when it
@@ -577,14 +579,36 @@ __device__ void gather_step(const double* __restrict__ rows, int world, int rowl
                    step_on, tail, wnext);                                                                   \
   }
 
-#define LOGIT_PASS_BOTH(K)        \
-  LOGIT_PASS(f32, float, K)       \
-  LOGIT_PASS(f64, double, K)      \
-  LOGIT_STEP(K)                   \
+// What a build holds (ml/_narrow.py logit_kernel): NVRTC compiles every kernel of a source, and all 80
+// of these took ~40 s on a cold cache. LOGIT_K: one width. LOGIT_F32_ONLY / LOGIT_F64_ONLY: one input
+// type. LOGIT_ONE_ARRAY_ONLY: a fit's kinds (pass, speculative pass, step), LOGIT_MANY_ARRAYS_ONLY: a dask
+// worker's (parts, speculative parts, the step after the all-gather).
+#ifndef LOGIT_F64_ONLY
+#define LOGIT_F32(KINDS, K) KINDS(f32, float, K)
+#else
+#define LOGIT_F32(KINDS, K)
+#endif
+#ifndef LOGIT_F32_ONLY
+#define LOGIT_F64(KINDS, K) KINDS(f64, double, K)
+#else
+#define LOGIT_F64(KINDS, K)
+#endif
+#ifndef LOGIT_MANY_ARRAYS_ONLY
+#define LOGIT_ONE_ARRAY(K)                                                   \
+  LOGIT_F32(LOGIT_ONE_ARRAY_KINDS, K) LOGIT_F64(LOGIT_ONE_ARRAY_KINDS, K) \
+  LOGIT_STEP(K)
+#else
+#define LOGIT_ONE_ARRAY(K)
+#endif
+#ifndef LOGIT_ONE_ARRAY_ONLY
+#define LOGIT_MANY_ARRAYS(K)                                                     \
+  LOGIT_F32(LOGIT_MANY_ARRAYS_KINDS, K) LOGIT_F64(LOGIT_MANY_ARRAYS_KINDS, K) \
   LOGIT_GATHER_STEP(K)
+#else
+#define LOGIT_MANY_ARRAYS(K)
+#endif
+#define LOGIT_PASS_BOTH(K) LOGIT_ONE_ARRAY(K) LOGIT_MANY_ARRAYS(K)
 
-// LOGIT_K: only the kernels of that width (ml/_narrow.py logit_kernel builds one width at a time: NVRTC
-// compiles every kernel of a source, and all 80 of these took ~40 s on a cold cache).
 #ifdef LOGIT_K
 LOGIT_PASS_BOTH(LOGIT_K)
 #else

@@ -50,12 +50,17 @@ STEP_TAIL = 2 * _STRIDE + 1  # after a pass's sums: the step, the next weights, 
 _PART_FIELDS = 8  # PART_FIELDS in logistic.cu: an array's descriptor for logit_parts
 
 
-def logit_kernel(function: str, k: int, ordinal: int) -> Any:
-    """``function`` of kernels/logistic.cu, from a build of only the kernels for ``k`` features (its
-    ``LOGIT_K``): a fit's first pass compiles those 10, not all 80 widths' (~40 s on a cold cache)."""
+def logit_kernel(function: str, k: int, ordinal: int, tname: str) -> Any:
+    """``function`` of kernels/logistic.cu, from a build of only the kernels a fit over ``tname`` ("f32" or
+    "f64") rows of ``k`` features asks for: one array's (``LOGIT_ONE_ARRAY_ONLY``: the pass, the speculative
+    pass, the step), or a dask worker's partitions' (``LOGIT_MANY_ARRAYS_ONLY``: ``logit_parts*``,
+    ``logit_gather_step``). A first fit compiles those 3, not all 80 (~40 s on a cold cache) nor its
+    width's 10 (4.3 s on an H200)."""
     from ..kernels import kernel
 
-    return kernel("logistic", function, ordinal, (f"LOGIT_K={k}",))
+    kinds = "MANY_ARRAYS" if function.startswith(("logit_parts", "logit_gather_step")) else "ONE_ARRAY"
+    defines = (f"LOGIT_K={k}", f"LOGIT_{tname.upper()}_ONLY", f"LOGIT_{kinds}_ONLY")
+    return kernel("logistic", function, ordinal, defines)
 
 
 def layout_size(k: int) -> int:
@@ -104,9 +109,9 @@ class KernelPass:
         self.k = k
         self.m = m = layout_size(k)
         tname = "f32" if X.dtype == np.float32 else "f64"
-        self.fn = logit_kernel(f"logit_pass_{tname}_k{k}", k, ordinal)
-        self.spec_fn = logit_kernel(f"logit_spec_{tname}_k{k}", k, ordinal)
-        self.step_fn = logit_kernel(f"logit_step_k{k}", k, ordinal)
+        self.fn = logit_kernel(f"logit_pass_{tname}_k{k}", k, ordinal, tname)
+        self.spec_fn = logit_kernel(f"logit_spec_{tname}_k{k}", k, ordinal, tname)
+        self.step_fn = logit_kernel(f"logit_step_k{k}", k, ordinal, tname)
         # the speculative kind holds the weights in registers: where that spills the sums (the compiler
         # moved some to local memory) it is slower than the host's round trip it saves
         self.spec_ok = _local_bytes(self.spec_fn) == 0
@@ -232,8 +237,9 @@ class PartsPass:
         (dtype,), (k,) = dtypes, widths
         self.k, self.m = k, layout_size(k)
         tname = "f32" if dtype == np.float32 else "f64"
-        self.fn = logit_kernel(f"logit_parts_{tname}_k{k}", k, ordinal)
-        self.spec_fn = logit_kernel(f"logit_parts_spec_{tname}_k{k}", k, ordinal)
+        self.fn = logit_kernel(f"logit_parts_{tname}_k{k}", k, ordinal, tname)
+        self.spec_fn = logit_kernel(f"logit_parts_spec_{tname}_k{k}", k, ordinal, tname)
+        self.tname = tname
         # as KernelPass's, but against the plain kind (float64 K = 4 spills 16 bytes in both)
         self.spec_ok = _local_bytes(self.spec_fn) <= _local_bytes(self.fn)
         fields = []
