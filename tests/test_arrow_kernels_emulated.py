@@ -41,6 +41,69 @@ def test_unpack_bits_and_pack_bits(kernels):
         assert np.array_equal(out, np.packbits(bits, bitorder="little")), (count, shift)
 
 
+def _count_bits(kernel, bitmap: np.ndarray, offset: int, count: int, max_blocks: int = 3) -> int:
+    out = np.zeros(1, dtype=np.uint64)
+    touched = (offset + count - 1) // 8 - offset // 8 + 1 if count else 0
+    kernel.launch("count_bits", max(touched, 1), (bitmap, np.int64(offset), np.int64(count), out),
+                  max_blocks=max_blocks)  # fmt: skip
+    return int(out[0])
+
+
+def _count_nonzero_bytes(kernel, data: np.ndarray, max_blocks: int = 3) -> int:
+    out = np.zeros(1, dtype=np.uint64)
+    kernel.launch("count_nonzero_bytes", max(16, data.shape[0] // 16), (data, np.int64(data.shape[0]), out),
+                  max_blocks=max_blocks)  # fmt: skip
+    return int(out[0])
+
+
+_COUNTS = [(0, 0), (0, 1), (5, 1), (3, 5), (0, 8), (7, 9), (13, 2387), (0, 2400), (1, 2392)]
+
+
+def _count_cases():
+    """Byte masks misaligned by 0, 1, 7 and 15 bytes, lengths around the 16-byte words, every byte value."""
+    rng = np.random.default_rng(5)
+    raw = np.zeros(20_000, dtype=np.uint8)
+    for misalign in (0, 1, 7, 15):
+        for n in (0, 1, 15, 16, 17, 33, 4097, 12_345):
+            data = raw[misalign : misalign + n]
+            data[:] = rng.integers(0, 256, n) * (rng.random(n) < 0.6)
+            yield misalign, data
+
+
+def test_count_bits_and_count_nonzero_bytes(kernels):
+    """memory/bitmap.py count_set and count_true on a GPU: the C++ core's count_bits and NumPy's
+    count_nonzero are the twins, over bitmaps cut at every bit and masks at every alignment."""
+    rng = np.random.default_rng(4)
+    bitmap = rng.integers(0, 256, 300, dtype=np.uint8)
+    for offset, count in _COUNTS:
+        got = _count_bits(kernels["bitmap"], bitmap, offset, count)
+        assert got == _core.count_bits(bitmap, offset, count), (offset, count)
+    for misalign, data in _count_cases():
+        assert _count_nonzero_bytes(kernels["bitmap"], data) == np.count_nonzero(data), (misalign, data.shape[0])
+
+
+_COUNT_MUTANTS = {
+    "the first byte's bits before the offset": ("if (b == first) v &= 0xFFu << (bit_offset & 7);", ""),
+    "the last byte's bits past the count": ("if (b == last) v &= 0xFFu >> (7 - ((bit_offset + count - 1) & 7));",
+                                            ""),
+    "a lane's count not summed": ("c += __shfl_down_sync(0xffffffffu, c, o);", "(void)o;"),
+    "the zero-byte test": ("return __popc(t);", "return __popc(t & 0x7F7F7F7Fu);"),
+    "the unaligned head": ("if (tid < head) c += src[tid] != 0;", ""),
+    "the tail": ("for (long long i = head + (words << 4) + tid; i < n; i += stride) c += src[i] != 0;", ""),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mutant", sorted(_COUNT_MUTANTS))
+def test_a_broken_counting_kernel_fails_the_comparison(tmp_path, mutant):
+    """The mutation check of the test above: each planted bug makes a count disagree with its twin."""
+    kernel = simt.Emulated("bitmap", tmp_path, mutant=_COUNT_MUTANTS[mutant])
+    rng = np.random.default_rng(4)
+    bitmap = rng.integers(0, 256, 300, dtype=np.uint8)
+    wrong = [(o, c) for o, c in _COUNTS if _count_bits(kernel, bitmap, o, c) != _core.count_bits(bitmap, o, c)]
+    wrong += [(m, d.shape[0]) for m, d in _count_cases() if _count_nonzero_bytes(kernel, d) != np.count_nonzero(d)]
+    assert wrong, f"{mutant}: every count still agrees"
+
+
 def test_unpack_bit_spans(kernels):
     """A block a batch: each batch's bitmap (or none: the fill byte) unpacked to its place."""
     rng = np.random.default_rng(2)

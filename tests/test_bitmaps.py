@@ -84,13 +84,39 @@ def test_backend_bitmap_ops_agree(src, shift):
         backend = resolve_device(device)
         bitmap = backend.from_host(buf)
         bits = _bitmap.unpack(backend, bitmap, offset, count)
-        return [bits, _bitmap.pack(backend, bits, shift), _bitmap.count_set(backend, bitmap, offset, count)]
+        counts = [_bitmap.count_set(backend, bitmap, offset, count), _bitmap.count_true(bits)]
+        return [bits, _bitmap.pack(backend, bits, shift), counts]
 
     cpu = assert_same_on_all_devices(run)
     np.testing.assert_array_equal(cpu[0], reference_bits(buf, offset, count))
     packed = np.packbits(np.concatenate([np.zeros(shift, bool), cpu[0]]), bitorder="little")
     np.testing.assert_array_equal(cpu[1], packed)
+    assert cpu[2] == [int(cpu[0].sum())] * 2
     assert len(available_devices()) >= 1
+
+
+@given(
+    data=st.lists(st.sampled_from([0.0, 1.0, -0.0, 2.5, float("nan"), float("inf")]), max_size=200),
+    misalign=st.integers(0, 17),
+    dtype=st.sampled_from(["bool", "uint8", "int32", "float64"]),
+)
+def test_count_true_is_count_nonzero(data, misalign, dtype):
+    """memory/bitmap.py count_true (kernels/bitmap.cu count_nonzero_bytes on a GPU) against NumPy's
+    count_nonzero: any dtype (NaN counts as true, -0.0 not), views at any byte offset, strided and 2-D."""
+    from pystrom.testing import assert_same_on_all_devices
+
+    host = np.asarray(data, dtype=np.float64).astype(dtype) if dtype != "bool" else np.asarray(data) != 0
+    padded = np.concatenate([np.zeros(misalign, dtype=host.dtype), host])
+
+    def run(device):
+        xp = resolve_device(device).xp
+        a = xp.asarray(padded)[misalign:]
+        shapes = [a, a[::3]] + ([a.reshape(2, -1)] if a.shape[0] % 2 == 0 else [])
+        return [_bitmap.count_true(v) for v in shapes]
+
+    got = assert_same_on_all_devices(run)
+    views = [host, host[::3]] + ([host.reshape(2, -1)] if host.shape[0] % 2 == 0 else [])
+    assert got == [int(np.count_nonzero(v)) for v in views]
 
 
 @st.composite

@@ -165,7 +165,7 @@ def with_arrays(table: Table, arrays: Mapping[str, tuple[Any, Any]]) -> Table:
     specs, nulls = {}, {}
     with backend.activate():
         for name, (values, valid) in arrays.items():
-            count = 0 if valid is None else n - int(backend.xp.count_nonzero(valid))
+            count = 0 if valid is None else n - bitmap.count_true(valid)
             nulls[name] = count
             specs[name] = (pa.from_numpy_dtype(np.dtype(values.dtype)), count)
     slots, fields = [], []

@@ -24,6 +24,7 @@ from ._keys import key_parts, lexsort
 from ._types import Layout
 from .column import Column
 from .errors import InvalidArgumentError, UnsupportedTypeError
+from .memory.bitmap import count_true
 from .table import Table
 
 __all__ = ["fill_null", "fill_column", "drop_nulls"]
@@ -207,7 +208,7 @@ def _extreme_row(col: Column, valid: Any, largest: bool) -> Any:
     if col.column_type.layout in (Layout.FIXED, Layout.BOOL):
         values = col.values.view(np.uint8) if col.column_type.layout == Layout.BOOL else col.values
         candidates = valid & ~xp.isnan(values) if values.dtype.kind == "f" else valid
-        if not bool(candidates.any()):
+        if not count_true(candidates):
             candidates = valid  # only NaN
         rows = xp.flatnonzero(candidates)
         picked = values[rows]

@@ -29,6 +29,7 @@ import numpy as np
 from ._types import Layout
 from .column import Column
 from .errors import UnsupportedTypeError
+from .memory.bitmap import count_true
 
 __all__ = ["key_parts", "lexsort", "groups", "stable_argsort"]
 
@@ -136,7 +137,7 @@ def _value_parts(xp: Any, col: Column, descending: bool, invalid: Any) -> tuple[
             part = values + values.dtype.type(0)  # -0.0 + 0.0 is 0.0: the two are one value
             if descending:
                 part = -part
-            return [part], nans if bool(nans.any()) else None
+            return [part], nans if count_true(nans) else None
         return [~values if descending else values], None
     if layout == Layout.VARBINARY:
         ranks = _varbinary_ranks(xp, col, invalid)
@@ -207,7 +208,7 @@ def _varbinary_ranks(xp: Any, col: Column, invalid: Any) -> Any:
         if int(starts_of_groups.shape[0]) == n:
             break  # every value differs
         sizes = xp.bincount(rank)
-        if not bool(((sizes[rank] > 1) & (lengths > k * _CHUNK)).any()):
+        if not count_true((sizes[rank] > 1) & (lengths > k * _CHUNK)):
             break  # equal ranks left only among values that are fully compared
     return rank
 

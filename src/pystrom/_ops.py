@@ -38,7 +38,7 @@ def _row_ranges(xp: Any, col: Column, rows: Any) -> tuple[Any, Any]:
     starts, ends = offsets[rows], offsets[rows + 1]
     if col._live_block().others_may_write and rows.shape[0]:
         bad = (starts < 0) | (ends < starts) | (ends > col._offsets_limit())
-        if bool(bad.any()):
+        if bitmap.count_true(bad):
             i = int(xp.argmax(bad))
             row, a, b = int(rows[i]), int(starts[i]), int(ends[i])
             is_list = col.column_type.layout in (Layout.LIST, Layout.LIST_OF)
@@ -166,7 +166,7 @@ def _prepare(backend: Backend, col: Column, rows: Any, name: str) -> tuple[Colum
     null_count = 0
     if col.null_count:
         valid = col.is_valid()[rows]
-        null_count = m - int(xp.count_nonzero(valid))
+        null_count = m - bitmap.count_true(valid)
     lengths = data_size = None
     child_nulls = 0
     children: list[tuple[ColumnSpec, tuple]] = []
@@ -180,7 +180,7 @@ def _prepare(backend: Backend, col: Column, rows: Any, name: str) -> tuple[Colum
         if col.child_validity is not None:
             bits = col.child_validity
             child_valid = bitmap.unpack(backend, bits, 0, bits.shape[0] * 8)[idx]
-            child_nulls = int(idx.shape[0]) - int(xp.count_nonzero(child_valid))
+            child_nulls = int(idx.shape[0]) - bitmap.count_true(child_valid)
         lengths = (idx, new_offsets, child_valid)
         if new_offsets is not None:
             data_size = int(idx.shape[0]) * ctype.storage.itemsize
@@ -322,7 +322,7 @@ def _element_nulls(backend: Backend, col: Column) -> Any | None:
         return None
     d = col.column_type.list_size
     valid = bitmap.unpack(backend, bits, col.offset * d, len(col) * d).reshape(len(col), d)
-    return None if bool(valid.all()) else valid
+    return None if bitmap.count_true(valid) == valid.size else valid
 
 
 def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dtype: Any, nulls: str) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import PostgresError
 from ..memory.backend import resolve_device
+from ..memory.bitmap import count_true
 from ..table import Table
 
 __all__ = [
@@ -165,7 +166,7 @@ def _check_finite(batch: Any) -> None:
     from ..ml._data import locate_nonfinite
 
     with batch.backend.activate():
-        if batch.X.shape[0] and not bool(batch.backend.xp.isfinite(batch.X).all()):
+        if batch.X.shape[0] and count_true(batch.backend.xp.isfinite(batch.X)) != batch.X.size:
             raise locate_nonfinite(batch.backend.xp, batch.X, batch.names)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
 from ..memory.backend import Backend, backend_of_array, resolve_device
+from ..memory.bitmap import count_true
 
 __all__ = ["Batch", "is_scan", "prepare_array", "prepare_table", "prefetch", "encode_target", "locate_nonfinite"]
 
@@ -81,7 +82,7 @@ def locate_nonfinite(xp: Any, X: Any, names: Sequence[str]) -> DataError:
 def encode_target(xp: Any, y: Any, name: str, binary01: bool) -> tuple[Any, np.ndarray]:
     """(0/1 uint8 target on y's device, classes). ``binary01``: values must be bool or 0/1 (scans)."""
     if y.dtype == np.bool_:
-        positives = int(xp.count_nonzero(y)) if not binary01 else 1
+        positives = count_true(y) if not binary01 else 1
         if not binary01 and positives in (0, y.shape[0]):
             raise DataError(_class_count_message(name, np.array([bool(positives)])))
         return y.view(np.uint8) if y.flags.c_contiguous else y.astype(np.uint8), np.array([False, True])
@@ -94,14 +95,14 @@ def encode_target(xp: Any, y: Any, name: str, binary01: bool) -> tuple[Any, np.n
         return (y == classes[1]).astype(np.uint8), classes
     if y.shape[0] == 0:
         raise DataError(f"target {name} is empty")
-    if y.dtype.kind == "f" and not bool(xp.isfinite(y).all()):
+    if y.dtype.kind == "f" and count_true(xp.isfinite(y)) != y.size:
         raise DataError(f"target {name} contains NaN or Inf")
     lo, hi = (float(v) for v in (y.min(), y.max()))
     if binary01:  # a batch of a scan may hold one class; the whole scan is checked after the first pass
         lo, hi = 0.0, 1.0
     if lo == hi:
         raise DataError(_class_count_message(name, np.array([lo])))
-    others = int(xp.count_nonzero((y != lo) & (y != hi)))
+    others = count_true((y != lo) & (y != hi))
     if others:
         what = "values other than 0 and 1" if binary01 else "more than two distinct values"
         if y.dtype.kind == "f" and bool((y != xp.floor(y)).any()):
@@ -146,7 +147,7 @@ def prepare_weights(xp: Any, sample_weight: Any, n: int, where: str = "sample_we
         sw = xp.full(n, float(sw), dtype=np.float64)
     if sw.ndim != 1 or sw.shape[0] != n:
         raise SchemaMismatchError(f"{where} has shape {tuple(sw.shape)}; expected ({n},), one weight per row")
-    if not bool(xp.isfinite(sw).all()) or bool((sw < 0).any()):
+    if count_true(xp.isfinite(sw)) != sw.size or count_true(sw < 0):
         raise DataError(f"{where} must be finite and non-negative")
     return xp.ascontiguousarray(sw)  # the kernel reads one weight per row, contiguous
 
@@ -263,7 +264,7 @@ def prepare_table(
         sw = table.column(weight).values.astype(np.float64) if weight else None
         skipped = 0
         if keep is not None:
-            kept = int(xp.count_nonzero(keep))
+            kept = count_true(keep)
             skipped = table.num_rows - kept
             X, y = X[keep], y[keep]
             sw = sw[keep] if sw is not None else None

@@ -16,6 +16,7 @@ import numpy as np
 from .._settings import defaults
 from ..errors import DataError
 from ..memory.backend import Backend
+from ..memory.bitmap import count_true
 from ._data import Batch, locate_nonfinite, prefetch
 from ._irls import IRLSResult, IRLSSolver
 from ._narrow import KernelPass, uses_kernel
@@ -246,7 +247,7 @@ class ArraySource(Source):
         b = self.batch
         with self.backend.activate():
             if b.sw is None:
-                pos = float(self.backend.xp.count_nonzero(b.y))
+                pos = float(count_true(b.y))
                 return float(self.rows) - pos, pos
             pos = float((b.sw * b.y).sum())
             return float(b.sw.sum()) - pos, pos

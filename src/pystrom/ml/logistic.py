@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
+from ..memory.bitmap import count_true
 from ._data import is_scan, is_table, not_2d_message
 from ._inputs import (
     dask_predict,
@@ -374,7 +375,7 @@ class LogisticRegression:
             bad = ~xp.isfinite(out)
             if valid is not None:
                 bad &= valid
-            if bool(bad.any()):
+            if count_true(bad):
                 raise locate_nonfinite(xp, X if valid is None else X[valid], names)
             if valid is not None:
                 out[~valid] = np.nan
@@ -412,7 +413,7 @@ class LogisticRegression:
         xp = xp_of(d)
         missing = xp.isnan(d)
         classes = self.classes_
-        if not bool(missing.any()):
+        if not count_true(missing):
             return xp.asarray(classes)[(d > 0).astype(np.int64)]
         if classes.dtype.kind in "biuf":
             out = xp.asarray(classes.astype(np.float64))[(d > 0).astype(np.int64)]
@@ -452,7 +453,7 @@ class LogisticRegression:
         y = xp.asarray(y)
         if y.shape != d.shape:
             raise SchemaMismatchError(f"y has shape {tuple(y.shape)} but X has {d.shape[0]:,} rows")
-        skipped = int(d.shape[0] - int(xp.count_nonzero(keep)))
+        skipped = int(d.shape[0]) - count_true(keep)
         if skipped:
             warnings.warn(f"score skipped {skipped:,} row(s) with NULLs", UserWarning, stacklevel=2)
             if skipped == d.shape[0]:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
+from ..memory.bitmap import count_true
 from ._inputs import sigmoid, xp_of
 from .logistic import LogisticRegression
 
@@ -100,7 +101,7 @@ def logregr_predict(model: Any, table: Any, independent: Any = None) -> Any:
     d = m.decision_function(table, columns=names)
     xp = xp_of(d)
     missing = xp.isnan(d)
-    if not bool(missing.any()):
+    if not count_true(missing):
         return d > 0
     out = (d > 0).astype(np.float64)
     out[missing] = np.nan

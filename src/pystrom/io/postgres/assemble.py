@@ -86,7 +86,7 @@ def _fold(backend: Any, block: Any, col: PgColumn, leaves: Any, n: int) -> Colum
     children = tuple(_fold(backend, block, p, leaves, n) for p in col.parts[:-1])
     flags = next(leaves).values  # the validity part: bool, never NULL
     valid = block.array(flags.offset, np.bool_, (n,))
-    nulls = n - int(backend.xp.count_nonzero(valid))
+    nulls = n - bitmap.count_true(valid)
     validity = None
     if nulls:
         block.write_device(flags.offset, bitmap.pack(backend, valid))  # packed first, then written over the flags
@@ -161,7 +161,7 @@ def intervals_to_arrow(backend: Any, raw: Any, col: PgColumn) -> None:
     months = big_endian(12, 16).astype(xp.uint32).view(xp.int32)
     bad = xp.abs(micros) > _MAX_MICROS  # also INT64_MIN, whose abs stays negative: caught below
     bad |= micros == xp.iinfo(xp.int64).min
-    if bool(bad.any()):
+    if bitmap.count_true(bad):
         row = int(xp.argmax(bad))
         raise PostgresError(
             f"column {col.name!r} ({col.pg_type}), row {row}: an interval whose time part "
