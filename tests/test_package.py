@@ -114,14 +114,14 @@ def test_demo_says_each_step_when_it_finishes(monkeypatch):
     said: list[str] = []
     real = demo._train_elsewhere
 
-    def train(handle, device, separated_rows, timeout, on_result):
+    def train(handle, device, separated, timeout, on_result):
         said.append("<second process starts>")
 
         def each(kind, result):
             said.append(f"<{kind} arrived>")
             on_result(kind, result)
 
-        return real(handle, device, separated_rows, timeout, each)
+        return real(handle, device, separated, timeout, each)
 
     monkeypatch.setattr(demo, "_train_elsewhere", train)
     monkeypatch.setattr(demo, "SEPARATED_ROWS", 5_000)
@@ -131,8 +131,12 @@ def test_demo_says_each_step_when_it_finishes(monkeypatch):
     assert any(line.startswith("Arrow file -> cpu (read_arrow") for line in said[:start])
     noisy, exact = said.index("<noisy arrived>"), said.index("<exact arrived>")
     assert said[noisy + 1].startswith("logregr_train there on t (") and noisy < exact
-    assert said[exact + 1].startswith("logregr_train there on t_exact (") and "first 5,000 rows" in said[exact + 1]
-    assert any("second act: t_exact, the same rule without noise, on 5,000 rows" in line for line in said)
+    # about SEPARATED_ROWS rows, chosen by x5 (demo._separated_where): 5,000 of 20,000 are x5 < -0.6745
+    line = said[exact + 1]
+    assert line.startswith("logregr_train there on t_exact (") and "rows where x5 < -0.6745)" in line
+    fitted = int(re.search(r"iterations, ([\d,]+) rows where", line).group(1).replace(",", ""))
+    assert 4_500 <= fitted <= 5_500
+    assert any(f"second act: t_exact, the same rule without noise, on {fitted:,} rows" in line for line in said)
     assert demo.CPU_ROWS <= 3_000_000 and demo.SEPARATED_ROWS <= 200_000
 
 
