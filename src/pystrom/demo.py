@@ -39,7 +39,7 @@ RULE = "1 + 2 x1 - 3 x2 + x3 + 0.5 x4"  # the coefficients the data is made with
 TRUE_COEF = [1.0, 2.0, -3.0, 1.0, 0.5, 0.0]  # intercept first
 GPU_ROWS = 10_000_000
 CPU_ROWS = 3_000_000
-SEPARATED_ROWS = 200_000  # the second act's rows, about, at most
+SEPARATED_ROWS = 200_000  # the second act's rows, about (every row of a table no larger)
 
 
 def _separated_where(rows: int) -> str | None:
@@ -94,6 +94,7 @@ def _create_logreg(conninfo: str, name: str, rows: int, workers: int) -> None:
         "FROM generate_series(%s::bigint, %s::bigint)) s"
     ).format(ident)
     errors: list[BaseException] = []
+    workers = max(1, min(workers, _PARTS))  # connection i generates parts i, i + workers, ...
 
     def parts(i: int) -> None:
         try:
@@ -105,7 +106,6 @@ def _create_logreg(conninfo: str, name: str, rows: int, workers: int) -> None:
         except BaseException as exc:  # reported by the caller's thread
             errors.append(exc)
 
-    workers = max(1, min(workers, _PARTS))
     threads = [threading.Thread(target=parts, args=(i,)) for i in range(workers)]
     for th in threads:
         th.start()

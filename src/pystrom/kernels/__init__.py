@@ -29,8 +29,8 @@ def _module(source_name: str, ordinal: int, defines: tuple[str, ...]) -> Any:
 def kernel(source_name: str, function: str, ordinal: int, defines: tuple[str, ...] = ()) -> Any:
     """The compiled ``function`` from ``<source_name>.cu`` for GPU ``ordinal``. ``defines`` (``"NAME=value"``)
     are preprocessor definitions a source reads to build only part of itself: NVRTC compiles a whole
-    source at once, and ``logistic.cu``'s 80 kernels took ~40 s on a cold cache (``LOGIT_K``: the 10 of
-    one width)."""
+    source at once, and ``logistic.cu``'s 80 kernels took ~40 s on a cold cache (ml/_narrow.py
+    logit_kernel builds the 3 a fit uses)."""
     return _module(source_name, ordinal, defines).get_function(function)
 
 
