@@ -13,7 +13,7 @@ import numpy as np
 from .. import _core
 from .backend import Backend, backend_of_array
 
-__all__ = ["unpack", "pack", "count_set", "count_true"]
+__all__ = ["unpack", "pack", "count_set", "count_true", "count_true_queued"]
 
 
 def unpack(backend: Backend, bitmap: Any, bit_offset: int, count: int) -> Any:
@@ -75,17 +75,22 @@ def count_true(mask: Any) -> int:
     ``xp.count_nonzero`` gives, without CuPy's reduction: its CUB kernels take NVRTC ~5 s to compile on a
     machine's first call (an H200, 2026-11-29: the demo's first run 16.1 s, the second 5.8 s), and 0.23 ms
     a call for 1M rows after that; this is one launch of kernels/bitmap.cu's count_nonzero_bytes."""
+    return int(count_true_queued(mask)[0])
+
+
+def count_true_queued(mask: Any) -> Any:
+    """``count_true(mask)`` as a one-element uint64 array on ``mask``'s device, counted on the current stream
+    without waiting for it: callers that gather several counts read them back in one copy."""
     backend = backend_of_array(mask)
     if backend is None or backend.kind == "cpu":
-        return int(np.count_nonzero(mask))
+        return np.array([np.count_nonzero(mask)], dtype=np.uint64)
     from ..kernels import launch
 
     xp = backend.xp
     with backend.activate():
+        out = xp.zeros(1, dtype=xp.uint64)
         flat = xp.ascontiguousarray(mask if mask.dtype.itemsize == 1 else mask != 0).reshape(-1).view(xp.uint8)
         n = int(flat.shape[0])
-        if n == 0:
-            return 0
-        out = xp.zeros(1, dtype=xp.uint64)
-        launch("bitmap", "count_nonzero_bytes", backend.ordinal, max(16, n // 16), (flat, np.int64(n), out))
-        return int(out.get()[0])
+        if n:
+            launch("bitmap", "count_nonzero_bytes", backend.ordinal, max(16, n // 16), (flat, np.int64(n), out))
+        return out

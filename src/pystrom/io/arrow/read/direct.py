@@ -41,6 +41,7 @@ from ....errors import CapacityError, FileFormatError
 from ....interop.build import _fill_host, _Writer
 from ....kernels import launch
 from ....memory.backend import Backend, Block
+from ....memory.bitmap import count_true_queued
 from ....memory.layout import ColumnPlan, ColumnSpec, plan_table
 from ....table import Table
 from ..file.metadata import ArrowFile
@@ -206,14 +207,15 @@ def _string_columns(block: Block, plan: Any, direct: Sequence[str], types: dict)
     return out
 
 
-def _check_null_counts(file: ArrowFile, backend: Backend, plan: Any, counted: list[tuple[str, int, Any]]) -> None:
+def _check_null_counts(file: ArrowFile, backend: Backend, plan: Any, counted: list[tuple[str, int, int, Any]]) -> None:
     """Compare the NULLs found in the bitmaps with the counts the metadata gave (one copy back)."""
     if not counted:
         return
     xp = backend.xp
-    found = backend.to_host(xp.stack([c for _, _, c in counted]))
-    for (name, claimed, _), got in zip(counted, found):
-        if int(got) != claimed:
+    valid = backend.to_host(xp.concatenate([c for *_, c in counted]))
+    for (name, claimed, rows, _), set_bits in zip(counted, valid):
+        got = rows - int(set_bits)
+        if got != claimed:
             raise FileFormatError(
                 f"{file.path!r}: column {name!r}: the record batches claim {claimed} NULLs, their validity bitmaps "
                 f"hold {int(got)} (corrupt file)"
@@ -255,8 +257,9 @@ def _read_column(
     if plan.child_validity is not None:  # each batch's whole element bitmap; the rows' part is unpacked below
         elements = _read_bitmaps(reader, xp, chunks.child_validity, chunks.child_length)
 
-    def fixup() -> tuple[str, int, Any] | None:
-        """Lay out what was read; (name, NULLs claimed, NULLs found on the device) for a nullable column."""
+    def fixup() -> tuple[str, int, int, Any] | None:
+        """Lay out what was read; (name, NULLs claimed, rows, valid rows counted on the device) for a nullable
+        column."""
         if layout in (Layout.VARBINARY, Layout.LIST):
             _place_offsets(backend, block, plan, strings, row_starts, chunks.length)
         if elements is not None:
@@ -269,7 +272,7 @@ def _read_column(
         valid = xp.empty(plan.length, dtype=np.uint8)
         _unpack_batches(backend, validity, _spans(chunks.length, row_starts), valid, missing=1)
         _pack_into(backend, valid, block.array(plan.validity.offset, np.uint8, (plan.validity.size,)))
-        return plan.name, plan.null_count, plan.length - xp.count_nonzero(valid)
+        return plan.name, plan.null_count, plan.length, count_true_queued(valid)
 
     return fixup
 
