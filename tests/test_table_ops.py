@@ -393,6 +393,25 @@ def test_fill_null_refusals(device):
     assert nulls.fill_null(strategy="max").to_arrow().column("x").null_count == 2
 
 
+def test_gathers_past_int32_offsets_are_refused_naming_the_column(device, monkeypatch):
+    """Rows taken more than once (a broadcast value, a forward fill) can give a string or list column more
+    bytes or elements than its int32 offsets address: CapacityError naming it, not offsets that wrap. The
+    limit is lowered here; at 2**31 - 1 the same check stands before the offsets are written."""
+    import pystrom._ops
+
+    monkeypatch.setattr(pystrom._ops, "OFFSET_LIMIT", 20)
+    t = Table.from_arrays({"x": np.arange(10)}, device=device)
+    fits = t.head(5).with_columns(s=pa.scalar("abcd"))  # 20 bytes
+    assert fits.to_arrow().column("s").to_pylist() == ["abcd"] * 5
+    with pytest.raises(pystrom.CapacityError, match=r"column 's' would hold 40 bytes.*2\*\*31 - 1"):
+        t.with_columns(s=pa.scalar("abcd"))
+    lists = Table.from_arrays({"l": pa.array([[1, 2, 3, 4, 5], None, None, None, None], pa.list_(pa.int64()))},
+                              device=device)  # fmt: skip
+    assert lists.head(4).fill_null(strategy="forward").to_arrow().column("l").to_pylist() == [[1, 2, 3, 4, 5]] * 4
+    with pytest.raises(pystrom.CapacityError, match="column 'l' would hold 25 elements"):
+        lists.fill_null(strategy="forward")
+
+
 def test_null_array_error_names_the_one_call_ways(device):
     t = Table.from_arrays({"x": [1.0, None]}, device=device)
     with pytest.raises(pystrom.NullValuesError) as err:

@@ -207,7 +207,9 @@ def _varbinary_ranks(xp: Any, col: Column, invalid: Any) -> Any:
         k += 1
         if int(starts_of_groups.shape[0]) == n:
             break  # every value differs
-        sizes = xp.bincount(rank)
+        # each group's size from where the groups start (CuPy's bincount compiled a CUB reduction, ~4 s on
+        # a machine's first call)
+        sizes = xp.diff(starts_of_groups, append=n)
         if not count_true((sizes[rank] > 1) & (lengths > k * _CHUNK)):
             break  # equal ranks left only among values that are fully compared
     return rank
