@@ -26,6 +26,10 @@ VARIANTS = {
     "R_ROWS=1, min_blocks 5": ("-DR_ROWS=1", "-DLOGIT_MIN_BLOCKS(K)=5"),
     "no prefetch, R_ROWS=2, min_blocks 5": ("-DLOGIT_NO_PREFETCH", "-DR_ROWS=2", "-DLOGIT_MIN_BLOCKS(K)=5"),
     "no prefetch, R_ROWS=4": ("-DLOGIT_NO_PREFETCH", "-DR_ROWS=4"),
+    # the build an unweighted fit runs (the timed pass has no weights: every variant computes the same sums)
+    "unweighted build": ("-DLOGIT_UNWEIGHTED",),
+    "unweighted, R_ROWS=4": ("-DLOGIT_UNWEIGHTED", "-DR_ROWS=4"),
+    "unweighted, min_blocks 5": ("-DLOGIT_UNWEIGHTED", "-DLOGIT_MIN_BLOCKS(K)=5"),
 }
 
 
@@ -145,21 +149,12 @@ def log1p_series(src: str) -> str:
     return _replace(src, "l1p = (double)log1pf(ef);", "l1p = (double)log1p_unit(ef);")
 
 
-def unweighted(src: str) -> str:
-    """No sample or class weights (every s = 1), known when compiled: what a kernel specialised for
-    unweighted fits (the seed fit's case) saves; such a build computes the pass only for those."""
-    src = _replace(src, "sv[r] = has_sw ? sw[i] : 1.0;", "sv[r] = 1.0;")
-    return _replace(src, "const double s = sv[r] * (yi ? cw1 : cw0);", "constexpr double s = 1.0;")
-
-
 BOUNDS: dict[str, tuple[Callable[[str], str], ...]] = {
     "bound: Hessian summed in float32": (float32_hessian,),
     "bound: log(1 + e) by a series": (log1p_series,),
     "bound: both": (float32_hessian, log1p_series),
     "bound: every row value in float32": (float32_rows,),
-    "bound: unweighted (exact where it applies)": (unweighted,),
 }
-UNWEIGHTED_ONLY = {"bound: unweighted (exact where it applies)"}
 
 
 def kernel_source(edits: tuple[Callable[[str], str], ...] = ()) -> str:

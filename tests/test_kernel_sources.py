@@ -122,7 +122,10 @@ def test_a_fit_builds_only_the_logistic_kernels_it_uses(tmp_path, monkeypatch, t
     for fn in (f"logit_pass_{tname}_k{k}", f"logit_spec_{tname}_k{k}", f"logit_step_k{k}", f"logit_parts_{tname}_k{k}",
                f"logit_parts_spec_{tname}_k{k}", f"logit_gather_step_k{k}"):  # fmt: skip
         logit_kernel(fn, k, 0, tname)
-    assert len(asked) == 2 and all(len(fns) == 3 for fns in asked.values())
+    for fn in (f"logit_pass_{tname}_k{k}", f"logit_spec_{tname}_k{k}", f"logit_step_k{k}"):
+        logit_kernel(fn, k, 0, tname, unweighted=True)  # an unweighted fit's build
+    assert len(asked) == 3 and all(len(fns) == 3 for fns in asked.values())
+    assert sum("LOGIT_UNWEIGHTED" in defines for defines in asked) == 1
     every = {name for source, name in _logistic_requests() if source == "logistic"}
     for defines, fns in asked.items():
         lib = simt.build("logistic", "", tmp_path, defines=defines)

@@ -384,6 +384,38 @@ def test_kernel_equals_numpy_twin(device):
                 assert_pass_close(_host(got), ref, dtype, n, f"k={k} {dtype} {order}")
 
 
+def test_unweighted_passes_run_their_own_build_with_the_same_sums(device):
+    """A pass with no sample weights and class weights 1 runs the LOGIT_UNWEIGHTED build; its sums equal
+    the weighted build's (given weights of 1) bit for bit, and other class weights in the same KernelPass
+    get the weighted build."""
+    if device == "cpu":
+        pytest.skip("the fused CUDA pass only")
+    from pystrom.memory.backend import resolve_device
+    from pystrom.ml._narrow import KernelPass
+    from pystrom.ml._pass import xp_pass
+
+    rng = np.random.default_rng()
+    backend = resolve_device(device)
+    for dtype, k in ((np.float32, 4), (np.float64, 3), (np.float32, 7)):
+        X = rng.normal(size=(300_007, k)).astype(dtype)
+        X[11, 0] = np.nan
+        y = (rng.random(len(X)) < 0.3).astype(np.uint8)
+        w = rng.normal(size=k + 1) * 0.5
+        with backend.activate():
+            Xd, yd = on(device, X), on(device, y)
+            plain = KernelPass(Xd, yd, None, backend.ordinal, to_host=True)
+            ones = KernelPass(Xd, yd, on(device, np.ones(len(X))), backend.ordinal, to_host=True)
+            got, _ = plain((1.0, 1.0), w)
+            assert set(plain._builds) == {True}, "an unweighted pass builds only the unweighted kernels"
+            want, _ = ones((1.0, 1.0), w)
+            assert set(ones._builds) == {False}
+            assert np.array_equal(got, want), f"{dtype.__name__} k={k}"
+            weighted, _ = plain((0.7, 1.3), w)
+            assert set(plain._builds) == {True, False}
+            assert_pass_close(weighted, xp_pass(np, X, y, None, (0.7, 1.3), w), dtype, len(X), "class weights")
+            assert np.array_equal(plain((1.0, 1.0), w)[0], got), "back to the unweighted build"
+
+
 def test_kernel_pass_to_host_repeats_exactly(device):
     """The in-memory pass (result written by the last block straight into mapped pinned memory) equals
     the device-result pass bit for bit, launch after launch (the block counter resets itself)."""

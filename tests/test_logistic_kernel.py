@@ -196,6 +196,46 @@ def test_kernel_source_matches_numpy_twin(emulated):
                     assert_pass_close(out[:-TAIL], ref, dtype, n, what)
 
 
+@pytest.fixture(scope="module")
+def unweighted_build(tmp_path_factory):
+    source = resources.files("pystrom.kernels").joinpath("logistic.cu").read_text(encoding="utf-8")
+    return _build(tmp_path_factory.mktemp("logit_unweighted"), "#define LOGIT_UNWEIGHTED\n" + source)
+
+
+def test_unweighted_build_gives_the_weighted_builds_sums_bit_for_bit(emulated, unweighted_build):
+    """KernelPass runs the LOGIT_UNWEIGHTED build for passes with no sample weights and class weights 1
+    (unweighted_pass): there it must give exactly the sums of the weighted build, every one of them, with
+    the rows' weight 1 left out rather than multiplied in; and it ignores weights it is handed."""
+    rng = np.random.default_rng()
+    for k in range(1, MAX_KERNEL_FEATURES + 1):
+        for dtype in (np.float32, np.float64):
+            n = int(rng.integers(1, 3000))
+            X = np.asarray(rng.normal(size=(n, k)) * 3, dtype=dtype, order="CF"[k % 2])
+            if n > 10:
+                X[7, 0] = np.inf  # a non-finite row
+                X[9] = 30 * np.sign(rng.normal(size=k))  # saturated rows count either way
+            y = (rng.random(n) < 0.4).astype(np.uint8)
+            w = rng.normal(size=k + 1)
+            blocks = int(rng.integers(1, 40))
+            want, _, _ = drive(emulated, X, y, None, (1.0, 1.0), w, blocks)
+            ones, _, _ = drive(emulated, X, y, np.ones(n), (1.0, 1.0), w, blocks)
+            got, _, done = drive(unweighted_build, X, y, None, (1.0, 1.0), w, blocks)
+            what = f"k={k} {dtype.__name__} n={n} blocks={blocks}"
+            assert np.array_equal(want, ones, equal_nan=True), what
+            assert np.array_equal(got, want, equal_nan=True), what
+            assert done == 0
+            ignored, _, _ = drive(unweighted_build, X, y, rng.random(n), (0.7, 1.3), w, blocks)
+            assert np.array_equal(ignored, want, equal_nan=True), what
+
+
+def test_only_unweighted_passes_run_the_unweighted_build():
+    from pystrom.ml._narrow import unweighted_pass
+
+    assert unweighted_pass(False, (1.0, 1.0)) and unweighted_pass(False, (np.float64(1), 1))
+    for has_sw, cw in ((True, (1.0, 1.0)), (False, (1.0, 2.0)), (False, (0.5, 1.0)), (False, (0.0, 0.0))):
+        assert not unweighted_pass(has_sw, cw), (has_sw, cw)
+
+
 @pytest.mark.parametrize("penalised", [False, True])
 def test_newton_step_is_the_solvers(emulated, penalised):
     """The step the last block computes for the speculative pass is the solver's own Newton step
@@ -296,9 +336,9 @@ def test_the_benchmarks_bounds_still_compute_the_pass(tmp_path, bound):
     exact. The edits also fail loudly once the kernel's text they edit has changed."""
     lib = _build(tmp_path, NARROW_VARIANTS.kernel_source(NARROW_VARIANTS.BOUNDS[bound]))
     rng = np.random.default_rng(7)
-    cw = (1.0, 1.0) if bound in NARROW_VARIANTS.UNWEIGHTED_ONLY else (0.7, 1.3)
+    cw = (0.7, 1.3)
     for k in (1, 4, 8):
-        for weighted in (False,) if bound in NARROW_VARIANTS.UNWEIGHTED_ONLY else (False, True):
+        for weighted in (False, True):
             n = 2000
             X = np.asarray(rng.normal(size=(n, k)), dtype=np.float32)
             X[5, k - 1] = np.nan

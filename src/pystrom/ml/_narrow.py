@@ -24,7 +24,7 @@ fallbacks and warnings in one place (``_irls.py``).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -50,17 +50,24 @@ STEP_TAIL = 2 * _STRIDE + 1  # after a pass's sums: the step, the next weights, 
 _PART_FIELDS = 8  # PART_FIELDS in logistic.cu: an array's descriptor for logit_parts
 
 
-def logit_kernel(function: str, k: int, ordinal: int, tname: str) -> Any:
+def logit_kernel(function: str, k: int, ordinal: int, tname: str, unweighted: bool = False) -> Any:
     """``function`` of kernels/logistic.cu, from a build of only the kernels a fit over ``tname`` ("f32" or
     "f64") rows of ``k`` features asks for: one array's (``LOGIT_ONE_ARRAY_ONLY``: the pass, the speculative
     pass, the step), or a dask worker's partitions' (``LOGIT_MANY_ARRAYS_ONLY``: ``logit_parts*``,
     ``logit_gather_step``). A first fit compiles those 3, not all 80 (~40 s on a cold cache) nor its
-    width's 10 (4.3 s on an H200)."""
+    width's 10 (4.3 s on an H200). ``unweighted``: the ``LOGIT_UNWEIGHTED`` build, for passes with neither
+    sample nor class weights (:func:`unweighted_pass`)."""
     from ..kernels import kernel
 
     kinds = "MANY_ARRAYS" if function.startswith(("logit_parts", "logit_gather_step")) else "ONE_ARRAY"
     defines = (f"LOGIT_K={k}", f"LOGIT_{tname.upper()}_ONLY", f"LOGIT_{kinds}_ONLY")
-    return kernel("logistic", function, ordinal, defines)
+    return kernel("logistic", function, ordinal, defines + (("LOGIT_UNWEIGHTED",) if unweighted else ()))
+
+
+def unweighted_pass(has_sample_weights: bool, cw: tuple[float, float]) -> bool:
+    """Whether a pass may run the ``LOGIT_UNWEIGHTED`` build: no sample weights and both class weights 1,
+    so every row's weight is 1 and that build's sums are the weighted build's bit for bit."""
+    return not has_sample_weights and float(cw[0]) == 1.0 and float(cw[1]) == 1.0
 
 
 def layout_size(k: int) -> int:
@@ -93,6 +100,16 @@ def speculation_hit(before: np.ndarray, k: int, spec_cw: tuple[float, float], cw
     return spec_cw == cw and before[2 * _STRIDE] == 1.0 and np.array_equal(nxt, w)
 
 
+class _Build(NamedTuple):
+    """One build of a pass's kernels (:func:`logit_kernel`), and how :class:`KernelPass` launches it."""
+
+    fn: Any  # the pass
+    spec_fn: Any  # the speculative pass
+    step_fn: Any  # the Newton step after either
+    spec_ok: bool  # the speculative kind keeps its sums in registers
+    blocks: int  # the grid: one wave of resident blocks
+
+
 class KernelPass:
     """The fused CUDA pass over one array, set up once and run every pass (module docstring).
 
@@ -105,18 +122,16 @@ class KernelPass:
     def __init__(self, X: Any, y: Any, sw: Any | None, ordinal: int, to_host: bool = False):
         import cupy
 
+        from ..kernels import sm_count
+
         n, k = X.shape
         self.k = k
         self.m = m = layout_size(k)
-        tname = "f32" if X.dtype == np.float32 else "f64"
-        self.fn = logit_kernel(f"logit_pass_{tname}_k{k}", k, ordinal, tname)
-        self.spec_fn = logit_kernel(f"logit_spec_{tname}_k{k}", k, ordinal, tname)
-        self.step_fn = logit_kernel(f"logit_step_k{k}", k, ordinal, tname)
-        # the speculative kind holds the weights in registers: where that spills the sums (the compiler
-        # moved some to local memory) it is slower than the host's round trip it saves
-        self.spec_ok = _local_bytes(self.spec_fn) == 0
-        self.blocks = _blocks(self.fn, k, n, ordinal)
-        self.partials = cupy.empty((self.blocks, m), dtype=np.float64)
+        self.tname = "f32" if X.dtype == np.float32 else "f64"
+        self.ordinal, self.rows = ordinal, n
+        self._builds: dict[bool, _Build] = {}  # by unweighted_pass: each built when a pass first needs it
+        # room for any build's grid (at most 16 blocks of 128 threads are resident on an SM)
+        self.partials = cupy.empty((max(1, min(-(-n // _THREADS), sm_count(ordinal) * 16)), m), dtype=np.float64)
         self.done = cupy.zeros(1, dtype=np.uint32)  # blocks finished; the last one resets it
         self.wnext = cupy.zeros((2, _STRIDE + 1), dtype=np.float64)  # per slot: next weights, flag
         self.sums = cupy.zeros((2, m), dtype=np.float64)  # per slot: the pass's sums, for its step
@@ -153,7 +168,26 @@ class KernelPass:
         if not self.mapped:
             return
         self.rule, self._mask = step_rule(active, n_free_features, l2)
-        self.ahead = bool(ahead) and self.spec_ok
+        self.ahead = bool(ahead)
+
+    def build(self, cw: tuple[float, float]) -> _Build:
+        """The kernels a pass with class weights ``cw`` runs (compiled on first use)."""
+        unweighted = unweighted_pass(bool(self.has_sw), cw)
+        found = self._builds.get(unweighted)
+        if found is None:
+            k, tname, ordinal = self.k, self.tname, self.ordinal
+            names = (f"logit_pass_{tname}_k{k}", f"logit_spec_{tname}_k{k}", f"logit_step_k{k}")
+            fn, spec_fn, step_fn = (logit_kernel(name, k, ordinal, tname, unweighted) for name in names)
+            # the speculative kind holds the weights in registers: where that spills the sums (the compiler
+            # moved some to local memory) it is slower than the host's round trip it saves
+            found = _Build(fn, spec_fn, step_fn, _local_bytes(spec_fn) == 0, _blocks(fn, k, self.rows, ordinal))
+            self._builds[unweighted] = found
+        return found
+
+    @property
+    def spec_ok(self) -> bool:
+        """Whether an unweighted pass (class weights 1) may be followed by a speculative one."""
+        return self.build((1.0, 1.0)).spec_ok
 
     def launch(self, cw: tuple[float, float], w: np.ndarray | None) -> int:
         """Queue a pass on the current stream (``w`` None: a speculative one), and under a step rule its
@@ -164,13 +198,14 @@ class KernelPass:
         weights = pass_weights(w)
         wsrc = self.wnext[(lid - 1) % 2].data.ptr if w is None else 0
         sums = self.sums[slot].data.ptr if self.rule else 0
-        fn = self.fn if w is not None else self.spec_fn
-        fn((self.blocks,), (_THREADS,), (*self.data_args, self.has_sw, self.vec, np.float64(cw[0]), np.float64(cw[1]),
+        build = self.build(cw)
+        fn = build.fn if w is not None else build.spec_fn
+        fn((build.blocks,), (_THREADS,), (*self.data_args, self.has_sw, self.vec, np.float64(cw[0]), np.float64(cw[1]),
            *weights, np.uint64(wsrc), np.uint64(sums), self.partials, self.done,
            np.uint64(self.slots[slot][1])))  # fmt: skip
         if self.rule:
             _, nfree, l2 = self.rule
-            self.step_fn((1,), (1,), (np.uint64(sums), *weights, np.uint64(wsrc), np.uint32(self._mask),
+            build.step_fn((1,), (1,), (np.uint64(sums), *weights, np.uint64(wsrc), np.uint32(self._mask),
                          np.int32(nfree), np.float64(l2), np.uint64(self.slots[slot][1] + 8 * self.m),
                          self.wnext[slot]))  # fmt: skip
         return lid
@@ -188,7 +223,7 @@ class KernelPass:
             lid = self.launch(cw, w)
         event = cupy.cuda.Event(disable_timing=True)
         event.record()
-        if self.rule is not None and self.ahead:  # the pass the solver most likely asks for next
+        if self.rule is not None and self.ahead and self.build(cw).spec_ok:  # the pass most likely asked next
             self.pending = (self.launch(cw, None), cw)
             self.speculated += 1
         event.synchronize()
