@@ -1,7 +1,7 @@
 """pgvector embeddings -> one device matrix: read_postgres of a vector(768) column (issue 18's goal).
 
 A throwaway cluster (tests/fix_pg.py; pgserver's binaries bundle pgvector) holds ``emb`` (id int4,
-e vector(768)), loaded by a binary COPY of rows built with NumPy. Measured in the same run:
+e vector(768)), loaded by eight concurrent binary COPYs of rows built with NumPy. Measured in the same run:
 
 - pystrom: ``read_postgres(table="emb", columns=["e"])`` with automatic partitions, then the (rows, 768)
   float32 matrix ``table["e"]`` on the device (zero copy);
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,26 +32,55 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 DIM = 768
 
 
+_LOADERS = 8  # concurrent COPYs: one took over 200 s for the full table on the GPU machine, eight 14-16 s
+_BATCH = 20_000
+
+
+def _vectors(lo: int, hi: int):
+    """The vectors of ids [lo, hi) in batches, as the loader of that range writes them (seeded by lo)."""
+    rng = np.random.default_rng(lo)
+    for start in range(lo, hi, _BATCH):
+        yield start, rng.standard_normal((min(_BATCH, hi - start), DIM), dtype=np.float32)
+
+
+def _ranges(rows: int) -> list[tuple[int, int]]:
+    return [(rows * i // _LOADERS, rows * (i + 1) // _LOADERS) for i in range(_LOADERS)]
+
+
 def _load(conninfo: str, rows: int) -> None:
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         conn.execute(f"DROP TABLE IF EXISTS emb; CREATE TABLE emb (id int4, e vector({DIM}))")
-        row = np.dtype([("nf", ">i2"), ("l1", ">i4"), ("id", ">i4"), ("l2", ">i4"), ("dim", ">i2"), ("u", ">i2"),
-                        ("v", ">f4", (DIM,))])  # fmt: skip
-        rng = np.random.default_rng(0)
-        with conn.cursor().copy("COPY emb FROM STDIN (FORMAT BINARY)") as copy:
-            copy.write(b"PGCOPY\n\xff\r\n\0" + b"\0" * 8)
-            for start in range(0, rows, 50_000):
-                n = min(50_000, rows - start)
-                part = np.zeros(n, dtype=row)
-                part["nf"], part["l1"], part["l2"], part["dim"] = 2, 4, 4 + 4 * DIM, DIM
-                part["id"] = np.arange(start, start + n)
-                part["v"] = rng.standard_normal((n, DIM), dtype=np.float32)
-                copy.write(part.tobytes())
-            copy.write(b"\xff\xff")
+    row = np.dtype([("nf", ">i2"), ("l1", ">i4"), ("id", ">i4"), ("l2", ">i4"), ("dim", ">i2"), ("u", ">i2"),
+                    ("v", ">f4", (DIM,))])  # fmt: skip
+
+    def load(lo: int, hi: int) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            with conn.cursor().copy("COPY emb FROM STDIN (FORMAT BINARY)") as copy:
+                copy.write(b"PGCOPY\n\xff\r\n\0" + b"\0" * 8)
+                for start, values in _vectors(lo, hi):
+                    part = np.zeros(len(values), dtype=row)
+                    part["nf"], part["l1"], part["l2"], part["dim"] = 2, 4, 4 + 4 * DIM, DIM
+                    part["id"] = np.arange(start, start + len(values))
+                    part["v"] = values
+                    copy.write(part.tobytes())
+                copy.write(b"\xff\xff")
+
+    with ThreadPoolExecutor(_LOADERS) as pool:
+        list(pool.map(lambda r: load(*r), _ranges(rows)))
+    with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE emb")
+
+
+def _loaded(rows: int) -> np.ndarray:
+    """Every row's vector, by id: what :func:`_load` wrote."""
+    out = np.empty((rows, DIM), dtype=np.float32)
+    for lo, hi in _ranges(rows):
+        for start, values in _vectors(lo, hi):
+            out[start : start + len(values)] = values
+    return out
 
 
 def _psycopg_numpy(conninfo: str, rows: int, xp: Any) -> Any:
@@ -128,9 +158,8 @@ def run(device: str, quick: bool) -> list[Result]:
             results.append(Result(label, "ADBC e::real[] + flatten", t_ours, t_adbc, nbytes))
         except ImportError:
             print("bench_pgvector: ADBC is not installed: no ADBC baseline")
-        want = _psycopg_numpy(conninfo, rows, np)
         got = backend.to_host(pystrom.read_postgres(conninfo, "SELECT e FROM emb ORDER BY id", device=device)["e"])
-        assert np.array_equal(np.asarray(got), want), "pystrom's matrix differs from psycopg's"
+        assert np.array_equal(np.asarray(got), _loaded(rows)), "pystrom's matrix differs from the rows loaded"
     finally:
         cluster.destroy()
     return results
