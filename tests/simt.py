@@ -251,8 +251,10 @@ class Emulated:
     a grid-stride kernel of 256-thread blocks, its arguments NumPy arrays (passed as host pointers) and
     NumPy scalars. ``max_blocks`` keeps the grid small (grid-stride kernels are right for any grid)."""
 
-    def __init__(self, source_name: str, work: Path, mutant: tuple[str, str] | None = None):
-        self.lib = build(source_name, "", work, mutant)
+    def __init__(
+        self, source_name: str, work: Path, mutant: tuple[str, str] | None = None, defines: tuple[str, ...] = ()
+    ):
+        self.lib = build(source_name, "", work, mutant, defines)
 
     def launch(self, function: str, work_items: int, args: tuple, max_blocks: int = 1, timeout: float = 120.0) -> None:
         if work_items > 0:

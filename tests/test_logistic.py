@@ -391,7 +391,7 @@ def test_unweighted_passes_run_their_own_build_with_the_same_sums(device):
     if device == "cpu":
         pytest.skip("the fused CUDA pass only")
     from pystrom.memory.backend import resolve_device
-    from pystrom.ml._narrow import KernelPass
+    from pystrom.ml._narrow import KernelPass, PartsPass
     from pystrom.ml._pass import xp_pass
 
     rng = np.random.default_rng()
@@ -414,6 +414,17 @@ def test_unweighted_passes_run_their_own_build_with_the_same_sums(device):
             assert set(plain._builds) == {True, False}
             assert_pass_close(weighted, xp_pass(np, X, y, None, (0.7, 1.3), w), dtype, len(X), "class weights")
             assert np.array_equal(plain((1.0, 1.0), w)[0], got), "back to the unweighted build"
+            # a dask worker's partitions in one launch (PartsPass) switch builds the same way
+            parts = [(Xd[:100_000], yd[:100_000], None), (Xd[100_000:], yd[100_000:], None)]
+            fused = PartsPass(parts, backend.ordinal)
+            sums = fused((1.0, 1.0), w)
+            assert fused.unweighted and set(fused._builds) == {True}
+            assert_pass_close(sums, xp_pass(np, X, y, None, (1.0, 1.0), w), dtype, len(X), "parts")
+            ones = PartsPass([(X_, y_, on(device, np.ones(len(y_)))) for X_, y_, _ in parts], backend.ordinal)
+            assert not ones.unweighted and np.array_equal(ones((1.0, 1.0), w), sums), "parts: bit for bit"
+            parted = fused((0.7, 1.3), w)
+            assert set(fused._builds) == {True, False}
+            assert_pass_close(parted, xp_pass(np, X, y, None, (0.7, 1.3), w), dtype, len(X), "parts, class weights")
 
 
 def test_kernel_pass_to_host_repeats_exactly(device):

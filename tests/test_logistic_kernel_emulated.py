@@ -145,6 +145,54 @@ def test_one_pass_over_several_arrays(kernels, k, dtype):
     assert not np.allclose(short, ref)
 
 
+@pytest.fixture(scope="module")
+def unweighted_kernels(tmp_path_factory):
+    return simt.Emulated("logistic", tmp_path_factory.mktemp("logistic_unweighted"), defines=("LOGIT_UNWEIGHTED",))
+
+
+@pytest.mark.parametrize("k", [1, 4, 7])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_unweighted_parts_build_gives_the_same_sums(kernels, unweighted_kernels, k, dtype):
+    """PartsPass runs the LOGIT_UNWEIGHTED build of logit_parts_* for a worker without sample weights at
+    class weights (1, 1): with 128-thread blocks, warp shuffles and the last block's reduction as written,
+    its sums equal the weighted build's bit for bit, plain and speculative kinds alike."""
+    rng = np.random.default_rng(90 + k)
+    tname = "f32" if dtype == np.float32 else "f64"
+    arrays, fields = [], []
+    for n, order in ((600, "C"), (0, "C"), (301, "F"), (77, "C")):
+        X = np.asarray(rng.normal(size=(n, k)) * 3, dtype=dtype, order=order)
+        if n > 10:
+            X[3, 0] = np.nan
+        y = (rng.random(n) < 0.4).astype(np.uint8)
+        item = X.dtype.itemsize
+        rs, cs = X.strides[0] // item, X.strides[1] // item
+        arrays.append((X, y))
+        vec = vector_loads(item, k, rs, cs, X.ctypes.data)
+        fields.append([X.ctypes.data, n, rs, cs, y.ctypes.data, 0, 0, int(vec)])
+    table = np.array(fields, dtype=np.int64)
+    w = np.zeros(10)
+    w[: k + 1] = rng.normal(size=k + 1) * 0.5
+    w[9] = 1.0  # the flag a speculative pass reads after the weights
+    m, blocks = layout_size(k), 3
+
+    def run(lib, spec):
+        partials, out = np.full((blocks, m), np.nan), np.full(m, np.nan)
+        done, wout = np.zeros(1, dtype=np.uint32), np.full(10, np.nan)
+        weights = (np.float64(0),) * 9 if spec else tuple(np.float64(v) for v in w[:9])
+        args = (table, np.int32(len(arrays)), np.float64(1.0), np.float64(1.0), *weights, w if spec else None,
+                wout if spec else None, partials, done, out)  # fmt: skip
+        lib.launch_grid(f"logit_parts{'_spec' if spec else ''}_{tname}_k{k}", (blocks, 1), args, threads=THREADS)
+        assert done[0] == 0
+        return out
+
+    for spec in (False, True):
+        want, got = run(kernels, spec), run(unweighted_kernels, spec)
+        assert np.array_equal(got, want, equal_nan=True), f"k={k} {tname} spec={spec}"
+    X = np.concatenate([a[0] for a in arrays])
+    y = np.concatenate([a[1] for a in arrays])
+    assert_pass_close(got, xp_pass(np, X, y, None, (1.0, 1.0), w[: k + 1]), dtype, len(y), "against the twin")
+
+
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_speculative_pass_over_several_arrays_writes_its_weights(kernels, k, dtype):

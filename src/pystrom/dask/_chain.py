@@ -97,7 +97,8 @@ class ChainedPasses:
             self.rows = cupy.empty((2, self.world * self.rowlen)) if self.world > 1 else None
             self.totals = cupy.zeros((2, width))
             self.wnext = cupy.zeros((2, _STRIDE + 1))  # per slot: the next weights and the flag
-            self.step_fn = logit_kernel(f"logit_gather_step_k{k}", k, ordinal, fused.tname)
+            # from the build an unweighted fit's passes use (a class-weighted fit compiles the other too)
+            self.step_fn = logit_kernel(f"logit_gather_step_k{k}", k, ordinal, fused.tname, fused.unweighted)
             self._slot_size = self.world * self.rowlen + width + STEP_TAIL
             self.host, ptr = _mapped(2 * self._slot_size, np.float64)
         if self.host is None:

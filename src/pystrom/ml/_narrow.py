@@ -48,6 +48,7 @@ _THREADS = 128  # LOGIT_THREADS in logistic.cu
 _STRIDE = 9  # STEP_STRIDE in logistic.cu: the step's and the next weights' slots
 STEP_TAIL = 2 * _STRIDE + 1  # after a pass's sums: the step, the next weights, the flag (1: a step)
 _PART_FIELDS = 8  # PART_FIELDS in logistic.cu: an array's descriptor for logit_parts
+_SPEC_SPILL_ALLOWANCE = 16  # bytes a speculative parts kind may spill where its plain kind spills none
 
 
 def logit_kernel(function: str, k: int, ordinal: int, tname: str, unweighted: bool = False) -> Any:
@@ -101,11 +102,12 @@ def speculation_hit(before: np.ndarray, k: int, spec_cw: tuple[float, float], cw
 
 
 class _Build(NamedTuple):
-    """One build of a pass's kernels (:func:`logit_kernel`), and how :class:`KernelPass` launches it."""
+    """One build of a pass's kernels (:func:`logit_kernel`), and how :class:`KernelPass` or
+    :class:`PartsPass` launches it."""
 
     fn: Any  # the pass
     spec_fn: Any  # the speculative pass
-    step_fn: Any  # the Newton step after either
+    step_fn: Any  # the Newton step after either (None for PartsPass)
     spec_ok: bool  # the speculative kind keeps its sums in registers
     blocks: int  # the grid: one wave of resident blocks
 
@@ -122,16 +124,13 @@ class KernelPass:
     def __init__(self, X: Any, y: Any, sw: Any | None, ordinal: int, to_host: bool = False):
         import cupy
 
-        from ..kernels import sm_count
-
         n, k = X.shape
         self.k = k
         self.m = m = layout_size(k)
         self.tname = "f32" if X.dtype == np.float32 else "f64"
         self.ordinal, self.rows = ordinal, n
         self._builds: dict[bool, _Build] = {}  # by unweighted_pass: each built when a pass first needs it
-        # room for any build's grid (at most 16 blocks of 128 threads are resident on an SM)
-        self.partials = cupy.empty((max(1, min(-(-n // _THREADS), sm_count(ordinal) * 16)), m), dtype=np.float64)
+        self.partials = cupy.empty((_partial_rows(n, ordinal), m), dtype=np.float64)
         self.done = cupy.zeros(1, dtype=np.uint32)  # blocks finished; the last one resets it
         self.wnext = cupy.zeros((2, _STRIDE + 1), dtype=np.float64)  # per slot: next weights, flag
         self.sums = cupy.zeros((2, m), dtype=np.float64)  # per slot: the pass's sums, for its step
@@ -271,12 +270,11 @@ class PartsPass:
             raise ValueError(f"one fused pass needs arrays of one dtype and width; got {dtypes} and {widths}")
         (dtype,), (k,) = dtypes, widths
         self.k, self.m = k, layout_size(k)
-        tname = "f32" if dtype == np.float32 else "f64"
-        self.fn = logit_kernel(f"logit_parts_{tname}_k{k}", k, ordinal, tname)
-        self.spec_fn = logit_kernel(f"logit_parts_spec_{tname}_k{k}", k, ordinal, tname)
-        self.tname = tname
-        # as KernelPass's, but against the plain kind (float64 K = 4 spills 16 bytes in both)
-        self.spec_ok = _local_bytes(self.spec_fn) <= _local_bytes(self.fn)
+        self.tname = "f32" if dtype == np.float32 else "f64"
+        self.ordinal = ordinal
+        self.has_sw = any(sw is not None for _, _, sw in parts)
+        self.rows = max((X.shape[0] for X, _, _ in parts), default=0)
+        self._builds: dict[bool, _Build] = {}  # by unweighted_pass, as KernelPass's
         fields = []
         for X, y, sw in parts:
             rs, cs, vec = _reading(X)
@@ -284,21 +282,47 @@ class PartsPass:
             fields.append([X.data.ptr, X.shape[0], rs, cs, y.data.ptr, sw_ptr, int(sw is not None), int(vec)])
         self._parts = parts  # the arrays the descriptors point into stay alive with this object
         self.table = cupy.asarray(np.array(fields, dtype=np.int64).reshape(-1, _PART_FIELDS))
-        self.blocks = _blocks(self.fn, k, max((X.shape[0] for X, _, _ in parts), default=0), ordinal)
-        self.partials = cupy.empty((self.blocks, self.m), dtype=np.float64)
+        self.partials = cupy.empty((_partial_rows(self.rows, ordinal), self.m), dtype=np.float64)
         self.done = cupy.zeros(1, dtype=np.uint32)
         self.host, ptr = _mapped(self.m, np.float64)
         self.out = None if self.host is not None else cupy.empty(self.m, dtype=np.float64)
         self._out = ptr if self.host is not None else self.out.data.ptr
         self._head = (self.table, np.int32(len(parts)))
-        self._grid, self._block = (self.blocks,), (_THREADS,)
+
+    @property
+    def unweighted(self) -> bool:
+        """Whether passes with class weights (1, 1) run the ``LOGIT_UNWEIGHTED`` build (no sample weights)."""
+        return unweighted_pass(self.has_sw, (1.0, 1.0))
+
+    def build(self, cw: tuple[float, float]) -> _Build:
+        """The kernels a pass with class weights ``cw`` runs (compiled on first use; no step kernel: the
+        chain's gather step is its own, dask/_chain.py)."""
+        unweighted = unweighted_pass(self.has_sw, cw)
+        found = self._builds.get(unweighted)
+        if found is None:
+            k, tname, ordinal = self.k, self.tname, self.ordinal
+            fn, spec_fn = (logit_kernel(name, k, ordinal, tname, unweighted)
+                           for name in (f"logit_parts_{tname}_k{k}", f"logit_parts_spec_{tname}_k{k}"))  # fmt: skip
+            # as KernelPass's, but against the plain kind (the float64 kinds spill: k = 4 weighted 34 bytes
+            # plain, 26 speculative, nvcc sm_90) or a few bytes (unweighted k = 4: 0 plain, 8 speculative;
+            # without speculation its dask fit on one H200 took 15.8 ms a loop, the weighted build 14.7)
+            spec_ok = _local_bytes(spec_fn) <= max(_local_bytes(fn), _SPEC_SPILL_ALLOWANCE)
+            found = _Build(fn, spec_fn, None, spec_ok, _blocks(fn, k, self.rows, ordinal))
+            self._builds[unweighted] = found
+        return found
+
+    @property
+    def spec_ok(self) -> bool:
+        """Whether a pass with class weights (1, 1) may be followed by a speculative one."""
+        return self.build((1.0, 1.0)).spec_ok
 
     def launch(self, cw: tuple[float, float], weights: list, wsrc: int = 0, out: int = 0, wout: int = 0) -> None:
         """Queue a pass on the current stream: at ``weights`` (:func:`pass_weights`), or where ``wsrc`` is
         given at the weights in device memory there (9 weights, then a flag: 0 makes the pass do nothing);
         the sums to ``out`` (default: this object's result) and the weights it used to ``wout`` (0: nowhere)."""
-        fn = self.spec_fn if wsrc else self.fn
-        fn(self._grid, self._block, (*self._head, float(cw[0]), float(cw[1]), *weights, np.uint64(wsrc),
+        build = self.build(cw)
+        fn = build.spec_fn if wsrc else build.fn
+        fn((build.blocks,), (_THREADS,), (*self._head, float(cw[0]), float(cw[1]), *weights, np.uint64(wsrc),
            np.uint64(wout), self.partials, self.done, np.uint64(out or self._out)))  # fmt: skip
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> np.ndarray:
@@ -317,6 +341,14 @@ def _reading(X: Any) -> tuple[int, int, bool]:
     item = X.dtype.itemsize
     rs, cs = X.strides[0] // item, X.strides[1] // item
     return rs, cs, vector_loads(item, X.shape[1], rs, cs, X.data.ptr)
+
+
+def _partial_rows(rows: int, ordinal: int) -> int:
+    """Rows of a pass's partial sums: room for any build's grid (:func:`_blocks`; at most 16 blocks of 128
+    threads are resident on an SM)."""
+    from ..kernels import sm_count
+
+    return max(1, min((rows + _THREADS - 1) // _THREADS, sm_count(ordinal) * 16))
 
 
 def _blocks(fn: Any, k: int, rows: int, ordinal: int) -> int:
