@@ -108,7 +108,7 @@ class _Build(NamedTuple):
     fn: Any  # the pass
     spec_fn: Any  # the speculative pass
     step_fn: Any  # the Newton step after either (None for PartsPass)
-    spec_ok: bool  # the speculative kind keeps its sums in registers
+    spec_ok: bool  # a pass may be followed by a speculative one (the rule differs by class)
     blocks: int  # the grid: one wave of resident blocks
 
 
