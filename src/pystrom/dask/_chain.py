@@ -40,6 +40,7 @@ from ..ml._narrow import (
     pass_weights,
     speculation_hit,
     step_rule,
+    unweighted_pass,
 )
 
 __all__ = ["ChainedPasses", "prune", "retire"]
@@ -97,13 +98,13 @@ class ChainedPasses:
             self.rows = cupy.empty((2, self.world * self.rowlen)) if self.world > 1 else None
             self.totals = cupy.zeros((2, width))
             self.wnext = cupy.zeros((2, _STRIDE + 1))  # per slot: the next weights and the flag
-            # from the build an unweighted fit's passes use (a class-weighted fit compiles the other too)
-            self.step_fn = logit_kernel(f"logit_gather_step_k{k}", k, ordinal, fused.tname, fused.unweighted)
             self._slot_size = self.world * self.rowlen + width + STEP_TAIL
             self.host, ptr = _mapped(2 * self._slot_size, np.float64)
         if self.host is None:
             raise RuntimeError("no mapped host memory on this GPU")
         self._host_ptr = ptr
+        self._ordinal = ordinal
+        self._step_fns: dict[bool, Any] = {}  # the gather step, from the build the passes use (step_fn)
         self.rule: tuple | None = None  # the solver's step rule (plan)
         self.ahead = False
         self._mask = 0
@@ -114,7 +115,17 @@ class ChainedPasses:
     def plan(self, active: np.ndarray, n_free_features: int, l2: float, ahead: bool = True) -> None:
         """The solver's step rule, as :meth:`~pystrom.ml._narrow.KernelPass.plan` takes it."""
         self.rule, self._mask = step_rule(active, n_free_features, l2)
-        self.ahead = bool(ahead) and self.fused.spec_ok
+        self.ahead = bool(ahead)
+
+    def step_fn(self, cw: tuple[float, float]) -> Any:
+        """``logit_gather_step_k<K>`` from the build a pass with class weights ``cw`` runs (one module)."""
+        unweighted = unweighted_pass(self.fused.has_sw, cw)
+        fn = self._step_fns.get(unweighted)
+        if fn is None:
+            k = self.k
+            fn = logit_kernel(f"logit_gather_step_k{k}", k, self._ordinal, self.fused.tname, unweighted)
+            self._step_fns[unweighted] = fn
+        return fn
 
     def _views(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         base = slot * self._slot_size
@@ -139,7 +150,7 @@ class ChainedPasses:
                 self.comm.enqueue_allgather(mine, self.rows[slot].data.ptr, self.rowlen)
             rows = self.rows[slot].data.ptr if self.world > 1 else mine
             nfree, l2 = (self.rule[1], self.rule[2]) if self.rule else (0, 0.0)
-            self.step_fn((1,), (128,), (np.uint64(rows), np.int32(self.world), np.int32(self.rowlen),
+            self.step_fn(cw)((1,), (128,), (np.uint64(rows), np.int32(self.world), np.int32(self.rowlen),
                          np.int32(self.width), np.uint64(base), self.totals[slot], np.uint64(base + 8 * n),
                          *weights, np.uint64(wsrc), np.uint32(self._mask), np.int32(nfree), np.float64(l2),
                          np.int32(self.rule is not None), np.uint64(base + 8 * (n + self.width)),
@@ -156,7 +167,9 @@ class ChainedPasses:
             lid = self.launch(cw, w)
         event = cupy.cuda.Event(disable_timing=True)
         event.record(self.stream)
-        if self.rule is not None and self.ahead:  # the pass the solver most likely asks for next
+        # the pass the solver most likely asks for next; every rank decides alike (the same class weights,
+        # and sample weights on all or none: the same build, PartsPass.has_sw)
+        if self.rule is not None and self.ahead and self.fused.build(cw).spec_ok:
             self.pending = (self.launch(cw, None), cw)
             self.speculated += 1
         self._wait(event)

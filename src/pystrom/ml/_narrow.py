@@ -272,6 +272,8 @@ class PartsPass:
         self.k, self.m = k, layout_size(k)
         self.tname = "f32" if dtype == np.float32 else "f64"
         self.ordinal = ordinal
+        # a fit's sample weights are a column or an array for every partition or for none, so every rank of a
+        # dask fit picks the same build, and so decides alike whether to speculate (dask/_chain.py)
         self.has_sw = any(sw is not None for _, _, sw in parts)
         self.rows = max((X.shape[0] for X, _, _ in parts), default=0)
         self._builds: dict[bool, _Build] = {}  # by unweighted_pass, as KernelPass's
@@ -310,11 +312,6 @@ class PartsPass:
             found = _Build(fn, spec_fn, None, spec_ok, _blocks(fn, k, self.rows, ordinal))
             self._builds[unweighted] = found
         return found
-
-    @property
-    def spec_ok(self) -> bool:
-        """Whether a pass with class weights (1, 1) may be followed by a speculative one."""
-        return self.build((1.0, 1.0)).spec_ok
 
     def launch(self, cw: tuple[float, float], weights: list, wsrc: int = 0, out: int = 0, wout: int = 0) -> None:
         """Queue a pass on the current stream: at ``weights`` (:func:`pass_weights`), or where ``wsrc`` is
