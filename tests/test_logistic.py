@@ -418,10 +418,12 @@ def test_unweighted_passes_run_their_own_build_with_the_same_sums(device):
             parts = [(Xd[:100_000], yd[:100_000], None), (Xd[100_000:], yd[100_000:], None)]
             fused = PartsPass(parts, backend.ordinal)
             sums = fused((1.0, 1.0), w)
-            assert fused.unweighted and set(fused._builds) == {True}
+            assert set(fused._builds) == {True}, "the parts' unweighted build only"
+            assert fused.build((1.0, 1.0)).step_fn is not None, "with its gather step (dask/_chain.py)"
             assert_pass_close(sums, xp_pass(np, X, y, None, (1.0, 1.0), w), dtype, len(X), "parts")
             ones = PartsPass([(X_, y_, on(device, np.ones(len(y_)))) for X_, y_, _ in parts], backend.ordinal)
-            assert not ones.unweighted and np.array_equal(ones((1.0, 1.0), w), sums), "parts: bit for bit"
+            assert np.array_equal(ones((1.0, 1.0), w), sums), "parts: bit for bit"
+            assert set(ones._builds) == {False}, "sample weights: the weighted build"
             parted = fused((0.7, 1.3), w)
             assert set(fused._builds) == {True, False}
             assert_pass_close(parted, xp_pass(np, X, y, None, (0.7, 1.3), w), dtype, len(X), "parts, class weights")
@@ -502,12 +504,12 @@ def test_speculative_passes_are_the_passes_asked_for(device, monkeypatch):
 
     backend = resolve_device(device)
     X, y = seed_data(300_001, noise=0.1)
-    X = X.astype(np.float32)  # the seed's case: its speculative kernel must not spill (KernelPass.spec_ok)
+    X = X.astype(np.float32)  # the seed's case: its speculative kernel must not spill (_Build.spec_ok)
     with backend.activate():
         Xd, yd = on(device, X), on(device, y.astype(np.uint8))
         kp = KernelPass(Xd, yd, None, backend.ordinal, to_host=True)
         plain = KernelPass(Xd, yd, None, backend.ordinal, to_host=True)
-        assert kp.spec_ok
+        assert kp.build((1.0, 1.0)).spec_ok
         kp.plan(np.arange(5), 4, 0.0)
         w = np.zeros(5)
         for i in range(6):

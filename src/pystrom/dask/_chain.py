@@ -36,11 +36,9 @@ from ..ml._narrow import (
     PartsPass,
     _mapped,
     layout_size,
-    logit_kernel,
     pass_weights,
     speculation_hit,
     step_rule,
-    unweighted_pass,
 )
 
 __all__ = ["ChainedPasses", "prune", "retire"]
@@ -103,8 +101,6 @@ class ChainedPasses:
         if self.host is None:
             raise RuntimeError("no mapped host memory on this GPU")
         self._host_ptr = ptr
-        self._ordinal = ordinal
-        self._step_fns: dict[bool, Any] = {}  # the gather step, from the build the passes use (step_fn)
         self.rule: tuple | None = None  # the solver's step rule (plan)
         self.ahead = False
         self._mask = 0
@@ -116,16 +112,6 @@ class ChainedPasses:
         """The solver's step rule, as :meth:`~pystrom.ml._narrow.KernelPass.plan` takes it."""
         self.rule, self._mask = step_rule(active, n_free_features, l2)
         self.ahead = bool(ahead)
-
-    def step_fn(self, cw: tuple[float, float]) -> Any:
-        """``logit_gather_step_k<K>`` from the build a pass with class weights ``cw`` runs (one module)."""
-        unweighted = unweighted_pass(self.fused.has_sw, cw)
-        fn = self._step_fns.get(unweighted)
-        if fn is None:
-            k = self.k
-            fn = logit_kernel(f"logit_gather_step_k{k}", k, self._ordinal, self.fused.tname, unweighted)
-            self._step_fns[unweighted] = fn
-        return fn
 
     def _views(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         base = slot * self._slot_size
@@ -150,11 +136,11 @@ class ChainedPasses:
                 self.comm.enqueue_allgather(mine, self.rows[slot].data.ptr, self.rowlen)
             rows = self.rows[slot].data.ptr if self.world > 1 else mine
             nfree, l2 = (self.rule[1], self.rule[2]) if self.rule else (0, 0.0)
-            self.step_fn(cw)((1,), (128,), (np.uint64(rows), np.int32(self.world), np.int32(self.rowlen),
-                         np.int32(self.width), np.uint64(base), self.totals[slot], np.uint64(base + 8 * n),
-                         *weights, np.uint64(wsrc), np.uint32(self._mask), np.int32(nfree), np.float64(l2),
-                         np.int32(self.rule is not None), np.uint64(base + 8 * (n + self.width)),
-                         self.wnext[slot]))  # fmt: skip
+            step = self.fused.build(cw).step_fn  # the gather step of the build the pass ran
+            step((1,), (128,), (np.uint64(rows), np.int32(self.world), np.int32(self.rowlen), np.int32(self.width),
+                 np.uint64(base), self.totals[slot], np.uint64(base + 8 * n), *weights, np.uint64(wsrc),
+                 np.uint32(self._mask), np.int32(nfree), np.float64(l2), np.int32(self.rule is not None),
+                 np.uint64(base + 8 * (n + self.width)), self.wnext[slot]))  # fmt: skip
         return lid
 
     def __call__(self, cw: tuple[float, float], w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

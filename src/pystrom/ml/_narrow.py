@@ -107,7 +107,7 @@ class _Build(NamedTuple):
 
     fn: Any  # the pass
     spec_fn: Any  # the speculative pass
-    step_fn: Any  # the Newton step after either (None for PartsPass)
+    step_fn: Any  # the Newton step after either (PartsPass: the dask chain's gather step, dask/_chain.py)
     spec_ok: bool  # a pass may be followed by a speculative one (the rule differs by class)
     blocks: int  # the grid: one wave of resident blocks
 
@@ -182,11 +182,6 @@ class KernelPass:
             found = _Build(fn, spec_fn, step_fn, _local_bytes(spec_fn) == 0, _blocks(fn, k, self.rows, ordinal))
             self._builds[unweighted] = found
         return found
-
-    @property
-    def spec_ok(self) -> bool:
-        """Whether an unweighted pass (class weights 1) may be followed by a speculative one."""
-        return self.build((1.0, 1.0)).spec_ok
 
     def launch(self, cw: tuple[float, float], w: np.ndarray | None) -> int:
         """Queue a pass on the current stream (``w`` None: a speculative one), and under a step rule its
@@ -291,25 +286,20 @@ class PartsPass:
         self._out = ptr if self.host is not None else self.out.data.ptr
         self._head = (self.table, np.int32(len(parts)))
 
-    @property
-    def unweighted(self) -> bool:
-        """Whether passes with class weights (1, 1) run the ``LOGIT_UNWEIGHTED`` build (no sample weights)."""
-        return unweighted_pass(self.has_sw, (1.0, 1.0))
-
     def build(self, cw: tuple[float, float]) -> _Build:
-        """The kernels a pass with class weights ``cw`` runs (compiled on first use; no step kernel: the
-        chain's gather step is its own, dask/_chain.py)."""
+        """The kernels a pass with class weights ``cw`` runs (compiled on first use, one module): the pass, the
+        speculative pass, and the gather step of the dask chain that sums the ranks' rows (dask/_chain.py)."""
         unweighted = unweighted_pass(self.has_sw, cw)
         found = self._builds.get(unweighted)
         if found is None:
             k, tname, ordinal = self.k, self.tname, self.ordinal
-            fn, spec_fn = (logit_kernel(name, k, ordinal, tname, unweighted)
-                           for name in (f"logit_parts_{tname}_k{k}", f"logit_parts_spec_{tname}_k{k}"))  # fmt: skip
+            names = (f"logit_parts_{tname}_k{k}", f"logit_parts_spec_{tname}_k{k}", f"logit_gather_step_k{k}")
+            fn, spec_fn, step_fn = (logit_kernel(name, k, ordinal, tname, unweighted) for name in names)
             # as KernelPass's, but against the plain kind (the float64 kinds spill: k = 4 weighted 34 bytes
             # plain, 26 speculative, nvcc sm_90) or a few bytes (unweighted k = 4: 0 plain, 8 speculative;
             # without speculation its dask fit on one H200 took 15.8 ms a loop, the weighted build 14.7)
             spec_ok = _local_bytes(spec_fn) <= max(_local_bytes(fn), _SPEC_SPILL_ALLOWANCE)
-            found = _Build(fn, spec_fn, None, spec_ok, _blocks(fn, k, self.rows, ordinal))
+            found = _Build(fn, spec_fn, step_fn, spec_ok, _blocks(fn, k, self.rows, ordinal))
             self._builds[unweighted] = found
         return found
 
