@@ -115,11 +115,11 @@ def test_count_true_is_count_nonzero(data, misalign, dtype):
         xp = resolve_device(device).xp
         a = xp.asarray(padded)[misalign:]
         shapes = [a, a[::3]] + ([a.reshape(2, -1)] if a.shape[0] % 2 == 0 else [])
-        return [_bitmap.count_true(v) for v in shapes]
+        return [(_bitmap.count_true(v), _bitmap.all_true(v)) for v in shapes]
 
     got = assert_same_on_all_devices(run)
     views = [host, host[::3]] + ([host.reshape(2, -1)] if host.shape[0] % 2 == 0 else [])
-    assert got == [int(np.count_nonzero(v)) for v in views]
+    assert got == [(int(np.count_nonzero(v)), bool(np.all(v))) for v in views]
 
 
 @st.composite

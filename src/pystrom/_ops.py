@@ -336,7 +336,7 @@ def _element_nulls(backend: Backend, col: Column) -> Any | None:
         return None
     d = col.column_type.list_size
     valid = bitmap.unpack(backend, bits, col.offset * d, len(col) * d).reshape(len(col), d)
-    return None if bitmap.count_true(valid) == valid.size else valid
+    return None if bitmap.all_true(valid) else valid
 
 
 def _to_array(table: Table, backend: Backend, columns: Sequence[str] | None, dtype: Any, nulls: str) -> Any:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Error, ExpressionError, UnsupportedTypeError
-from ..memory.bitmap import count_true
+from ..memory.bitmap import all_true
 from ..table import Table
 from ._common import (
     COMPILATIONS,
@@ -161,7 +161,7 @@ class Kernel:
             host = [np.array(a.get() if xp is not np else a) for a in args]
             err = self._failure(types, host, n, device, exc)
             raise err from err.__cause__
-        if n and count_true(done) != done.size:  # one launch and a wait: a thread that stopped left its byte 0
+        if n and not all_true(done):  # one launch and a wait: a thread that stopped left its byte 0
             host = [np.array(a.get() if xp is not np else a) for a in args]
             err = self._failure(types, host, n, device, None, int(xp.argmin(done)))
             raise err from err.__cause__

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Error, ExpressionError, UnsupportedTypeError
-from ..memory.bitmap import count_true
+from ..memory.bitmap import all_true
 from ..table import Table
 from ._common import (
     COMPILATIONS,
@@ -301,7 +301,7 @@ def run_cuda(
         host = [_host(xp, v) for v in values], [None if v is None else _host(xp, v) for v in valid]
         err = row_failure(u, *host, columns, device, exc)
         raise err from err.__cause__
-    if n and count_true(done) != done.size:  # one launch and a wait: a thread that stopped left its byte 0
+    if n and not all_true(done):  # one launch and a wait: a thread that stopped left its byte 0
         host = [_host(xp, v) for v in values], [None if v is None else _host(xp, v) for v in valid]
         err = row_failure(u, *host, columns, device, None, int(xp.argmin(done)))
         raise err from err.__cause__

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import PostgresError
 from ..memory.backend import resolve_device
-from ..memory.bitmap import count_true
+from ..memory.bitmap import all_true
 from ..table import Table
 
 __all__ = [
@@ -166,7 +166,7 @@ def _check_finite(batch: Any) -> None:
     from ..ml._data import locate_nonfinite
 
     with batch.backend.activate():
-        if batch.X.shape[0] and count_true(batch.backend.xp.isfinite(batch.X)) != batch.X.size:
+        if batch.X.shape[0] and not all_true(batch.backend.xp.isfinite(batch.X)):
             raise locate_nonfinite(batch.backend.xp, batch.X, batch.names)
 
 

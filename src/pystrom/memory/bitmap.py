@@ -13,7 +13,7 @@ import numpy as np
 from .. import _core
 from .backend import Backend, backend_of_array
 
-__all__ = ["unpack", "pack", "count_set", "count_true", "count_true_queued"]
+__all__ = ["unpack", "pack", "count_set", "count_true", "all_true", "count_true_queued"]
 
 
 def unpack(backend: Backend, bitmap: Any, bit_offset: int, count: int) -> Any:
@@ -59,15 +59,10 @@ def count_set(backend: Backend, bitmap: Any, bit_offset: int, count: int) -> int
         return 0
     if backend.kind == "cpu":
         return int(_core.count_bits(np.ascontiguousarray(bitmap), bit_offset, count))
-    from ..kernels import launch
-
-    xp = backend.xp
     with backend.activate():
-        out = xp.zeros(1, dtype=xp.uint64)
         touched = (bit_offset + count - 1) // 8 - bit_offset // 8 + 1
-        launch("bitmap", "count_bits", backend.ordinal, touched,
-               (xp.ascontiguousarray(bitmap), np.int64(bit_offset), np.int64(count), out))  # fmt: skip
-        return int(out.get()[0])
+        args = (backend.xp.ascontiguousarray(bitmap), np.int64(bit_offset), np.int64(count))
+        return int(_count_on_device(backend, "count_bits", touched, args).get()[0])
 
 
 def count_true(mask: Any) -> int:
@@ -78,19 +73,31 @@ def count_true(mask: Any) -> int:
     return int(count_true_queued(mask)[0])
 
 
+def all_true(mask: Any) -> bool:
+    """Whether every entry of ``mask`` is true (nonzero); true for an empty one. One count, one wait."""
+    return count_true(mask) == mask.size
+
+
 def count_true_queued(mask: Any) -> Any:
     """``count_true(mask)`` as a one-element uint64 array on ``mask``'s device, counted on the current stream
     without waiting for it: callers that gather several counts read them back in one copy."""
     backend = backend_of_array(mask)
     if backend is None or backend.kind == "cpu":
         return np.array([np.count_nonzero(mask)], dtype=np.uint64)
-    from ..kernels import launch
-
     xp = backend.xp
     with backend.activate():
-        out = xp.zeros(1, dtype=xp.uint64)
         flat = xp.ascontiguousarray(mask if mask.dtype.itemsize == 1 else mask != 0).reshape(-1).view(xp.uint8)
         n = int(flat.shape[0])
-        if n:
-            launch("bitmap", "count_nonzero_bytes", backend.ordinal, max(16, n // 16), (flat, np.int64(n), out))
-        return out
+        if not n:
+            return xp.zeros(1, dtype=xp.uint64)
+        return _count_on_device(backend, "count_nonzero_bytes", max(16, n // 16), (flat, np.int64(n)))
+
+
+def _count_on_device(backend: Backend, function: str, threads: int, args: tuple) -> Any:
+    """A count by kernels/bitmap.cu's ``function`` (its last argument: a zeroed uint64 it adds into), queued
+    on the current stream with ``threads`` threads; the one-element device array, not waited for."""
+    from ..kernels import launch
+
+    out = backend.xp.zeros(1, dtype=backend.xp.uint64)
+    launch("bitmap", function, backend.ordinal, threads, (*args, out))
+    return out

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import DataError, SchemaMismatchError, UnsupportedTypeError
 from ..memory.backend import Backend, backend_of_array, resolve_device
-from ..memory.bitmap import count_true
+from ..memory.bitmap import all_true, count_true
 
 __all__ = ["Batch", "is_scan", "prepare_array", "prepare_table", "prefetch", "encode_target", "locate_nonfinite"]
 
@@ -95,7 +95,7 @@ def encode_target(xp: Any, y: Any, name: str, binary01: bool) -> tuple[Any, np.n
         return (y == classes[1]).astype(np.uint8), classes
     if y.shape[0] == 0:
         raise DataError(f"target {name} is empty")
-    if y.dtype.kind == "f" and count_true(xp.isfinite(y)) != y.size:
+    if y.dtype.kind == "f" and not all_true(xp.isfinite(y)):
         raise DataError(f"target {name} contains NaN or Inf")
     lo, hi = (float(v) for v in (y.min(), y.max()))
     if binary01:  # a batch of a scan may hold one class; the whole scan is checked after the first pass
@@ -147,7 +147,7 @@ def prepare_weights(xp: Any, sample_weight: Any, n: int, where: str = "sample_we
         sw = xp.full(n, float(sw), dtype=np.float64)
     if sw.ndim != 1 or sw.shape[0] != n:
         raise SchemaMismatchError(f"{where} has shape {tuple(sw.shape)}; expected ({n},), one weight per row")
-    if count_true(xp.isfinite(sw)) != sw.size or count_true(sw < 0):
+    if not all_true(xp.isfinite(sw)) or count_true(sw < 0):
         raise DataError(f"{where} must be finite and non-negative")
     return xp.ascontiguousarray(sw)  # the kernel reads one weight per row, contiguous
 
