@@ -86,6 +86,7 @@ static inline T __ldcg(const T* p) { return *p; }
 static inline float __fdividef(float a, float b) { return a / b; }
 #define __expf(x) std::exp((float)(x))  // CUDA's fast exp: here the C library's (the tests allow its ulps)
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+static inline int __double2hiint(double d) { long long v; std::memcpy(&v, &d, 8); return (int)(v >> 32); }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 struct float4 { float x, y, z, w; };

@@ -43,6 +43,7 @@ static inline void __threadfence() {}
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p += v; return old; }
 #define __fdividef(a, b) ((a) / (b))
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+static inline int __double2hiint(double d) { long long v; std::memcpy(&v, &d, 8); return (int)(v >> 32); }
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 struct double2 { double x, y; };
