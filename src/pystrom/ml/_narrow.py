@@ -112,7 +112,32 @@ class _Build(NamedTuple):
     blocks: int  # the grid: one wave of resident blocks
 
 
-class KernelPass:
+class _Builds:
+    """What :class:`KernelPass` and :class:`PartsPass` share: their kernels, one build per
+    :func:`unweighted_pass` choice, compiled when a pass first needs it. A subclass sets ``k``, ``tname``,
+    ``ordinal``, ``rows`` (its grid's), ``has_sw`` and ``_builds``, names its three kernels and says when a
+    pass may be followed by a speculative one."""
+
+    _KERNELS: tuple[str, str, str]  # the pass, the speculative pass, the step after either ({t}: f32/f64)
+
+    def build(self, cw: tuple[float, float]) -> _Build:
+        """The kernels a pass with class weights ``cw`` runs (one module, compiled on first use)."""
+        unweighted = unweighted_pass(bool(self.has_sw), cw)
+        found = self._builds.get(unweighted)
+        if found is None:
+            k, tname, ordinal = self.k, self.tname, self.ordinal
+            fn, spec_fn, step_fn = (logit_kernel(name.format(t=tname, k=k), k, ordinal, tname, unweighted)
+                                    for name in self._KERNELS)  # fmt: skip
+            found = _Build(fn, spec_fn, step_fn, self._spec_ok(fn, spec_fn), _blocks(fn, k, self.rows, ordinal))
+            self._builds[unweighted] = found
+        return found
+
+    @staticmethod
+    def _spec_ok(fn: Any, spec_fn: Any) -> bool:
+        raise NotImplementedError
+
+
+class KernelPass(_Builds):
     """The fused CUDA pass over one array, set up once and run every pass (module docstring).
 
     A pass is one launch (the weights go as scalar arguments, or for a speculative pass as the device
@@ -169,19 +194,13 @@ class KernelPass:
         self.rule, self._mask = step_rule(active, n_free_features, l2)
         self.ahead = bool(ahead)
 
-    def build(self, cw: tuple[float, float]) -> _Build:
-        """The kernels a pass with class weights ``cw`` runs (compiled on first use)."""
-        unweighted = unweighted_pass(bool(self.has_sw), cw)
-        found = self._builds.get(unweighted)
-        if found is None:
-            k, tname, ordinal = self.k, self.tname, self.ordinal
-            names = (f"logit_pass_{tname}_k{k}", f"logit_spec_{tname}_k{k}", f"logit_step_k{k}")
-            fn, spec_fn, step_fn = (logit_kernel(name, k, ordinal, tname, unweighted) for name in names)
-            # the speculative kind holds the weights in registers: where that spills the sums (the compiler
-            # moved some to local memory) it is slower than the host's round trip it saves
-            found = _Build(fn, spec_fn, step_fn, _local_bytes(spec_fn) == 0, _blocks(fn, k, self.rows, ordinal))
-            self._builds[unweighted] = found
-        return found
+    _KERNELS = ("logit_pass_{t}_k{k}", "logit_spec_{t}_k{k}", "logit_step_k{k}")
+
+    @staticmethod
+    def _spec_ok(fn: Any, spec_fn: Any) -> bool:
+        # the speculative kind holds the weights in registers: where that spills the sums (the compiler
+        # moved some to local memory) it is slower than the host's round trip it saves
+        return _local_bytes(spec_fn) == 0
 
     def launch(self, cw: tuple[float, float], w: np.ndarray | None) -> int:
         """Queue a pass on the current stream (``w`` None: a speculative one), and under a step rule its
@@ -248,7 +267,7 @@ class KernelPass:
             cupy.cuda.get_current_stream().synchronize()
 
 
-class PartsPass:
+class PartsPass(_Builds):
     """One fused pass over the rows of several arrays on one GPU (a dask worker's partitions): one
     launch of ``logit_parts_<t>_k<K>`` (kernels/logistic.cu) instead of one per array, the sums written
     straight into mapped host memory. ``parts``: (X, y, sw or None) each, every X of one dtype and width.
@@ -286,22 +305,15 @@ class PartsPass:
         self._out = ptr if self.host is not None else self.out.data.ptr
         self._head = (self.table, np.int32(len(parts)))
 
-    def build(self, cw: tuple[float, float]) -> _Build:
-        """The kernels a pass with class weights ``cw`` runs (compiled on first use, one module): the pass, the
-        speculative pass, and the gather step of the dask chain that sums the ranks' rows (dask/_chain.py)."""
-        unweighted = unweighted_pass(self.has_sw, cw)
-        found = self._builds.get(unweighted)
-        if found is None:
-            k, tname, ordinal = self.k, self.tname, self.ordinal
-            names = (f"logit_parts_{tname}_k{k}", f"logit_parts_spec_{tname}_k{k}", f"logit_gather_step_k{k}")
-            fn, spec_fn, step_fn = (logit_kernel(name, k, ordinal, tname, unweighted) for name in names)
-            # as KernelPass's, but against the plain kind (the float64 kinds spill: k = 4 weighted 34 bytes
-            # plain, 26 speculative, nvcc sm_90) or a few bytes (unweighted k = 4: 0 plain, 8 speculative;
-            # without speculation its dask fit on one H200 took 15.8 ms a loop, the weighted build 14.7)
-            spec_ok = _local_bytes(spec_fn) <= max(_local_bytes(fn), _SPEC_SPILL_ALLOWANCE)
-            found = _Build(fn, spec_fn, step_fn, spec_ok, _blocks(fn, k, self.rows, ordinal))
-            self._builds[unweighted] = found
-        return found
+    # the step: the dask chain's, which sums the ranks' rows first (dask/_chain.py)
+    _KERNELS = ("logit_parts_{t}_k{k}", "logit_parts_spec_{t}_k{k}", "logit_gather_step_k{k}")
+
+    @staticmethod
+    def _spec_ok(fn: Any, spec_fn: Any) -> bool:
+        # as KernelPass's, but against the plain kind (the float64 kinds spill: k = 4 weighted 34 bytes
+        # plain, 26 speculative, nvcc sm_90) or a few bytes (unweighted k = 4: 0 plain, 8 speculative;
+        # without speculation its dask fit on one H200 took 15.8 ms a loop, the weighted build 14.7)
+        return _local_bytes(spec_fn) <= max(_local_bytes(fn), _SPEC_SPILL_ALLOWANCE)
 
     def launch(self, cw: tuple[float, float], weights: list, wsrc: int = 0, out: int = 0, wout: int = 0) -> None:
         """Queue a pass on the current stream: at ``weights`` (:func:`pass_weights`), or where ``wsrc`` is
