@@ -328,7 +328,7 @@ __device__ __forceinline__ void add_rows(const T* __restrict__ X, long long n, l
 #pragma unroll
       for (int a = 0; a < P; ++a) acc[NT + a] = fma(resid, x[a], acc[NT + a]);
       // max(eta, 0) from eta's sign bit and the least margin by a compare and a select: eta is finite here,
-      // and fmax and fmin's care for NaN (and for which zero of a tie) cost ~9 instructions a row (sm_90)
+      // and fmax and fmin's care for NaN (and for which zero of a tie) cost ~10 instructions a row (sm_90)
       const double positive = __double2hiint(eta) < 0 ? 0.0 : eta;
       acc[NT + P] += s * ((double)yi * eta - (positive + l1p));
       acc[NT + P + 1] += s;

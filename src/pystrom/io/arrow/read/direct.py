@@ -218,7 +218,7 @@ def _check_null_counts(file: ArrowFile, backend: Backend, plan: Any, counted: li
         if got != claimed:
             raise FileFormatError(
                 f"{file.path!r}: column {name!r}: the record batches claim {claimed} NULLs, their validity bitmaps "
-                f"hold {int(got)} (corrupt file)"
+                f"hold {got} (corrupt file)"
             )
 
 
